@@ -1,0 +1,33 @@
+# One-command set-up: a virtual environment in .venv with the CPU build of torch, then the project.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: setup demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	# torch first, pinned to the CPU build, so that torch>=2.7 is already met and no CUDA build is pulled.
+	$(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/trainyard demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Prefect flows: the training pipeline (the chain of stage tasks)."""

@@ -1,0 +1,143 @@
+"""The ``training-pipeline`` flow: staging -> launch -> filtering -> training -> carbon -> registry.
+
+Its one parameter is the ``TrainingJob`` spec, so the Prefect UI renders the job as a form. The
+job summary is written to the job folder, uploaded to ``output.s3_uri``, attached to the flow run
+as an artifact and to the MLflow run. A failed job fails the flow run after its summary is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from tasks.carbon import account
+from tasks.filtering import filter_samples
+from tasks.launch import launch_groups
+from tasks.registry import register_model
+from tasks.staging import stage_inputs
+from tasks.training import train
+from trainyard import STAGES, carbon, launch, outputs, registry, status
+from trainyard.errors import TrainyardError
+from trainyard.home import job_dir as make_job_dir
+from trainyard.home import new_job_id, write_json_atomic
+from trainyard.spec import TrainingJob
+from trainyard.training import TrainingPlan
+
+
+class JobFailed(TrainyardError):
+    """The job ended Failed; its summary holds the reason."""
+
+
+@flow(name="training-pipeline", log_prints=True)
+def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
+    """Run one training job end to end and return its summary.
+
+    Args:
+        job: the job spec (the Prefect UI shows it as a form).
+        job_id: the id to run under; a new one is made when empty.
+    """
+    logger = get_run_logger()
+    job_id = job_id or new_job_id(job.name)
+    job_dir = make_job_dir(job_id)
+    log = status.StatusLog()
+    log.enter("Starting", "Job spec validated; preparing the job")
+    stages: dict[str, dict] = {}
+    handle, outcome, model, carbon_section, error = None, None, None, None, None
+    try:
+        log.enter("Downloading", "Downloading input data")
+        stages["staging"] = stage_inputs(job, str(job_dir))
+        staged = stages["staging"]["staged"]
+        log.enter("Training", "Launching replica groups")
+        stages["launch"] = launch_groups(job, job_id, str(job_dir))
+        handle = stages["launch"]["handle"]
+        stages["filtering"] = filter_samples(job, staged)
+        report = stages["filtering"]["report"]
+        plan = TrainingPlan(job_id=job_id, job=job.model_dump(mode="json"), train_data=report.train_data,
+                            validation_data=staged.validation_data, schema=staged.schema,
+                            num_replicas=job.resources.replicas, lighthouse_addr=handle.lighthouse_addr)
+        log.enter("Training", "Training in progress")
+        stages["training"] = train(job, handle, plan)
+        outcome = stages["training"]["outcome"]
+        primary, secondary = status.primary_status(outcome.stop_reason)
+        log.enter("Uploading", "Uploading the trained model")
+        model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
+        stages["carbon"] = account(job, [s["energy"] for s in stages.values()])
+        carbon_section = stages["carbon"]["carbon"]
+        if primary == "Completed":
+            tags = _lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
+            stages["registry"] = register_model(job, job_id, plan, outcome, tags)
+            model = stages["registry"]["model"]
+        log.finish(primary, secondary, f"Training stopped: {outcome.stop_reason}",
+                   None if primary == "Completed" else outcome.stop_reason)
+    except TrainyardError as exc:
+        error = exc
+        log.finish("Failed", "Failed", str(exc), failure_reason=str(exc))
+    finally:
+        if handle is not None:
+            launch.shutdown(handle)
+    summary = _summary(job, job_id, log, stages, outcome, model)
+    write_json_atomic(job_dir / "summary.json", summary)
+    _publish(job, job_id, summary, model, logger)
+    if error is not None:
+        raise JobFailed(f"job {job_id} failed: {error}") from error
+    return summary
+
+
+def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -> dict:
+    report = stages.get("filtering", {}).get("report")
+    energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
+    summary = {
+        "job_id": job_id,
+        "job_name": job.name,
+        "status": log.status,
+        "secondary_status_transitions": log.transitions,
+        "metrics": status.final_metrics(outcome.history) if outcome else {},
+        "compute": status.compute_section(outcome, report.scoring_flops if report else 0),
+        "sifting": {"enabled": False, "kept_fraction": report.kept_fraction if report else None,
+                    "prefilter": report.to_dict() if report else None},
+        "elastic": {"replicas_min": job.resources.min_replicas, "replicas_max": job.resources.max_replicas,
+                    "failures": len(outcome.failures) if outcome else 0,
+                    "failure_details": outcome.failures if outcome else [],
+                    "recoveries": outcome.recoveries if outcome else []},
+        "carbon": carbon.rollup(energy, job.carbon),
+        "data": {"channels": stages.get("staging", {}).get("channels", {})},
+        "model": model,
+        "timings": {name: round(stages[name]["seconds"], 3) for name in STAGES if name in stages},
+        "output_uri": str(outputs.job_prefix(job, job_id)) + "/",
+        "prefect_flow_run_id": flow_run.get_id(),
+    }
+    if log.failure_reason:
+        summary["failure_reason"] = log.failure_reason
+    return summary
+
+
+def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, model_uri: str) -> dict[str, str]:
+    tags = {f"data.{name}.manifest_digest": c["manifest_digest"] for name, c in stages["staging"]["channels"].items()}
+    tags |= {f"data.{name}.uri": c["uri"] for name, c in stages["staging"]["channels"].items()}
+    flops = outcome.flops
+    tags |= {"compute.flops_total": str(flops["forward"] + flops["backward"] + flops["evaluation"]),
+             "carbon.energy_kwh": f"{carbon_section['energy_kwh']:.6g}",
+             "carbon.emissions_kg": f"{carbon_section['emissions_kg']:.6g}",
+             "output.model_uri": model_uri, "prefect.flow_run_id": str(flow_run.get_id())}
+    return tags
+
+
+def _publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, logger) -> None:
+    """Summary to S3, to the flow run as an artifact, and to the MLflow run; failures here are logged."""
+    try:
+        summary["summary_uri"] = outputs.upload_summary(job, job_id, summary)
+    except TrainyardError as exc:
+        logger.warning("could not upload the summary: %s", exc)
+    if model is not None:
+        registry.log_summary(model["run_id"], summary)
+    rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
+    create_markdown_artifact(
+        key=f"job-summary-{job.name.lower()}",
+        markdown=f"# {job_id}: {summary['status']}\n\n| metric | value |\n|---|---|\n{rows}\n\n"
+        f"```json\n{json.dumps(summary, indent=2, default=str)}\n```",
+        description=f"Trainyard job summary of {job_id}",
+    )

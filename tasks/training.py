@@ -1,0 +1,32 @@
+"""Training task: release the replica groups, supervise them, upload the model."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks._metering import stage_meter
+from trainyard import progress, training
+from trainyard.launch import LaunchHandle
+from trainyard.spec import TrainingJob
+from trainyard.training import TrainingPlan
+
+
+@task(name="training", cache_policy=NO_CACHE)
+def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan) -> dict:
+    """Run the replica groups to the job's stopping condition; return the outcome (model path, history)."""
+    logger = get_run_logger()
+    with stage_meter("training", job) as record, progress.bar("training epochs", job.hyperparameters.epochs) as advance:
+        done = [0]
+
+        def on_progress(epochs: int, metrics: dict | None) -> None:
+            advance(epochs - done[0])
+            done[0] = epochs
+            logger.info("epoch %d: %s", epochs, {k: round(v, 5) for k, v in (metrics or {}).items()})
+
+        record["outcome"] = training.train(handle, plan, job, on_progress)
+    outcome = record["outcome"]
+    logger.info("training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps,
+                len(outcome.failures))
+    return record
+

@@ -1,0 +1,102 @@
+"""Models a job can train: the built-ins, or a user's ``pkg.module:build`` entrypoint.
+
+Every algorithm yields a model and a loss function giving one loss per sample (the sifter ranks
+samples by it; a mean-reduced loss is rejected). Built-in models carry their input and target
+scaling as buffers, so the registered model takes raw features and returns raw predictions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trainyard.errors import SpecError, TrainingError
+from trainyard.spec import Algorithm, Hyperparameters
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Affine(nn.Module):
+    """``(x - shift) / scale`` or, with ``inverse``, ``x * scale + shift``; fixed buffers."""
+
+    def __init__(self, shift: np.ndarray, scale: np.ndarray, inverse: bool = False):
+        super().__init__()
+        self.register_buffer("shift", torch.as_tensor(shift, dtype=torch.float32))
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
+        self.inverse = inverse
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift if self.inverse else (x - self.shift) / self.scale
+
+
+class Squeeze(nn.Module):
+    """``[n, 1] -> [n]`` for regression outputs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0]
+
+
+def build(
+    algorithm: Algorithm,
+    hp: Hyperparameters,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    num_outputs: int,
+) -> tuple[nn.Module, LossFn]:
+    """Build the model and its per-sample loss; seeded by ``hp.seed`` so replica groups agree."""
+    torch.manual_seed(hp.seed)
+    num_features = x_train.shape[1]
+    if algorithm.entrypoint is not None:
+        return _from_entrypoint(algorithm.entrypoint, num_features, num_outputs, hp)
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0)
+    std = np.where(std > 1e-8, std, 1.0)
+    if algorithm.builtin == "mlp-classifier":
+        layers: list[nn.Module] = [Affine(mean, std)]
+        width = num_features
+        for hidden in hp.hidden_sizes:
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers.append(nn.Linear(width, num_outputs))
+        return nn.Sequential(*layers), per_sample_cross_entropy
+    y_mean, y_std = float(y_train.mean()), float(y_train.std()) or 1.0
+    model = nn.Sequential(Affine(mean, std), nn.Linear(num_features, 1), Squeeze(), Affine(y_mean, y_std, inverse=True))
+    # Train on standardised targets: the loss scale no longer depends on the label's units.
+    return model, _scaled_mse(y_std)
+
+
+def per_sample_cross_entropy(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy, one value per sample."""
+    return F.cross_entropy(outputs, labels, reduction="none")
+
+
+def _scaled_mse(y_std: float) -> LossFn:
+    def loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return ((outputs - labels) / y_std) ** 2
+
+    return loss
+
+
+def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
+    """Fail clearly when a loss function reduces over the batch."""
+    if loss.dim() != 1 or loss.shape[0] != batch_size:
+        raise TrainingError(
+            f"the loss function returned shape {tuple(loss.shape)} for a batch of {batch_size}; it must return one "
+            "loss per sample (use reduction='none')"
+        )
+
+
+def _from_entrypoint(entrypoint: str, num_features: int, num_outputs: int, hp: Hyperparameters):
+    module_name, _, fn_name = entrypoint.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError([f"algorithm.entrypoint: cannot import {entrypoint!r} ({exc}); install the package"]) from exc
+    result = fn(num_features, num_outputs, hp.model_dump())
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module) and callable(result[1])):
+        raise TrainingError(f"{entrypoint} must return (torch.nn.Module, loss_fn), got {type(result).__name__}")
+    return result

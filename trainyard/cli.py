@@ -1,0 +1,141 @@
+"""The ``trainyard`` command line (typer + rich).
+
+User mistakes (a bad spec, bad data, an unreachable service) print a clear message and exit 2
+(spec) or 1 (job), without a traceback. ``run`` and ``demo`` exit 0 only when the job completed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainyard.errors import SpecError, TrainyardError
+from trainyard.home import home, new_job_id
+from trainyard.spec import TrainingJob, load_job, parse_job
+
+app = typer.Typer(help="Trainyard: managed ML training as Prefect pipelines.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+console = Console(stderr=True)
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (YAML value).")]
+SummaryOption = Annotated[Path | None, typer.Option("--summary-out", help="Write the job summary JSON here.")]
+
+
+@app.command()
+def validate(
+    spec: Annotated[Path, typer.Argument(help="The job spec (YAML).")],
+    set_: SetOption = None,
+) -> None:
+    """Check a job spec without running it: prints every problem with the field and the fix."""
+    job = _load(spec, set_)
+    console.print(f"[green]{spec}: valid[/green] job {job.name!r}, {job.resources.replicas} replica group(s)")
+
+
+@app.command()
+def run(
+    spec: Annotated[Path, typer.Argument(help="The job spec (YAML).")],
+    set_: SetOption = None,
+    summary_out: SummaryOption = None,
+) -> None:
+    """Run one job in this process against the S3, MLflow and Prefect the environment names."""
+    job = _load(spec, set_)
+    raise typer.Exit(_run_job(job, summary_out))
+
+
+@app.command()
+def demo(
+    rows: Annotated[int, typer.Option(help="Rows of generated data.")] = 20_000,
+    epochs: Annotated[int, typer.Option(help="Training epochs.")] = 8,
+    replicas: Annotated[int, typer.Option(help="Replica groups.")] = 2,
+    summary_out: SummaryOption = None,
+) -> None:
+    """The whole pipeline on the embedded default: generated churn data in a local S3 endpoint on
+    127.0.0.1, Prefect's ephemeral API, MLflow on SQLite under TRAINYARD_HOME."""
+    from trainyard import demo as demo_data
+    from trainyard.local_s3 import local_s3_env
+
+    with local_s3_env() as server:
+        console.print(f"local S3 endpoint: {server.endpoint_url}")
+        uris = demo_data.upload_demo_data(rows)
+        job = parse_job(demo_data.demo_job(uris, epochs=epochs, replicas=replicas))
+        code = _run_job(job, summary_out)
+    raise typer.Exit(code)
+
+
+def _load(spec: Path, overrides: list[str] | None) -> TrainingJob:
+    try:
+        return load_job(spec, overrides or [])
+    except SpecError as exc:
+        console.print(f"[red]{spec}: {exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def _embedded_defaults() -> None:
+    """Point Prefect at a home of its own under TRAINYARD_HOME unless told otherwise (no network)."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_HOME", str(home() / "prefect"))
+
+
+def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
+    _embedded_defaults()
+    from flows.training_pipeline import training_pipeline
+    from trainyard.home import job_dir
+
+    job_id = new_job_id(job.name)
+    try:
+        training_pipeline(job, job_id=job_id)
+    except TrainyardError as exc:
+        console.print(f"[red]{exc}[/red]")
+    summary_path = job_dir(job_id) / "summary.json"
+    if not summary_path.exists():
+        console.print(f"[red]job {job_id} produced no summary; see the logs above[/red]")
+        return 1
+    summary = json.loads(summary_path.read_text())
+    if summary_out is not None:
+        summary_out.write_text(json.dumps(summary, indent=2))
+    print_summary(summary)
+    return 0 if summary["status"] == "Completed" else 1
+
+
+def print_summary(summary: dict) -> None:
+    """The end-of-job table."""
+    table = Table(title=f"{summary['job_id']}: {summary['status']}", show_header=True)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key, value in summary.get("metrics", {}).items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    compute = summary.get("compute", {})
+    table.add_row("FLOPs", f"{compute.get('flops_total', 0):.3e}")
+    table.add_row("steps", str(compute.get("steps", 0)))
+    carbon = summary.get("carbon", {})
+    table.add_row("energy (kWh)", f"{carbon.get('energy_kwh', 0):.3g}")
+    table.add_row("emissions (kgCO2e)", f"{carbon.get('emissions_kg', 0):.3g}")
+    for stage, seconds in summary.get("timings", {}).items():
+        table.add_row(f"{stage} (s)", f"{seconds:.1f}")
+    model = summary.get("model") or {}
+    if model:
+        table.add_row("model", f"{model['uri']} {model['aliases']}")
+    if summary.get("failure_reason"):
+        table.add_row("failure", summary["failure_reason"])
+    Console().print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except TrainyardError as exc:
+        console.print(f"[red]{exc}[/red]")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Reading staged channels with pyarrow and turning them into tensors a model can train on.
+
+Every problem names the object or column at fault: an unreadable file, a missing label column,
+missing (NaN / null) labels, non-numeric features, a validation class never seen in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from trainyard.errors import DataError
+from trainyard.spec import Channel
+from trainyard.staging import ChannelManifest
+
+_READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}
+
+
+@dataclass(slots=True)
+class Schema:
+    """How a table becomes arrays: feature columns, the label, and class names for classifiers."""
+
+    features: list[str]
+    label: str
+    task: str
+    classes: list = field(default_factory=list)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.classes) if self.task == "classification" else 1
+
+
+def read_channel(manifest: ChannelManifest) -> pa.Table:
+    """Read every staged object of a channel into one table."""
+    reader = _READERS[manifest.format]
+    bucket = manifest.uri[5:].split("/", 1)[0]
+    tables = []
+    for obj in manifest.objects:
+        try:
+            tables.append(reader(obj.path))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+            raise DataError(
+                f"s3://{bucket}/{obj.key}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
+                "fix or remove the object, or set the channel's format"
+            ) from exc
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DataError(f"channel {manifest.name!r} ({manifest.uri}): objects disagree on columns ({exc})") from exc
+    if table.num_rows == 0:
+        raise DataError(f"channel {manifest.name!r} ({manifest.uri}): the objects hold no rows")
+    return table
+
+
+def infer_schema(table: pa.Table, channel: Channel, task: str, channel_name: str = "train") -> Schema:
+    """Choose feature columns and class names from the training table."""
+    label = channel.label
+    where = f"channel {channel_name!r} ({channel.s3_uri})"
+    if label is None or label not in table.column_names:
+        raise DataError(
+            f"{where}: label column {label!r} not found; columns are {table.column_names}; set inputs.{channel_name}.label"
+        )
+    if channel.features is not None:
+        missing = [c for c in channel.features if c not in table.column_names]
+        if missing:
+            raise DataError(f"{where}: feature columns {missing} not found; columns are {table.column_names}")
+        features = list(channel.features)
+    else:
+        features = [c for c in table.column_names if c != label and _is_numeric(table.schema.field(c).type)]
+    if not features:
+        raise DataError(f"{where}: no numeric feature columns besides {label!r}; set inputs.{channel_name}.features")
+    classes: list = []
+    if task == "classification":
+        _check_labels(table, label, where)
+        classes = sorted(pc.unique(table[label]).to_pylist(), key=lambda v: (str(type(v)), v))
+        if len(classes) < 2:
+            raise DataError(f"{where}: label {label!r} has a single class {classes}; a classifier needs two or more")
+    return Schema(features=features, label=label, task=task, classes=classes)
+
+
+def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Features as float32 ``[n, d]`` and labels (class indices int64, or float32 values)."""
+    missing = [c for c in [*schema.features, schema.label] if c not in table.column_names]
+    if missing:
+        raise DataError(f"{where}: columns {missing} not found; columns are {table.column_names}")
+    columns = []
+    for name in schema.features:
+        col = table[name]
+        if not _is_numeric(col.type):
+            raise DataError(f"{where}: feature {name!r} is {col.type}, not numeric; encode it or drop it from features")
+        values = col.to_numpy(zero_copy_only=False).astype(np.float32)
+        bad = int(np.count_nonzero(~np.isfinite(values)))
+        if bad:
+            raise DataError(f"{where}: feature {name!r} has {bad} missing or infinite values; fill or drop those rows")
+        columns.append(values)
+    x = np.stack(columns, axis=1)
+    _check_labels(table, schema.label, where)
+    if schema.task == "classification":
+        index = {c: i for i, c in enumerate(schema.classes)}
+        raw = table[schema.label].to_pylist()
+        unknown = sorted({str(v) for v in raw if v not in index})
+        if unknown:
+            raise DataError(f"{where}: label values {unknown[:5]} never occur in the training channel")
+        y = np.fromiter((index[v] for v in raw), dtype=np.int64, count=len(raw))
+    else:
+        if not _is_numeric(table[schema.label].type):
+            raise DataError(f"{where}: label {schema.label!r} is {table[schema.label].type}; regression needs numbers")
+        y = table[schema.label].to_numpy(zero_copy_only=False).astype(np.float32)
+    return x, y
+
+
+def _check_labels(table: pa.Table, label: str, where: str) -> None:
+    col = table[label]
+    nulls = col.null_count
+    if _is_numeric(col.type) and pa.types.is_floating(col.type):
+        nulls += int(pc.sum(pc.is_nan(col.fill_null(0.0))).as_py() or 0)
+    if nulls:
+        raise DataError(f"{where}: label {label!r} has {nulls} missing (null or NaN) values; drop or fix those rows")
+
+
+def _is_numeric(dtype: pa.DataType) -> bool:
+    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
+
+
+@dataclass(slots=True)
+class StagedData:
+    """The channels as arrays on local disk (``.npz`` with ``x`` and ``y``), ready for training."""
+
+    train_data: str
+    validation_data: str | None
+    schema: dict
+    rows: dict[str, int]
+
+
+def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel], task: str, out_dir) -> StagedData:
+    """Read the staged channels, check them, and write them as arrays under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_table = read_channel(manifests["train"])
+    schema = infer_schema(train_table, channels["train"], task)
+    paths: dict[str, str] = {}
+    rows: dict[str, int] = {}
+    for name, manifest in manifests.items():
+        table = train_table if name == "train" else read_channel(manifest)
+        x, y = to_arrays(table, schema, where=f"channel {name!r} ({manifest.uri})")
+        path = out_dir / f"{name}.npz"
+        np.savez(path, x=x, y=y)
+        paths[name], rows[name] = str(path), len(x)
+    meta = {"features": schema.features, "label": schema.label, "task": task, "classes": schema.classes,
+            "num_outputs": schema.num_outputs}
+    return StagedData(paths["train"], paths.get("validation"), meta, rows)

@@ -1,0 +1,60 @@
+"""Where Trainyard keeps its state on this machine: ``TRAINYARD_HOME`` (default ``~/.trainyard``).
+
+Layout: ``cache/`` (staged objects, content-addressed), ``jobs/<job id>/`` (one folder a job:
+manifests, the training plan, replica logs and results), ``mlflow.db`` and ``mlartifacts/`` (the
+embedded MLflow), ``prefect/`` (the embedded Prefect's ``PREFECT_HOME``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+TRAINYARD_HOME_ENV = "TRAINYARD_HOME"
+
+
+def home() -> Path:
+    """The state folder, created on first use."""
+    path = Path(os.environ.get(TRAINYARD_HOME_ENV) or Path.home() / ".trainyard").expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_dir() -> Path:
+    """Content-addressed cache of staged objects."""
+    return _sub("cache")
+
+
+def jobs_dir() -> Path:
+    """Parent of the per-job folders."""
+    return _sub("jobs")
+
+
+def new_job_id(name: str) -> str:
+    """A unique, sortable job id: ``<name>-<UTC time>-<random>``."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def job_dir(job_id: str) -> Path:
+    """The folder of one job, created on first use."""
+    path = jobs_dir() / job_id
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so a reader never sees half a file: a temporary name, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _sub(name: str) -> Path:
+    path = home() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

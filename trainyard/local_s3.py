@@ -1,0 +1,88 @@
+"""The embedded S3: moto's server mode on 127.0.0.1, started and stopped by Trainyard.
+
+Used by ``trainyard demo`` and the tests when no real S3 is configured. It is a separate process
+speaking the S3 API over real HTTP, so the code under test is the same boto3 path as on AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from trainyard.errors import StorageError
+
+# The credentials moto accepts; they are not secrets and never leave this machine.
+LOCAL_ENV = {
+    "AWS_ACCESS_KEY_ID": "trainyard-local",
+    "AWS_SECRET_ACCESS_KEY": "trainyard-local-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalS3:
+    """A moto S3 server process on 127.0.0.1; ``env`` holds the variables that point boto3 at it."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.env = {**LOCAL_ENV, "AWS_ENDPOINT_URL_S3": self.endpoint_url}
+        self._proc: subprocess.Popen | None = None
+
+    def start(self, timeout_seconds: float = 30.0) -> LocalS3:
+        """Start the server and wait until it answers."""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise StorageError(f"the local S3 endpoint exited at start (code {self._proc.returncode})")
+            try:
+                urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise StorageError(f"the local S3 endpoint did not answer on {self.endpoint_url} within {timeout_seconds} s")
+
+    def stop(self) -> None:
+        """Stop the server (its data is in memory and goes with it)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._proc = None
+
+
+@contextmanager
+def local_s3_env() -> Iterator[LocalS3]:
+    """Run a local S3 endpoint and point this process's AWS variables at it for the duration."""
+    server = LocalS3().start()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()

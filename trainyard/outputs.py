@@ -1,0 +1,43 @@
+"""The job's outputs in ``output.s3_uri``: ``<prefix>/<job id>/model/`` and ``summary.json``.
+
+Uploads go through boto3's transfer manager, which aborts a failed multipart upload, so an
+interrupted upload never leaves a partial object under the final key.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from trainyard import s3
+from trainyard.spec import TrainingJob
+
+
+def job_prefix(job: TrainingJob, job_id: str) -> s3.S3Uri:
+    """Where this job's outputs go."""
+    return s3.S3Uri.parse(job.output.s3_uri).join(job_id)
+
+
+def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) -> str:
+    """Upload the trained parameters and what is needed to rebuild the model; return the model folder URI."""
+    target = job_prefix(job, job_id).join("model")
+    s3.upload_file(model_path, str(target.join("model.pt")))
+    meta = {"job_id": job_id, "algorithm": job.algorithm.model_dump(), "hyperparameters": job.hyperparameters.model_dump(),
+            "schema": schema}
+    _upload_json(meta, str(target.join("model.json")))
+    return str(target) + "/"
+
+
+def upload_summary(job: TrainingJob, job_id: str, summary: dict) -> str:
+    """Upload the job summary; return its URI."""
+    uri = str(job_prefix(job, job_id).join("summary.json"))
+    _upload_json(summary, uri)
+    return uri
+
+
+def _upload_json(data: dict, uri: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "data.json"
+        path.write_text(json.dumps(data, indent=2, default=str))
+        s3.upload_file(path, uri)

@@ -1,0 +1,31 @@
+"""PNG plots of a job, for MLflow and Prefect artifacts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on workers
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_history(history: list[dict], path: Path, title: str) -> Path:
+    """Loss and validation metrics per epoch."""
+    fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    epochs = [h["epoch"] for h in history]
+    for key in ("train_loss", "val_loss"):
+        if any(key in h for h in history):
+            loss_ax.plot(epochs, [h.get(key) for h in history], marker="o", label=key)
+    loss_ax.set(xlabel="epoch", ylabel="loss", title="loss")
+    loss_ax.legend()
+    for key in ("val_accuracy", "val_rmse"):
+        if any(key in h for h in history):
+            metric_ax.plot(epochs, [h.get(key) for h in history], marker="o", label=key)
+            metric_ax.set(xlabel="epoch", ylabel=key, title=key)
+            metric_ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

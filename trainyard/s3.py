@@ -1,0 +1,82 @@
+"""The seam to S3: URI parsing and a boto3 client built from the standard AWS configuration.
+
+Everything that talks to S3 goes through here, so AWS, MinIO, R2 and the embedded local endpoint
+all work the same: the endpoint comes from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or the
+profile, credentials from the usual chain. ``s3://`` URIs stay strings; they never go through ``Path``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from trainyard.errors import StorageError
+
+# Throttling (503 SlowDown) and 5xx are retried with backoff by botocore's adaptive mode.
+_CLIENT_CONFIG = Config(retries={"max_attempts": 8, "mode": "adaptive"}, max_pool_connections=16)
+TRANSFER_CONFIG = TransferConfig(multipart_threshold=16 * 2**20, multipart_chunksize=16 * 2**20, max_concurrency=8)
+
+
+@dataclass(frozen=True, slots=True)
+class S3Uri:
+    """A parsed ``s3://bucket/key`` URI."""
+
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Uri:
+        if not uri.startswith("s3://"):
+            raise StorageError(f"{uri!r} is not an s3:// URI")
+        bucket, _, key = uri[5:].partition("/")
+        if not bucket:
+            raise StorageError(f"{uri!r} names no bucket")
+        return cls(bucket, key)
+
+    def join(self, *parts: str) -> S3Uri:
+        """A URI below this one (``/`` inserted as needed)."""
+        key = self.key
+        for part in parts:
+            key = f"{key.rstrip('/')}/{part.lstrip('/')}" if key else part.lstrip("/")
+        return S3Uri(self.bucket, key)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def client():
+    """A boto3 S3 client from the standard AWS configuration (env, profile, endpoint variables)."""
+    return boto3.session.Session().client("s3", config=_CLIENT_CONFIG)
+
+
+def describe_error(exc: Exception, uri: str) -> StorageError:
+    """Turn a boto3 error into a ``StorageError`` that names the URI and says what to check."""
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("NoSuchBucket",):
+            return StorageError(f"{uri}: bucket does not exist; create it or fix the bucket name")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return StorageError(f"{uri}: no such object")
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
+            return StorageError(f"{uri}: access denied ({code}); check the AWS credentials and the bucket policy")
+        return StorageError(f"{uri}: S3 error {code or status}: {exc.response.get('Error', {}).get('Message', '')}")
+    if isinstance(exc, BotoCoreError):
+        return StorageError(f"{uri}: could not reach S3 ({exc}); check AWS_ENDPOINT_URL_S3 and the network")
+    return StorageError(f"{uri}: {exc}")
+
+
+def upload_file(path: Path, uri: str) -> str:
+    """Upload a local file with the transfer manager (multipart for large files; a failed
+    multipart upload is aborted, so no partial object is left). Returns the object's URI."""
+    target = S3Uri.parse(uri)
+    try:
+        client().upload_file(str(path), target.bucket, target.key, Config=TRANSFER_CONFIG)
+    except (ClientError, BotoCoreError) as exc:
+        raise describe_error(exc, str(target)) from exc
+    return str(target)

@@ -1,0 +1,368 @@
+"""The job spec: a pydantic ``TrainingJob`` mirroring SageMaker's CreateTrainingJob.
+
+It is the one parameter of the ``training-pipeline`` flow, so the Prefect UI renders it as a
+form; every field carries a description. A bad spec is rejected here, before anything starts,
+with one line per problem naming the field and the fix (``load_job`` raises ``SpecError``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainyard.errors import SpecError
+
+BUILTIN_ALGORITHMS = ("mlp-classifier", "linear-regression")
+# Metric name -> whether bigger is better. Stopping and promotion use this table.
+METRICS: dict[str, bool] = {"val_accuracy": True, "val_loss": False, "val_rmse": False, "train_loss": False}
+_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Algorithm(_Model):
+    """Which model to train: a built-in, or your own factory."""
+
+    builtin: Literal["mlp-classifier", "linear-regression"] | None = Field(
+        default=None, description="A built-in algorithm: mlp-classifier or linear-regression."
+    )
+    entrypoint: str | None = Field(
+        default=None,
+        description='"pkg.module:build": build(num_features, num_outputs, hyperparameters) returns '
+        "(model, loss_fn) where loss_fn(outputs, labels) gives one loss per sample.",
+    )
+    task: Literal["classification", "regression"] = Field(
+        default="classification",
+        description="For an entrypoint: whether labels are classes or numbers (built-ins imply it).",
+    )
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, v: str | None) -> str | None:
+        if v is not None and not _ENTRYPOINT_RE.match(v):
+            raise ValueError(f"{v!r} is not of the form 'package.module:function'")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Algorithm:
+        if (self.builtin is None) == (self.entrypoint is None):
+            raise ValueError("set exactly one of 'builtin' (mlp-classifier, linear-regression) or 'entrypoint'")
+        if self.builtin == "linear-regression":
+            object.__setattr__(self, "task", "regression")
+        elif self.builtin == "mlp-classifier":
+            object.__setattr__(self, "task", "classification")
+        return self
+
+
+class Hyperparameters(BaseModel):
+    """Training settings. Unknown keys are kept and passed to an entrypoint algorithm."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the training channel.")
+    batch_size: int = Field(default=256, ge=1, description="Samples per optimizer step, over all replica groups.")
+    learning_rate: float = Field(default=1e-3, gt=0, le=10, description="Optimizer step size.")
+    optimizer: Literal["adam", "sgd"] = Field(default="adam", description="adam or sgd (with momentum).")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="Momentum, for sgd only.")
+    weight_decay: float = Field(default=0.0, ge=0, description="L2 penalty (decoupled for adam: AdamW).")
+    hidden_sizes: list[int] = Field(default=[128, 128], description="Hidden layer widths of mlp-classifier.")
+    seed: int = Field(default=0, ge=0, description="Seed for initialisation and shuffling.")
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, v: list[int]) -> list[int]:
+        if any(w < 1 for w in v):
+            raise ValueError("every hidden size must be a positive integer, e.g. [128, 128]")
+        return v
+
+
+class Channel(_Model):
+    """One input channel: where its objects are and how to read them."""
+
+    s3_uri: str = Field(description='"s3://bucket/prefix/" (every object under it) or "s3://bucket/key".')
+    format: Literal["parquet", "csv", "jsonl"] = Field(default="parquet", description="parquet, csv or jsonl.")
+    label: str | None = Field(default=None, description="The label column (required for built-in algorithms).")
+    features: list[str] | None = Field(
+        default=None, description="Feature columns; default: every numeric column but the label."
+    )
+    mode: Literal["file"] = Field(default="file", description="file: download before training.")
+    distribution: Literal["replicated"] = Field(
+        default="replicated", description="replicated: every replica group reads the whole channel."
+    )
+
+    @field_validator("s3_uri")
+    @classmethod
+    def _s3_uri(cls, v: str) -> str:
+        return _check_s3_uri(v)
+
+
+class Inputs(_Model):
+    """The input channels."""
+
+    train: Channel = Field(description="The training channel.")
+    validation: Channel | None = Field(default=None, description="Scored after every epoch; needed for val_* metrics.")
+
+
+class Output(_Model):
+    """Where the model and the job summary are written."""
+
+    s3_uri: str = Field(description='"s3://bucket/prefix/"; the job writes under <prefix>/<job id>/.')
+
+    @field_validator("s3_uri")
+    @classmethod
+    def _s3_uri(cls, v: str) -> str:
+        return _check_s3_uri(v)
+
+
+class Resources(_Model):
+    """Replica groups and where they run."""
+
+    replicas: int = Field(default=1, ge=1, le=64, description="Replica groups to start with.")
+    min_replicas: int = Field(default=1, ge=1, description="Fewest live groups the job trains with.")
+    max_replicas: int | None = Field(default=None, description="Most groups the job may grow to (default: replicas).")
+    work_pool: str = Field(default="local", description="Work pool of the groups; 'local' runs them as local processes.")
+    gpus_per_replica: int = Field(default=0, ge=0, description="GPUs each group asks for (0 on CPU machines).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Resources:
+        if self.max_replicas is None:
+            object.__setattr__(self, "max_replicas", self.replicas)
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(
+                f"need min_replicas <= replicas <= max_replicas, got {self.min_replicas} <= "
+                f"{self.replicas} <= {self.max_replicas}; raise max_replicas or lower min_replicas"
+            )
+        return self
+
+
+class Sifting(_Model):
+    """Online smart sifting (filled in by the filtering stage's later work)."""
+
+    enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
+    beta: float = Field(default=1.0, gt=0, description="Keep probability = loss percentile ** beta.")
+    loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
+    delay_steps: int = Field(default=10, ge=0, description="Steps trained on everything before sifting starts.")
+
+
+class FaultInjection(_Model):
+    """A failure drill: what to do to which replica group at which step."""
+
+    replica: int = Field(ge=0, description="Replica group index.")
+    at_step: int = Field(ge=1, description="Step at which the fault fires.")
+    kind: Literal["kill", "hang", "term"] = Field(default="kill", description="kill, hang or term.")
+
+
+class Elastic(_Model):
+    """Elastic training settings."""
+
+    fault_injection: list[FaultInjection] = Field(default_factory=list, description="Failure drills.")
+
+
+class TargetMetric(_Model):
+    """Stop as soon as a metric reaches a value."""
+
+    name: str = Field(description="val_accuracy, val_loss, val_rmse or train_loss.")
+    value: float = Field(description="The value to reach (>= for accuracy, <= for losses).")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"unknown metric {v!r}; use one of {', '.join(METRICS)}")
+        return v
+
+
+class Stopping(_Model):
+    """When training stops before its last epoch."""
+
+    max_runtime_seconds: int = Field(default=86_400, ge=1, description="Wall-clock limit of the training stage.")
+    target_metric: TargetMetric | None = Field(default=None, description="Stop once this metric reaches its value.")
+    patience_epochs: int | None = Field(
+        default=None, ge=1, description="Stop after this many epochs without improvement of the watched metric."
+    )
+
+
+class Carbon(_Model):
+    """Carbon accounting settings (codecarbon's offline tracker)."""
+
+    country_iso_code: str = Field(default="USA", description="ISO 3166-1 alpha-3 code of the grid, e.g. IRL.")
+    region: str | None = Field(default=None, description="Grid region within the country, where codecarbon knows it.")
+    pue: float = Field(default=1.0, ge=1.0, le=3.0, description="Data-centre power usage effectiveness.")
+    budget_kg: float | None = Field(default=None, gt=0, description="Emissions budget of the job, kgCO2e.")
+
+    @field_validator("country_iso_code")
+    @classmethod
+    def _iso3(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z]{3}", v):
+            raise ValueError(f"{v!r} is not a 3-letter ISO 3166-1 alpha-3 code such as IRL or USA")
+        return v.upper()
+
+
+class PromoteIf(_Model):
+    """The promotion gate: when a new version becomes the champion."""
+
+    metric: str = Field(default="val_accuracy", description="Metric compared against the champion's.")
+    mode: Literal["max", "min"] = Field(default="max", description="max: bigger wins; min: smaller wins.")
+    min_gain: float = Field(default=0.0, ge=0, description="How much better than the champion it must be.")
+
+
+class Registry(_Model):
+    """Where the model is registered."""
+
+    model_name: str | None = Field(default=None, description="Registered model name (default: the job name).")
+    promote_if: PromoteIf | None = Field(default=None, description="Gate for moving the champion alias.")
+
+
+class Retries(_Model):
+    """Retries of a failed replica group."""
+
+    max_attempts: int = Field(default=3, ge=1, le=100, description="Attempts per replica group, the first included.")
+
+
+class TrainingJob(_Model):
+    """One training job: data in, a registered model out."""
+
+    name: str = Field(description="Letters, digits and hyphens; 1-63 characters.")
+    algorithm: Algorithm = Field(description="The model to train.")
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters, description="Training settings.")
+    inputs: Inputs = Field(description="Input channels: train, and optionally validation.")
+    output: Output = Field(description="Where the model and summary go.")
+    resources: Resources = Field(default_factory=Resources, description="Replica groups and work pool.")
+    sifting: Sifting = Field(default_factory=Sifting, description="Online smart sifting.")
+    elastic: Elastic = Field(default_factory=Elastic, description="Elastic training and failure drills.")
+    stopping: Stopping = Field(default_factory=Stopping, description="Stopping conditions.")
+    carbon: Carbon = Field(default_factory=Carbon, description="Carbon accounting.")
+    registry: Registry = Field(default_factory=Registry, description="Model registration.")
+    retries: Retries = Field(default_factory=Retries, description="Retries of failed replica groups.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"{v!r}: use 1-63 letters, digits or hyphens, not starting or ending with a hyphen")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingJob:
+        problems = []
+        if self.algorithm.builtin is not None:
+            for name, channel in self.channels().items():
+                if channel.label is None:
+                    problems.append(f"inputs.{name}.label: required for builtin algorithms; name the label column")
+        target = self.stopping.target_metric
+        if target is not None:
+            if target.name.startswith("val_") and self.inputs.validation is None:
+                problems.append(
+                    f"stopping.target_metric.name: {target.name} needs a validation channel; add inputs.validation"
+                )
+            if target.name == "val_accuracy" and self.algorithm.task == "regression":
+                problems.append("stopping.target_metric.name: val_accuracy is for classifiers; use val_rmse")
+            if target.name == "val_rmse" and self.algorithm.task == "classification":
+                problems.append("stopping.target_metric.name: val_rmse is for regression; use val_accuracy")
+        if self.stopping.patience_epochs is not None and self.inputs.validation is None:
+            problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
+        for i, fault in enumerate(self.elastic.fault_injection):
+            if fault.replica >= self.resources.replicas:
+                problems.append(
+                    f"elastic.fault_injection.{i}.replica: {fault.replica} is not a replica group "
+                    f"(there are {self.resources.replicas}: 0..{self.resources.replicas - 1})"
+                )
+        if problems:
+            # A ValueError raised here carries no location, so the field names are in the text.
+            raise ValueError("; ".join(problems))
+        return self
+
+    def channels(self) -> dict[str, Channel]:
+        """The configured channels by name (``train`` first)."""
+        chans = {"train": self.inputs.train}
+        if self.inputs.validation is not None:
+            chans["validation"] = self.inputs.validation
+        return chans
+
+    @property
+    def model_name(self) -> str:
+        """The registered model name."""
+        return self.registry.model_name or self.name
+
+
+def _check_s3_uri(v: str) -> str:
+    if not v.startswith("s3://"):
+        raise ValueError(f"{v!r} is not an S3 URI; write it as s3://bucket/prefix/")
+    bucket = v[5:].split("/", 1)[0]
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+        raise ValueError(f"{bucket!r} is not a valid bucket name (3-63 lowercase letters, digits, dots, hyphens)")
+    return v
+
+
+def problems_of(exc: ValidationError) -> list[str]:
+    """One ``"field: message"`` line per pydantic error, worded to say what to do."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
+        if kind == "missing":
+            msg = "required; add it"
+        elif kind == "extra_forbidden":
+            msg = "unknown field; remove it or fix its spelling"
+        elif not isinstance(err.get("input"), dict | list) and "input" in err and not kind.startswith("value_error"):
+            msg = f"{msg} (got {err['input']!r})"
+        if loc:
+            lines.append(f"{loc}: {msg}")
+        else:
+            # Whole-job checks already name their fields, several joined by "; ".
+            lines.extend(msg.split("; "))
+    return lines
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides (values parsed as YAML) to a spec dict, in place."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SpecError([f"--set {item!r}: write it as key.path=value, e.g. hyperparameters.epochs=5"])
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise SpecError([f"--set {item!r}: {part} is not a section"])
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def parse_job(data: Any) -> TrainingJob:
+    """Validate a spec given as a dict (or a ``TrainingJob``); raise ``SpecError`` listing every problem."""
+    if isinstance(data, TrainingJob):
+        return data
+    if not isinstance(data, dict):
+        raise SpecError([f"(job): the spec must be a mapping of fields, got {type(data).__name__}"])
+    try:
+        return TrainingJob.model_validate(data)
+    except ValidationError as exc:
+        problems = problems_of(exc)
+    raise SpecError(problems)
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> TrainingJob:
+    """Read a YAML job spec, apply ``--set`` overrides, and validate it."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError([f"{path}: no such file"]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"{path}: not valid YAML ({exc})"]) from None
+    data = data if data is not None else {}
+    if isinstance(data, dict):
+        apply_overrides(data, overrides or [])
+    return parse_job(data)

@@ -1,0 +1,73 @@
+"""The job's status and summary, in SageMaker's vocabulary.
+
+Primary status: Completed | Failed | Stopped. Secondary status transitions: Starting, Downloading,
+Training, Uploading, then Completed / Failed / Stopped / MaxRuntimeExceeded, each with start and end
+times and a message. ``summary`` assembles the job record whose keys are a public contract.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class StatusLog:
+    """Secondary status transitions, each open until the next begins."""
+
+    def __init__(self) -> None:
+        self.transitions: list[dict] = []
+        self.status = "InProgress"
+        self.failure_reason: str | None = None
+
+    def enter(self, status: str, message: str) -> None:
+        """Begin a secondary status (closing the current one)."""
+        now = _now()
+        if self.transitions and self.transitions[-1]["end_time"] is None:
+            if self.transitions[-1]["status"] == status:
+                self.transitions[-1]["message"] = message
+                return
+            self.transitions[-1]["end_time"] = now
+        self.transitions.append({"status": status, "start_time": now, "end_time": None, "message": message})
+
+    def finish(self, status: str, secondary: str, message: str, failure_reason: str | None = None) -> None:
+        """End the job: primary ``status`` (Completed / Failed / Stopped) and its final secondary status."""
+        self.enter(secondary, message)
+        self.transitions[-1]["end_time"] = self.transitions[-1]["start_time"]
+        self.status = status
+        self.failure_reason = failure_reason
+
+
+def primary_status(stop_reason: str) -> tuple[str, str]:
+    """(primary, final secondary) for a training stop reason."""
+    if stop_reason == "MaxRuntimeExceeded":
+        return "Stopped", "MaxRuntimeExceeded"
+    if stop_reason in ("Stopped", "CarbonBudgetExceeded"):
+        return "Stopped", "Stopped"
+    return "Completed", "Completed"
+
+
+def compute_section(outcome, scoring_flops: int = 0) -> dict:
+    """The summary's ``compute`` section from a training outcome (FLOPs measured, not estimated)."""
+    flops = outcome.flops if outcome else {"forward": 0, "backward": 0, "evaluation": 0}
+    return {
+        "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring_flops,
+        "flops_scoring_forward": scoring_flops,
+        "flops_forward": flops["forward"],
+        "flops_backward": flops["backward"],
+        "flops_evaluation": flops["evaluation"],
+        "samples_seen": outcome.samples_trained if outcome else 0,
+        "samples_trained": outcome.samples_trained if outcome else 0,
+        "steps": outcome.steps if outcome else 0,
+    }
+
+
+def final_metrics(history: list[dict]) -> dict:
+    """The last epoch's metrics."""
+    if not history:
+        return {}
+    return {k: v for k, v in history[-1].items() if k not in ("epoch", "elapsed_seconds")} | {
+        "epochs": history[-1]["epoch"]
+    }

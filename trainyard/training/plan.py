@@ -1,0 +1,57 @@
+"""The files through which the train stage and its replica groups talk, in the job's folder.
+
+``plan.json`` (written by the train stage) is the go signal: replica processes started by the
+launch stage wait for it. ``stop.json`` asks every group to stop at its next step. Each group
+attempt writes ``replicas/<r>/attempt-<a>/progress.json`` after every epoch and ``result.json``
+plus ``model.pt`` when it finishes. Every write is atomic (temporary name, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainyard.home import write_json_atomic
+
+PLAN_FILE = "plan.json"
+STOP_FILE = "stop.json"
+
+
+@dataclass(slots=True)
+class TrainingPlan:
+    """Everything a replica group needs to train: the job, its data, and how to find its peers."""
+
+    job_id: str
+    job: dict
+    train_data: str
+    validation_data: str | None
+    schema: dict
+    num_replicas: int
+    lighthouse_addr: str
+    extra: dict = field(default_factory=dict)
+
+    def write(self, job_dir: Path) -> None:
+        write_json_atomic(job_dir / PLAN_FILE, asdict(self))
+
+    @classmethod
+    def read(cls, job_dir: Path) -> TrainingPlan:
+        return cls(**json.loads((job_dir / PLAN_FILE).read_text()))
+
+
+def attempt_dir(job_dir: Path, replica: int, attempt: int) -> Path:
+    """The folder of one attempt of one replica group."""
+    path = job_dir / "replicas" / str(replica) / f"attempt-{attempt}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def request_stop(job_dir: Path, reason: str, message: str) -> None:
+    """Ask every replica group to stop at its next step boundary."""
+    write_json_atomic(job_dir / STOP_FILE, {"reason": reason, "message": message})
+
+
+def stop_requested(job_dir: Path) -> dict | None:
+    """The stop request, if one was made."""
+    path = job_dir / STOP_FILE
+    return json.loads(path.read_text()) if path.exists() else None

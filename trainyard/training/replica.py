@@ -1,0 +1,67 @@
+"""Entrypoint of one replica group process: ``python -m trainyard.training.replica``.
+
+The launch stage starts it early, so interpreter and torch start-up overlap the filtering stage;
+it then waits for the train stage's plan (the go signal) and trains. It exits 0 when it finished,
+non-zero on failure, after writing what went wrong to ``error.json`` in its attempt folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from trainyard.errors import TrainyardError
+from trainyard.home import write_json_atomic
+from trainyard.training.plan import PLAN_FILE, attempt_dir
+
+THREADS_ENV = "TRAINYARD_TORCH_THREADS"
+PLAN_WAIT_SECONDS = 6 * 3600
+
+
+def wait_for_plan(job_dir: Path, parent_pid: int) -> bool:
+    """Wait for the plan; give up if the orchestrating process is gone or it never comes."""
+    deadline = time.monotonic() + PLAN_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        if (job_dir / PLAN_FILE).exists():
+            return True
+        if os.getppid() != parent_pid:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job-dir", type=Path, required=True)
+    parser.add_argument("--replica", type=int, required=True)
+    parser.add_argument("--attempt", type=int, default=0)
+    args = parser.parse_args(argv)
+    parent = os.getppid()
+    import torch  # after argument parsing: a bad command line fails fast
+
+    torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
+    from trainyard.training.trainer import train_replica
+
+    out = attempt_dir(args.job_dir, args.replica, args.attempt)
+    (out / "pid").write_text(str(os.getpid()))
+    if not wait_for_plan(args.job_dir, parent):
+        write_json_atomic(out / "error.json", {"message": "the plan never came: the train stage is gone",
+                                               "user_error": False})
+        return 3
+    try:
+        train_replica(args.job_dir, args.replica, args.attempt)
+    except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
+        # A TrainyardError is the job's fault (data, algorithm) and would fail again: no retry.
+        write_json_atomic(out / "error.json", {"message": f"{type(exc).__name__}: {exc}",
+                                               "user_error": isinstance(exc, TrainyardError)})
+        print(traceback.format_exc(), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

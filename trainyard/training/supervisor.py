@@ -1,0 +1,190 @@
+"""Stage 4, training (the orchestrating side): release the replica groups, watch them, retry a crashed
+group (it heals from a live peer, no checkpoint read), enforce the runtime limit, collect the result.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from trainyard import algorithms, launch
+from trainyard.errors import TrainingError
+from trainyard.launch import LaunchHandle
+from trainyard.spec import TrainingJob
+from trainyard.training.plan import TrainingPlan, attempt_dir, request_stop, stop_requested
+from trainyard.training.trainer import load_arrays
+
+POLL_SECONDS = 0.1
+# After a stop request, groups get this long to reach a step boundary and write their result.
+STOP_GRACE_SECONDS = 30.0
+# Seconds to wait between a group's crash and its restart, doubled per attempt (elastic retries).
+RETRY_BACKOFF_SECONDS = 0.5
+
+
+@dataclass(slots=True)
+class TrainingOutcome:
+    """The result of the training stage, small and serialisable."""
+
+    model_path: str
+    stop_reason: str
+    history: list[dict]
+    steps: int
+    samples_trained: int
+    flops: dict[str, int]
+    failures: list[dict] = field(default_factory=list)
+    recoveries: list[dict] = field(default_factory=list)
+    replicas_finished: list[int] = field(default_factory=list)
+
+
+def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
+    """Build the model and run one small batch here, so a broken algorithm fails before the groups train."""
+    x, y = load_arrays(plan.train_data)
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(),
+                                      plan.schema["num_outputs"])
+    n = min(4, len(x))
+    try:
+        losses = loss_fn(model(x[:n]), y[:n])
+    except Exception as exc:  # noqa: BLE001 - any failure here is the algorithm's, reported as such
+        raise TrainingError(f"the model or its loss failed on a first batch: {type(exc).__name__}: {exc}") from exc
+    algorithms.check_per_sample(losses, n)
+
+
+def train(
+    handle: LaunchHandle,
+    plan: TrainingPlan,
+    job: TrainingJob,
+    on_progress: Callable[[int, dict | None], None] | None = None,
+) -> TrainingOutcome:
+    """Release the launched groups and supervise them until they finish; raise ``TrainingError`` if none does.
+
+    ``on_progress(epochs_done, last_epoch_metrics)`` is called as epochs complete.
+    """
+    job_dir = Path(handle.job_dir)
+    preflight(job, plan)
+    plan.write(job_dir)
+    deadline = time.monotonic() + job.stopping.max_runtime_seconds
+    stop_deadline: float | None = None
+    live = {r.replica: r for r in handle.replicas}
+    failed_at: dict[int, tuple[float, int]] = {}
+    failures: list[dict] = []
+    finished: dict[int, dict] = {}
+    epochs_seen = 0
+    while live:
+        for replica, proc in list(live.items()):
+            code = launch.exit_code(proc.pid)
+            if code is None:
+                continue
+            del live[replica]
+            out = attempt_dir(job_dir, replica, proc.attempt)
+            if code == 0 and (out / "result.json").exists():
+                finished[replica] = json.loads((out / "result.json").read_text())
+                continue
+            failure = _failure(out, replica, proc.attempt, code)
+            failures.append(failure)
+            if failure["user_error"]:
+                launch.shutdown(handle)
+                raise TrainingError(f"replica group {replica}: {failure['message']}")
+            if proc.attempt + 1 < job.retries.max_attempts and not stop_requested(job_dir):
+                time.sleep(RETRY_BACKOFF_SECONDS * 2**proc.attempt)
+                restarted = launch.start_replica(handle, replica, proc.attempt + 1)
+                handle.replicas.append(restarted)
+                live[replica] = restarted
+                failed_at[replica] = (time.monotonic(), failure["step"])
+        epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
+        now = time.monotonic()
+        if now > deadline and not stop_requested(job_dir):
+            request_stop(job_dir, "MaxRuntimeExceeded", f"max_runtime_seconds={job.stopping.max_runtime_seconds}")
+        if stop_requested(job_dir) and stop_deadline is None:
+            stop_deadline = now + STOP_GRACE_SECONDS
+        if stop_deadline is not None and now > stop_deadline:
+            launch.shutdown(handle)  # stragglers stuck waiting for departed peers
+        time.sleep(POLL_SECONDS)
+    _report_progress(job_dir, handle, epochs_seen, on_progress)
+    if not finished:
+        last = failures[-1]["message"] if failures else "no group reported a result"
+        raise TrainingError(f"every replica group failed after {job.retries.max_attempts} attempt(s): {last}")
+    return _collect(job_dir, handle, finished, failures, failed_at)
+
+
+def _collect(job_dir: Path, handle: LaunchHandle, finished: dict[int, dict], failures: list[dict],
+             failed_at: dict[int, tuple[float, int]]) -> TrainingOutcome:
+    """Pick the result, check the groups agree, and add up what every attempt spent."""
+    first = min(finished)
+    result = finished[first]
+    model_path = attempt_dir(job_dir, first, result["attempt"]) / "model.pt"
+    reference = torch.load(model_path, weights_only=True)
+    for replica, other in finished.items():
+        if replica == first or other["step"] != result["step"]:
+            continue
+        state = torch.load(attempt_dir(job_dir, replica, other["attempt"]) / "model.pt", weights_only=True)
+        worst = max(float((state[k].float() - reference[k].float()).abs().max()) for k in reference)
+        if worst > 1e-5:
+            raise TrainingError(f"replica groups {first} and {replica} ended with different parameters "
+                                f"(max difference {worst:.3g}); the model is not registered")
+    flops = {"forward": 0, "backward": 0, "evaluation": 0}
+    samples = 0
+    for progress_file in job_dir.glob("replicas/*/attempt-*/progress.json"):
+        progress = json.loads(progress_file.read_text())
+        samples += progress["samples_trained"]
+        for key in flops:
+            flops[key] += progress["flops"][key]
+    recoveries = []
+    for replica, (when, step) in failed_at.items():
+        if replica in finished:
+            recoveries.append({"replica": replica, "failed_at_step": step,
+                               "rejoined_at_step": None, "recovery_seconds": None, "source": "peer",
+                               "bytes_moved": None, "restarted_after_seconds": round(time.monotonic() - when, 3)})
+    return TrainingOutcome(
+        model_path=str(model_path),
+        stop_reason=result["stop_reason"],
+        history=result["epochs"],
+        steps=result["step"],
+        samples_trained=samples,
+        flops=flops,
+        failures=failures,
+        recoveries=recoveries,
+        replicas_finished=sorted(finished),
+    )
+
+
+def _failure(out: Path, replica: int, attempt: int, code: int) -> dict:
+    step = 0
+    if (out / "progress.json").exists():
+        step = json.loads((out / "progress.json").read_text())["step"]
+    message, user_error = f"exited with code {code}", False
+    if (out / "error.json").exists():
+        error = json.loads((out / "error.json").read_text())
+        message, user_error = error["message"], error["user_error"]
+    return {"replica": replica, "attempt": attempt, "exit_code": code, "step": step, "message": message,
+            "user_error": user_error}
+
+
+def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress) -> int:
+    best: dict | None = None
+    for proc in handle.replicas:
+        path = attempt_dir(job_dir, proc.replica, proc.attempt) / "progress.json"
+        if path.exists():
+            try:
+                progress = json.loads(path.read_text())
+            except (json.JSONDecodeError, OSError):
+                continue
+            if best is None or len(progress["epochs"]) > len(best["epochs"]):
+                best = progress
+    done = len(best["epochs"]) if best else 0
+    if on_progress is not None and done > seen:
+        on_progress(done, best["epochs"][-1])
+    return max(done, seen)
+
+
+def load_model(outcome: TrainingOutcome, job: TrainingJob, plan: TrainingPlan) -> torch.nn.Module:
+    """Rebuild the trained model in this process from the chosen group's parameters."""
+    x, y = load_arrays(plan.train_data)
+    model, _ = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), plan.schema["num_outputs"])
+    model.load_state_dict(torch.load(outcome.model_path, weights_only=True))
+    return model.eval()
+

@@ -1,0 +1,229 @@
+"""The training loop one replica group runs, under torchft.
+
+Every group holds the whole model; torchft's ``Manager`` forms a quorum of live groups each step,
+averages gradients across them (fault-tolerant DDP) and commits the step only when every
+participant succeeded. A group that joins late or restarts after a crash heals from a live peer:
+torchft sends it the ``state_dict`` below, so its data position (derived from the committed step)
+and history continue where the others are. Stopping decisions use only values every group shares
+(the committed step, validation metrics of identical parameters), so the groups agree on them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.distributed import TCPStore
+
+from trainyard import algorithms
+from trainyard.home import write_json_atomic
+from trainyard.spec import METRICS, TrainingJob
+from trainyard.training.flops import FlopMeter
+from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
+
+EVAL_BATCH = 4096
+# Failure detection: short enough that survivors stall briefly when a peer dies.
+PG_TIMEOUT = timedelta(seconds=10)
+MANAGER_TIMEOUT = timedelta(seconds=30)
+QUORUM_TIMEOUT = timedelta(seconds=60)
+
+
+@dataclass(slots=True)
+class History:
+    """Per-epoch metrics, shared across groups through the state dict."""
+
+    epochs: list[dict] = field(default_factory=list)
+    best: float | None = None
+    epochs_since_best: int = 0
+    stop_reason: str | None = None
+
+
+def load_arrays(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    data = np.load(path)
+    return torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
+
+
+def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
+    """Train as replica group ``replica`` until the job's stopping conditions hold; return the result."""
+    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+
+    plan = TrainingPlan.read(job_dir)
+    job = TrainingJob.model_validate(plan.job)
+    hp = job.hyperparameters
+    out = attempt_dir(job_dir, replica, attempt)
+    x_train, y_train = load_arrays(plan.train_data)
+    val = load_arrays(plan.validation_data) if plan.validation_data else None
+    model, loss_fn = algorithms.build(
+        job.algorithm, hp, x_train.numpy(), y_train.numpy(), num_outputs=plan.schema["num_outputs"]
+    )
+    optimizer = _optimizer(model, hp)
+    history = History()
+    meter = FlopMeter(model, loss_fn)
+
+    def state_dict() -> dict:
+        return {"model": model.state_dict(), "optim": optimizer.state_dict(), "history": _history_state(history)}
+
+    def load_state_dict(state: dict) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        for key, value in state["history"].items():
+            setattr(history, key, value)
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=PG_TIMEOUT),
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=job.resources.min_replicas,
+        use_async_quorum=False,  # heal before the batch is chosen, so the data position is current
+        timeout=MANAGER_TIMEOUT,
+        quorum_timeout=QUORUM_TIMEOUT,
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=plan.lighthouse_addr,
+        replica_id=f"{plan.job_id}-g{replica}",
+        hostname="127.0.0.1",
+    )
+    ddp = DistributedDataParallel(manager, model)
+
+    per_group_batch = max(1, math.ceil(hp.batch_size / plan.num_replicas))
+    shard_size = len(x_train) // plan.num_replicas
+    steps_per_epoch = max(1, math.ceil(shard_size / per_group_batch))
+    faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
+    samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
+    started = time.monotonic()
+    stop = None
+    try:
+        while True:
+            stop = stop_requested(job_dir)
+            if stop or history.stop_reason or manager.current_step() >= hp.epochs * steps_per_epoch:
+                break
+            _inject_fault(faults.get(manager.current_step()))
+            manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
+            optimizer.zero_grad()
+            step = manager.current_step()
+            epoch, index = divmod(step, steps_per_epoch)
+            idx = _shard(len(x_train), epoch, hp.seed, replica % plan.num_replicas, plan.num_replicas)
+            idx = idx[index * per_group_batch : (index + 1) * per_group_batch]
+            xb, yb = x_train[idx], y_train[idx]
+            losses = loss_fn(ddp(xb), yb)
+            algorithms.check_per_sample(losses, len(idx))
+            losses.mean().backward()
+            meter.add_train_step(xb, yb)
+            if not manager.should_commit():
+                continue  # a participant failed: nothing is applied and the step is redone
+            optimizer.step()
+            samples_trained += len(idx)
+            epoch_loss_sum += float(losses.detach().sum())
+            epoch_loss_count += len(idx)
+            if manager.current_step() % steps_per_epoch == 0:
+                metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)}
+                if val is not None:
+                    metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
+                _end_epoch(history, epoch + 1, metrics, job, started)
+                epoch_loss_sum, epoch_loss_count = 0.0, 0
+                _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained)
+    finally:
+        manager.shutdown(wait=False)
+    result = _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained)
+    result |= {
+        "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
+        "steps_per_epoch": steps_per_epoch,
+        "wall_seconds": time.monotonic() - started,
+        "finished": True,
+    }
+    torch.save(model.state_dict(), out / ".model.pt.tmp")
+    os.replace(out / ".model.pt.tmp", out / "model.pt")
+    write_json_atomic(out / "result.json", result)
+    return result
+
+
+def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter: FlopMeter | None = None) -> dict:
+    """Validation metrics: ``val_loss``, plus ``val_accuracy`` (classification) or ``val_rmse``."""
+    model.eval()
+    loss_sum, correct, sq_err = 0.0, 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(x), EVAL_BATCH):
+            xb, yb = x[start : start + EVAL_BATCH], y[start : start + EVAL_BATCH]
+            out = model(xb)
+            if meter is not None:
+                meter.add_evaluation(xb)
+            loss_sum += float(loss_fn(out, yb).sum())
+            if task == "classification":
+                correct += int((out.argmax(dim=1) == yb).sum())
+            else:
+                sq_err += float(((out - yb) ** 2).sum())
+    model.train()
+    metrics = {"val_loss": loss_sum / len(x)}
+    if task == "classification":
+        metrics["val_accuracy"] = correct / len(x)
+    else:
+        metrics["val_rmse"] = math.sqrt(sq_err / len(x))
+    return metrics
+
+
+def _end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started: float) -> None:
+    history.epochs.append({"epoch": epoch, "elapsed_seconds": time.monotonic() - started, **metrics})
+    target = job.stopping.target_metric
+    if target is not None and target.name in metrics:
+        value = metrics[target.name]
+        if (value >= target.value) if METRICS[target.name] else (value <= target.value):
+            history.stop_reason = "TargetMetricReached"
+            return
+    if job.stopping.patience_epochs is not None:
+        watched = target.name if target is not None else "val_loss"
+        value, bigger_better = metrics.get(watched), METRICS[watched]
+        if value is not None:
+            improved = history.best is None or (value > history.best if bigger_better else value < history.best)
+            history.best, history.epochs_since_best = (value, 0) if improved else (history.best, history.epochs_since_best + 1)
+            if history.epochs_since_best >= job.stopping.patience_epochs:
+                history.stop_reason = "NoImprovement"
+
+
+def _shard(n: int, epoch: int, seed: int, group: int, num_groups: int) -> torch.Tensor:
+    """Group ``group``'s share of epoch ``epoch``: every group draws the same permutation."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=gen)[group::num_groups]
+
+
+def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
+    if hp.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
+
+
+def _inject_fault(kind: str | None) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif kind == "hang":
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _history_state(history: History) -> dict:
+    return {"epochs": list(history.epochs), "best": history.best, "epochs_since_best": history.epochs_since_best,
+            "stop_reason": history.stop_reason}
+
+
+def _write_progress(out: Path, replica: int, attempt: int, step: int, history: History, meter: FlopMeter,
+                    samples_trained: int) -> dict:
+    progress = {
+        "replica": replica,
+        "attempt": attempt,
+        "step": step,
+        "epochs": history.epochs,
+        "flops": meter.as_dict(),
+        "samples_trained": samples_trained,
+    }
+    write_json_atomic(out / "progress.json", progress)
+    return progress
