@@ -25,7 +25,7 @@ from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
 from trainyard.home import new_job_id, write_json_atomic
 from trainyard.spec import TrainingJob
-from trainyard.training import TrainingPlan
+from trainyard.training.plan import TrainingPlan
 
 
 class JobFailed(TrainyardError):

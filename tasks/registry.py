@@ -9,9 +9,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import retry_transient, stage_meter
-from trainyard import plots, registry, training
+from trainyard import plots, registry
 from trainyard.spec import TrainingJob
-from trainyard.training import TrainingOutcome, TrainingPlan
+from trainyard.training.plan import TrainingPlan
+from trainyard.training.supervisor import TrainingOutcome, load_model
 
 
 @task(name="registry", retries=2, retry_delay_seconds=3, retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
@@ -19,7 +20,7 @@ def register_model(job: TrainingJob, job_id: str, plan: TrainingPlan, outcome: T
     """Register the trained model (idempotent per job id); return the summary's ``model`` section."""
     logger = get_run_logger()
     with stage_meter("registry", job) as record:
-        model = training.load_model(outcome, job, plan)
+        model = load_model(outcome, job, plan)
         example = np.load(plan.validation_data or plan.train_data)["x"][:5]
         plot = plots.plot_history(outcome.history, Path(plan.train_data).parent / "training_curves.png", job_id)
         params = {f"hp.{k}": v for k, v in job.hyperparameters.model_dump().items()}

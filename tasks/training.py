@@ -6,10 +6,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import stage_meter
-from trainyard import progress, training
+from trainyard import progress
+from trainyard.training import supervisor
 from trainyard.launch import LaunchHandle
 from trainyard.spec import TrainingJob
-from trainyard.training import TrainingPlan
+from trainyard.training.plan import TrainingPlan
 
 
 @task(name="training", cache_policy=NO_CACHE)
@@ -24,7 +25,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan) -> dict:
             done[0] = epochs
             logger.info("epoch %d: %s", epochs, {k: round(v, 5) for k, v in (metrics or {}).items()})
 
-        record["outcome"] = training.train(handle, plan, job, on_progress)
+        record["outcome"] = supervisor.train(handle, plan, job, on_progress)
     outcome = record["outcome"]
     logger.info("training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps,
                 len(outcome.failures))

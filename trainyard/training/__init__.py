@@ -1,6 +1,3 @@
-"""Stage 4, training: the torchft trainer each replica group runs, and the supervisor around them."""
-
-from trainyard.training.plan import TrainingPlan
-from trainyard.training.supervisor import TrainingOutcome, load_model, preflight, train
-
-__all__ = ["TrainingOutcome", "TrainingPlan", "load_model", "preflight", "train"]
+"""Stage 4, training: ``trainer`` (the torchft loop a replica group runs), ``replica`` (its process
+entrypoint), ``plan`` (the files the groups and the supervisor share), ``supervisor`` (the stage's
+orchestrating side) and ``flops`` (exact FLOP counts)."""
