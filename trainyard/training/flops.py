@@ -1,12 +1,11 @@
 """Exact FLOP counts of the forward and backward passes, measured with ``torch.utils.flop_counter``.
 
-A model's cost depends on the batch size, so each distinct batch size is measured once, on a copy
-of the model (the real model's gradients and optimizer state are never touched), and reused.
+A model's cost depends on the batch size, so each distinct batch size is measured once, on a
+separate probe model of the same architecture, and reused. The probe keeps the measurement away
+from the trained model: its parameters carry torchft's DDP hooks, which a copy would fire again.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 from torch import nn
@@ -18,8 +17,8 @@ from trainyard.algorithms import LossFn
 class FlopMeter:
     """Counts forward, backward and evaluation FLOPs spent by one process."""
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn):
-        self._model = model
+    def __init__(self, probe: nn.Module, loss_fn: LossFn):
+        self._model = probe
         self._loss_fn = loss_fn
         self._train_cache: dict[int, tuple[int, int]] = {}
         self._eval_cache: dict[int, int] = {}
@@ -31,11 +30,11 @@ class FlopMeter:
         """Record one training forward and backward pass over batch ``x``."""
         n = x.shape[0]
         if n not in self._train_cache:
-            probe = copy.deepcopy(self._model)
             with FlopCounterMode(display=False) as fwd:
-                loss = self._loss_fn(probe(x), y).mean()
+                loss = self._loss_fn(self._model(x), y).mean()
             with FlopCounterMode(display=False) as bwd:
                 loss.backward()
+            self._model.zero_grad(set_to_none=True)
             self._train_cache[n] = (fwd.get_total_flops(), bwd.get_total_flops())
         f, b = self._train_cache[n]
         self.forward += f

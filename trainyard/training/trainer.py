@@ -60,12 +60,12 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     out = attempt_dir(job_dir, replica, attempt)
     x_train, y_train = load_arrays(plan.train_data)
     val = load_arrays(plan.validation_data) if plan.validation_data else None
-    model, loss_fn = algorithms.build(
-        job.algorithm, hp, x_train.numpy(), y_train.numpy(), num_outputs=plan.schema["num_outputs"]
-    )
+    num_outputs = plan.schema["num_outputs"]
+    model, loss_fn = algorithms.build(job.algorithm, hp, x_train.numpy(), y_train.numpy(), num_outputs)
+    probe, _ = algorithms.build(job.algorithm, hp, x_train.numpy(), y_train.numpy(), num_outputs)
     optimizer = _optimizer(model, hp)
     history = History()
-    meter = FlopMeter(model, loss_fn)
+    meter = FlopMeter(probe, loss_fn)
 
     def state_dict() -> dict:
         return {"model": model.state_dict(), "optim": optimizer.state_dict(), "history": _history_state(history)}
@@ -93,6 +93,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
         replica_id=f"{plan.job_id}-g{replica}",
         hostname="127.0.0.1",
     )
+    if attempt == 0:
+        _start_barrier(job_dir, replica, plan.num_replicas)
     ddp = DistributedDataParallel(manager, model)
 
     per_group_batch = max(1, math.ceil(hp.batch_size / plan.num_replicas))
@@ -145,6 +147,20 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     os.replace(out / ".model.pt.tmp", out / "model.pt")
     write_json_atomic(out / "result.json", result)
     return result
+
+
+def _start_barrier(job_dir: Path, replica: int, num_replicas: int, timeout_seconds: float = 120.0) -> None:
+    """Wait until every initial group's manager is heartbeating, so the first quorum has them all.
+
+    Without it the first group up forms a quorum alone and the others join late and heal, which is
+    correct but wastes their share of the first steps. Past the timeout the job starts elastically.
+    """
+    ready = job_dir / "replicas" / "ready"
+    ready.mkdir(parents=True, exist_ok=True)
+    (ready / str(replica)).touch()
+    deadline = time.monotonic() + timeout_seconds
+    while len(list(ready.iterdir())) < num_replicas and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter: FlopMeter | None = None) -> dict:

@@ -1,0 +1,103 @@
+"""Shared fixtures: a local S3 endpoint (moto's server mode over HTTP on 127.0.0.1), a private
+TRAINYARD_HOME, and helpers that upload small datasets."""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+# Before anything imports Prefect: no telemetry, no network, no progress bars in test logs.
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ["TRAINYARD_PROGRESS"] = "0"
+
+
+@pytest.fixture(scope="session")
+def trainyard_home(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trainyard-home")
+    os.environ["TRAINYARD_HOME"] = str(path)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    return path
+
+
+@pytest.fixture(scope="session")
+def s3_server(trainyard_home):
+    """One moto S3 server process for the session; boto3 reaches it through the standard AWS variables."""
+    from trainyard.local_s3 import LocalS3
+
+    server = LocalS3().start()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    yield server
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server):
+    """A fresh, empty bucket."""
+    from trainyard import s3
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    s3.client().create_bucket(Bucket=name)
+    return name
+
+
+def put_table(bucket: str, key: str, table: pa.Table) -> str:
+    from trainyard import s3
+
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    s3.client().put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+    return f"s3://{bucket}/{key}"
+
+
+def blobs_table(rows: int, seed: int = 0, features: int = 4) -> pa.Table:
+    """An easy two-class problem: the label is the sign of a linear function of the features."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features))
+    y = (x @ np.linspace(1.0, -0.5, features) > 0).astype(np.int64)
+    cols = {f"f{i}": x[:, i] for i in range(features)}
+    return pa.table({**cols, "label": y})
+
+
+def upload_dataset(bucket: str, rows: int = 600, seed: int = 0, shards: int = 2) -> dict[str, str]:
+    """Train (in ``shards`` objects) and validation channels of ``blobs_table``; returns the URIs."""
+    table = blobs_table(rows, seed)
+    n_val = rows // 4
+    put_table(bucket, "data/validation/part-0.parquet", table.slice(0, n_val))
+    train = table.slice(n_val)
+    step = -(-train.num_rows // shards)
+    for i in range(shards):
+        put_table(bucket, f"data/train/part-{i}.parquet", train.slice(i * step, step))
+    return {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/",
+            "output": f"s3://{bucket}/output/"}
+
+
+def job_dict(uris: dict[str, str], **overrides) -> dict:
+    """A small, fast job spec over ``upload_dataset``'s channels."""
+    job = {
+        "name": "test-job",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "hyperparameters": {"epochs": 3, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        "inputs": {
+            "train": {"s3_uri": uris["train"], "label": "label"},
+            "validation": {"s3_uri": uris["validation"], "label": "label"},
+        },
+        "output": {"s3_uri": uris["output"]},
+        "resources": {"replicas": 1},
+        "carbon": {"country_iso_code": "IRL"},
+    }
+    for key, value in overrides.items():
+        job[key] = value
+    return job

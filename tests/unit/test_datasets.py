@@ -1,0 +1,87 @@
+"""Reading staged channels: formats, and a clear error naming the object or column for bad data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.conftest import blobs_table, put_table
+from trainyard import datasets, s3, staging
+from trainyard.errors import DataError
+from trainyard.spec import Channel
+
+
+def stage(bucket, tmp_path, fmt="parquet", label="label", prefix="ch/"):
+    channel = Channel(s3_uri=f"s3://{bucket}/{prefix}", format=fmt, label=label)
+    return staging.stage_channels({"train": channel}, tmp_path)["train"], channel
+
+
+def test_parquet_csv_and_jsonl_read_alike(bucket, tmp_path):
+    table = blobs_table(30)
+    put_table(bucket, "pq/a.parquet", table)
+    df = table.to_pandas()
+    s3.client().put_object(Bucket=bucket, Key="csv/a.csv", Body=df.to_csv(index=False).encode())
+    lines = "\n".join(json.dumps(r) for r in df.to_dict(orient="records"))
+    s3.client().put_object(Bucket=bucket, Key="jsonl/a.jsonl", Body=lines.encode())
+    arrays = []
+    for fmt, prefix in (("parquet", "pq/"), ("csv", "csv/"), ("jsonl", "jsonl/")):
+        manifest, channel = stage(bucket, tmp_path, fmt, prefix=prefix)
+        t = datasets.read_channel(manifest)
+        schema = datasets.infer_schema(t, channel, "classification")
+        arrays.append(datasets.to_arrays(t, schema, "train"))
+        assert schema.features == ["f0", "f1", "f2", "f3"] and schema.classes == [0, 1]
+    for x, y in arrays[1:]:
+        np.testing.assert_allclose(x, arrays[0][0], rtol=1e-6)
+        np.testing.assert_array_equal(y, arrays[0][1])
+
+
+def test_wrong_label_column_names_the_columns(bucket, tmp_path):
+    put_table(bucket, "ch/a.parquet", blobs_table(10))
+    manifest, channel = stage(bucket, tmp_path, label="churned")
+    with pytest.raises(DataError, match=r"label column 'churned' not found; columns are \['f0'"):
+        datasets.infer_schema(datasets.read_channel(manifest), channel, "classification")
+
+
+def test_nan_labels_are_refused(bucket, tmp_path):
+    put_table(bucket, "ch/a.parquet", pa.table({"f0": [1.0, 2.0, 3.0], "label": [1.0, float("nan"), None]}))
+    manifest, channel = stage(bucket, tmp_path)
+    table = datasets.read_channel(manifest)
+    with pytest.raises(DataError, match="label 'label' has 2 missing"):
+        datasets.infer_schema(table, channel, "classification")
+    with pytest.raises(DataError, match="label 'label' has 2 missing"):
+        datasets.to_arrays(table, datasets.infer_schema(table, channel, "regression"), "train")
+
+
+def test_nan_labels_in_validation_are_refused(bucket, tmp_path):
+    table = pa.table({"f0": [1.0, 2.0], "label": [1.0, float("nan")]})
+    with pytest.raises(DataError, match="channel 'validation'.*label 'label' has 1 missing"):
+        datasets.to_arrays(table, datasets.Schema(["f0"], "label", "regression"), "channel 'validation' (s3://b/v/)")
+
+
+def test_unreadable_file_is_named(bucket, tmp_path):
+    put_table(bucket, "ch/a.parquet", blobs_table(10))
+    s3.client().put_object(Bucket=bucket, Key="ch/b.parquet", Body=b"this is not parquet at all")
+    manifest, _ = stage(bucket, tmp_path)
+    with pytest.raises(DataError, match=f"s3://{bucket}/ch/b.parquet: cannot be read as parquet"):
+        datasets.read_channel(manifest)
+
+
+def test_non_numeric_feature_and_unknown_class(bucket, tmp_path):
+    table = pa.table({"f0": ["a", "b"], "label": [0, 1]})
+    with pytest.raises(DataError, match="feature 'f0' is string, not numeric"):
+        datasets.to_arrays(table, datasets.Schema(["f0"], "label", "classification", [0, 1]), "train")
+    val = pa.table({"f0": [1.0, 2.0], "label": [0, 7]})
+    with pytest.raises(DataError, match=r"label values \['7'\] never occur in the training channel"):
+        datasets.to_arrays(val, datasets.Schema(["f0"], "label", "classification", [0, 1]), "validation")
+
+
+def test_prepare_writes_arrays(bucket, tmp_path):
+    put_table(bucket, "ch/a.parquet", blobs_table(40))
+    manifest, channel = stage(bucket, tmp_path)
+    staged = datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "data")
+    data = np.load(staged.train_data)
+    assert data["x"].shape == (40, 4) and data["x"].dtype == np.float32
+    assert staged.schema["num_outputs"] == 2 and staged.validation_data is None

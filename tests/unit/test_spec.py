@@ -1,0 +1,160 @@
+"""The job spec: what it accepts, and how it names every problem with the field and the fix."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from trainyard.cli import app
+from trainyard.errors import SpecError
+from trainyard.spec import TrainingJob, apply_overrides, load_job, parse_job
+
+DESIGN_EXAMPLE = textwrap.dedent(
+    """
+    name: churn-mlp
+    algorithm: {builtin: mlp-classifier}
+    hyperparameters: {epochs: 10, batch_size: 256, learning_rate: 0.001, hidden_sizes: [128, 128],
+                      weight_decay: 0.0, seed: 0}
+    inputs:
+      train: {s3_uri: "s3://bucket/churn/train/", format: parquet, label: churned}
+      validation: {s3_uri: "s3://bucket/churn/val/", format: parquet, label: churned}
+    output: {s3_uri: "s3://bucket/churn/output/"}
+    resources: {replicas: 2, min_replicas: 1, max_replicas: 4, work_pool: local}
+    sifting: {enabled: true}
+    elastic: {fault_injection: [{replica: 1, at_step: 40, kind: kill}]}
+    stopping: {max_runtime_seconds: 3600, target_metric: {name: val_accuracy, value: 0.95}, patience_epochs: 3}
+    carbon: {country_iso_code: IRL, pue: 1.2, budget_kg: 5.0}
+    registry: {model_name: churn-mlp, promote_if: {metric: val_accuracy, mode: max}}
+    retries: {max_attempts: 3}
+    """
+)
+
+
+def minimal(**changes) -> dict:
+    job = {
+        "name": "j",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "inputs": {"train": {"s3_uri": "s3://bkt/train/", "label": "y"}},
+        "output": {"s3_uri": "s3://bkt/out/"},
+    }
+    job.update(changes)
+    return job
+
+
+def problems(data) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_job(data)
+    return info.value.problems
+
+
+def test_design_example_parses(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(DESIGN_EXAMPLE)
+    job = load_job(path)
+    assert job.name == "churn-mlp"
+    assert job.resources.max_replicas == 4
+    assert job.elastic.fault_injection[0].kind == "kill"
+    assert job.stopping.target_metric.value == 0.95
+    assert job.carbon.country_iso_code == "IRL"
+    assert job.model_name == "churn-mlp"
+
+
+def test_defaults_fill_a_minimal_spec():
+    job = parse_job(minimal())
+    assert job.hyperparameters.epochs == 10 and job.hyperparameters.batch_size == 256
+    assert job.resources.replicas == 1 and job.resources.max_replicas == 1
+    assert job.algorithm.task == "classification"
+    assert job.model_name == "j"
+
+
+def test_every_problem_is_reported_with_its_field():
+    found = problems(
+        minimal(
+            name="-bad_name",
+            inputs={"train": {"s3_uri": "http://bkt/train/", "format": "xlsx", "label": "y"}},
+            hyperparameters={"epochs": 0, "learning_rate": -1},
+            colour="red",
+        )
+    )
+    fields = [p.split(":")[0] for p in found]
+    assert fields == sorted(fields, key=fields.index)  # stable order
+    for field in ("name", "inputs.train.s3_uri", "inputs.train.format", "hyperparameters.epochs",
+                  "hyperparameters.learning_rate", "colour"):
+        assert field in fields, found
+    assert any("s3://bucket/prefix/" in p for p in found)  # the fix is named
+    assert any("remove it" in p for p in found if p.startswith("colour"))
+
+
+def test_missing_required_fields():
+    found = problems({"name": "j"})
+    assert "algorithm: required; add it" in found
+    assert "inputs: required; add it" in found
+    assert "output: required; add it" in found
+
+
+def test_cross_field_checks_name_fields():
+    found = problems(minimal(stopping={"target_metric": {"name": "val_accuracy", "value": 0.9}, "patience_epochs": 2},
+                             inputs={"train": {"s3_uri": "s3://bkt/train/"}}))
+    assert any(p.startswith("inputs.train.label:") for p in found)
+    assert any(p.startswith("stopping.target_metric.name:") and "validation" in p for p in found)
+    assert any(p.startswith("stopping.patience_epochs:") for p in found)
+
+
+def test_replica_bounds_and_algorithm_choice():
+    assert any("min_replicas <= replicas <= max_replicas" in p
+               for p in problems(minimal(resources={"replicas": 3, "max_replicas": 2})))
+    assert any("exactly one" in p for p in problems(minimal(algorithm={})))
+    assert any("package.module:function" in p for p in problems(minimal(algorithm={"entrypoint": "not an entry"})))
+    assert any("val_rmse is for regression" in p for p in problems(minimal(
+        algorithm={"builtin": "mlp-classifier"},
+        inputs={"train": {"s3_uri": "s3://bkt/t/", "label": "y"}, "validation": {"s3_uri": "s3://bkt/v/", "label": "y"}},
+        stopping={"target_metric": {"name": "val_rmse", "value": 1.0}})))
+
+
+def test_regression_builtin_sets_task():
+    assert parse_job(minimal(algorithm={"builtin": "linear-regression"})).algorithm.task == "regression"
+
+
+def test_overrides_apply_yaml_values():
+    data = minimal()
+    apply_overrides(data, ["hyperparameters.epochs=5", "resources.replicas=2", "stopping.target_metric.name=train_loss",
+                           "stopping.target_metric.value=0.1"])
+    job = parse_job(data)
+    assert job.hyperparameters.epochs == 5
+    assert job.resources.replicas == 2
+    assert job.stopping.target_metric.value == 0.1
+    with pytest.raises(SpecError, match="key.path=value"):
+        apply_overrides(minimal(), ["novalue"])
+
+
+def test_load_job_reports_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_job(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_job(bad)
+
+
+def test_validate_command(tmp_path):
+    runner = CliRunner()
+    good = tmp_path / "good.yaml"
+    good.write_text(DESIGN_EXAMPLE)
+    result = runner.invoke(app, ["validate", str(good)])
+    assert result.exit_code == 0, result.output
+    assert "valid" in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DESIGN_EXAMPLE.replace("replicas: 2,", "replicas: 9,"))
+    result = runner.invoke(app, ["validate", str(bad), "--set", "hyperparameters.epochs=0"])
+    assert result.exit_code == 2
+    assert "hyperparameters.epochs" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_job_schema_has_descriptions_for_the_ui_form():
+    schema = TrainingJob.model_json_schema()
+    assert schema["properties"]["name"]["description"]
+    channel = schema["$defs"]["Channel"]["properties"]
+    assert all(prop.get("description") for prop in channel.values())

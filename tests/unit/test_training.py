@@ -1,0 +1,119 @@
+"""Training with real torchft replica group processes and a real lighthouse (no Prefect)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import blobs_table
+from trainyard import launch
+from trainyard.errors import TrainingError
+from trainyard.home import job_dir, new_job_id
+from trainyard.spec import parse_job
+from trainyard.training import supervisor
+from trainyard.training.plan import TrainingPlan
+
+
+def mean_loss_build(num_features, num_outputs, hyperparameters):
+    """An entrypoint whose loss wrongly reduces over the batch."""
+    model = torch.nn.Linear(num_features, num_outputs)
+    return model, lambda out, y: torch.nn.functional.cross_entropy(out, y)
+
+
+def make_job(trainyard_home, **changes):
+    spec = {
+        "name": "train-test",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "hyperparameters": {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        "inputs": {"train": {"s3_uri": "s3://unused/t/", "label": "label"},
+                   "validation": {"s3_uri": "s3://unused/v/", "label": "label"}},
+        "output": {"s3_uri": "s3://unused/o/"},
+        "resources": {"replicas": 2},
+    }
+    spec.update(changes)
+    job = parse_job(spec)
+    job_id = new_job_id(job.name)
+    folder = job_dir(job_id)
+    table = blobs_table(800, seed=3).to_pandas()
+    x = table.drop(columns="label").to_numpy(np.float32)
+    y = table["label"].to_numpy(np.int64)
+    (folder / "data").mkdir()
+    np.savez(folder / "data" / "train.npz", x=x[200:], y=y[200:])
+    np.savez(folder / "data" / "validation.npz", x=x[:200], y=y[:200])
+    plan = TrainingPlan(job_id=job_id, job=job.model_dump(mode="json"), train_data=str(folder / "data/train.npz"),
+                        validation_data=str(folder / "data/validation.npz"),
+                        schema={"num_outputs": 2, "classes": [0, 1], "task": "classification"},
+                        num_replicas=job.resources.replicas, lighthouse_addr="")
+    return job, job_id, folder, plan
+
+
+def run(job, job_id, folder, plan):
+    handle = launch.launch(job_id, folder, job.resources)
+    plan.lighthouse_addr = handle.lighthouse_addr
+    try:
+        return supervisor.train(handle, plan, job), handle
+    finally:
+        launch.shutdown(handle)
+
+
+def test_two_groups_train_in_lockstep_and_agree(trainyard_home):
+    job, job_id, folder, plan = make_job(trainyard_home)
+    outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    assert outcome.replicas_finished == [0, 1]
+    assert [h["epoch"] for h in outcome.history] == [1, 2, 3, 4]
+    assert outcome.history[-1]["val_accuracy"] > 0.9  # an easy, separable problem
+    assert outcome.history[-1]["train_loss"] < outcome.history[0]["train_loss"]
+    states = [torch.load(folder / f"replicas/{r}/attempt-0/model.pt", weights_only=True) for r in (0, 1)]
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
+    # 600 samples, 2 groups of 32 per step: 10 steps an epoch, every sample trained once per epoch
+    assert outcome.steps == 40
+    assert outcome.samples_trained == 4 * 600
+    assert outcome.flops["backward"] > outcome.flops["forward"] > 0
+    assert outcome.flops["evaluation"] > 0
+
+
+def test_target_metric_stops_early(trainyard_home):
+    job, *rest = make_job(trainyard_home, hyperparameters={"epochs": 50, "batch_size": 64, "learning_rate": 0.01},
+                          stopping={"target_metric": {"name": "val_accuracy", "value": 0.8}})
+    outcome, _ = run(job, *rest)
+    assert outcome.stop_reason == "TargetMetricReached"
+    assert outcome.history[-1]["val_accuracy"] >= 0.8
+    assert len(outcome.history) < 50
+    assert all(h["val_accuracy"] < 0.8 for h in outcome.history[:-1])
+
+
+def test_max_runtime_stops_every_group(trainyard_home):
+    job, *rest = make_job(trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8},
+                          stopping={"max_runtime_seconds": 3})
+    outcome, _ = run(job, *rest)
+    assert outcome.stop_reason == "MaxRuntimeExceeded"
+    assert 0 < outcome.steps < 100_000 * 75
+
+
+def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home, hyperparameters={"epochs": 6, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
+    )
+    outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    assert len(outcome.failures) == 1 and outcome.failures[0]["replica"] == 1
+    assert outcome.failures[0]["exit_code"] == -9
+    assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0), (1, 1)]
+    assert outcome.replicas_finished == [0, 1]
+    healed = torch.load(folder / "replicas/1/attempt-1/model.pt", weights_only=True)
+    survivor = torch.load(folder / "replicas/0/attempt-0/model.pt", weights_only=True)
+    for key in survivor:
+        torch.testing.assert_close(healed[key], survivor[key], rtol=0, atol=0)
+    assert [h["epoch"] for h in outcome.history] == [1, 2, 3, 4, 5, 6]
+
+
+def test_mean_reduced_loss_is_rejected_before_training(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home, algorithm={"entrypoint": "tests.unit.test_training:mean_loss_build"}, resources={"replicas": 1}
+    )
+    with pytest.raises(TrainingError, match=r"one loss per sample \(use reduction='none'\)"):
+        run(job, job_id, folder, plan)
