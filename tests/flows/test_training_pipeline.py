@@ -1,0 +1,122 @@
+"""The six-stage pipeline as a real Prefect flow, against the local S3 endpoint over HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import numpy as np
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from flows.training_pipeline import JobFailed, training_pipeline
+from tests.conftest import job_dict, put_table, upload_dataset
+from trainyard import STAGES, s3
+from trainyard.cli import app
+from trainyard.home import job_dir
+from trainyard.spec import parse_job
+
+SUMMARY_KEYS = {"status", "secondary_status_transitions", "metrics", "compute", "sifting", "elastic", "carbon",
+                "data", "model", "timings"}
+
+
+def run_pipeline(spec: dict) -> tuple[dict, str]:
+    job = parse_job(spec)
+    job_id = f"{job.name}-{np.random.default_rng().integers(1e9)}"
+    try:
+        training_pipeline(job, job_id=job_id)
+    except JobFailed:
+        pass
+    return json.loads((job_dir(job_id) / "summary.json").read_text()), job_id
+
+
+def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_uri):
+    uris = upload_dataset(bucket, rows=800)
+    summary, job_id = run_pipeline(job_dict(uris, resources={"replicas": 2}))
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["status"] == "Completed", summary.get("failure_reason")
+    assert [t["status"] for t in summary["secondary_status_transitions"]] == [
+        "Starting", "Downloading", "Training", "Uploading", "Completed"]
+    assert summary["metrics"]["val_accuracy"] > 0.85 and summary["metrics"]["epochs"] == 3
+    assert set(summary["timings"]) == set(STAGES)
+    assert set(summary["carbon"]["by_stage"]) == set(STAGES)
+    compute = summary["compute"]
+    assert compute["flops_total"] == compute["flops_forward"] + compute["flops_backward"] + compute["flops_evaluation"]
+    assert compute["samples_trained"] == 3 * 600
+    assert summary["data"]["channels"]["train"]["objects"] == 2
+    # the model: registered, loadable, and its run holds the summary and the curves
+    model = summary["model"]
+    assert model["name"] == "test-job" and "champion" in model["aliases"]
+    loaded = mlflow.pyfunc.load_model(f"models:/test-job@champion")
+    x = np.random.default_rng(0).normal(size=(33, 4)).astype(np.float32)
+    assert np.asarray(loaded.predict(x)).shape == (33, 2)
+    artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(model["run_id"])}
+    assert {"summary.json", "training_curves.png"} <= artifacts
+    # the outputs in S3
+    keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix=f"output/{job_id}/")["Contents"]}
+    assert keys == {f"output/{job_id}/model/model.pt", f"output/{job_id}/model/model.json",
+                    f"output/{job_id}/summary.json"}
+
+
+def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflow_uri):
+    uris = upload_dataset(bucket, rows=800)
+    spec = job_dict(uris, stopping={"target_metric": {"name": "val_accuracy", "value": 0.6}})
+    spec["hyperparameters"]["epochs"] = 30
+    summary, _ = run_pipeline(spec)
+    assert summary["status"] == "Completed"
+    assert summary["metrics"]["val_accuracy"] >= 0.6
+    assert summary["metrics"]["epochs"] < 30
+    assert summary["model"]["version"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        ("missing-bucket", "s3://no-such-bucket-anywhere/data/train/: bucket does not exist"),
+        ("wrong-label", "label column 'churned' not found"),
+        ("nan-labels", "label 'label' has 3 missing"),
+        ("unreadable", "/data/train/part-9.parquet: cannot be read as parquet"),
+        ("empty", "no objects under"),
+    ],
+)
+def test_bad_data_fails_clearly_and_registers_nothing(prefect_api, s3_server, bucket, mlflow_uri, breakage, message):
+    uris = upload_dataset(bucket, rows=200)
+    spec = job_dict(uris)
+    if breakage == "missing-bucket":
+        spec["inputs"]["train"]["s3_uri"] = "s3://no-such-bucket-anywhere/data/train/"
+    elif breakage == "wrong-label":
+        spec["inputs"]["train"]["label"] = "churned"
+    elif breakage == "nan-labels":
+        put_table(bucket, "data/train/part-9.parquet",
+                  pa.table({f"f{i}": [0.0, 1.0, 2.0] for i in range(4)} | {"label": pa.array([None] * 3, pa.int64())}))
+    elif breakage == "unreadable":
+        s3.client().put_object(Bucket=bucket, Key="data/train/part-9.parquet", Body=b"not parquet")
+    elif breakage == "empty":
+        spec["inputs"]["train"]["s3_uri"] = f"s3://{bucket}/nothing-here/"
+    summary, _ = run_pipeline(spec)
+    assert summary["status"] == "Failed"
+    assert message in summary["failure_reason"]
+    assert summary["secondary_status_transitions"][-1]["status"] == "Failed"
+    assert summary["model"] is None
+    assert mlflow.MlflowClient(mlflow_uri).search_registered_models() == []
+
+
+def test_cli_run_exit_status_and_summary(prefect_api, s3_server, bucket, mlflow_uri, tmp_path):
+    import yaml
+
+    uris = upload_dataset(bucket, rows=400)
+    spec_path = tmp_path / "job.yaml"
+    spec_path.write_text(yaml.safe_dump(job_dict(uris)))
+    out = tmp_path / "summary.json"
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", str(spec_path), "--set", "hyperparameters.epochs=2", "--summary-out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())
+    assert summary["status"] == "Completed" and summary["metrics"]["epochs"] == 2
+    result = runner.invoke(app, ["run", str(spec_path), "--set", "inputs.train.label=nope"])
+    assert result.exit_code == 1
+    assert "label column 'nope' not found" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["run", str(spec_path), "--set", "resources.replicas=0"])
+    assert result.exit_code == 2 and "resources.replicas" in result.output
