@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from trainyard import carbon
-from trainyard.errors import DataError, SpecError, TrainingError
+from trainyard.errors import StorageError, TrainyardError
 from trainyard.spec import TrainingJob
 
 
@@ -28,7 +28,9 @@ def retry_transient(task, task_run, state) -> bool:
     """Retry storage and service hiccups; never a mistake in the spec, the data or the algorithm."""
     try:
         state.result()
-    except (SpecError, DataError, TrainingError):
+    except StorageError as exc:
+        return exc.transient
+    except TrainyardError:
         return False
     except Exception:  # noqa: BLE001 - anything else may be transient
         return True

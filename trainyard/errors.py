@@ -25,7 +25,15 @@ class DataError(TrainyardError, ValueError):
 
 
 class StorageError(TrainyardError, OSError):
-    """S3 (or another store) refused or failed a request; the message names the URI."""
+    """S3 (or another store) refused or failed a request; the message names the URI.
+
+    ``transient`` is True when trying again may help (network, throttling, 5xx), False when the
+    request itself is wrong (no such bucket, access denied).
+    """
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class TrainingError(TrainyardError, RuntimeError):

@@ -65,9 +65,11 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
             return StorageError(f"{uri}: no such object")
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
             return StorageError(f"{uri}: access denied ({code}); check the AWS credentials and the bucket policy")
-        return StorageError(f"{uri}: S3 error {code or status}: {exc.response.get('Error', {}).get('Message', '')}")
+        message = exc.response.get("Error", {}).get("Message", "")
+        return StorageError(f"{uri}: S3 error {code or status}: {message}", transient=(status or 0) >= 500)
     if isinstance(exc, BotoCoreError):
-        return StorageError(f"{uri}: could not reach S3 ({exc}); check AWS_ENDPOINT_URL_S3 and the network")
+        return StorageError(f"{uri}: could not reach S3 ({exc}); check AWS_ENDPOINT_URL_S3 and the network",
+                            transient=True)
     return StorageError(f"{uri}: {exc}")
 
 
