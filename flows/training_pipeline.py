@@ -24,7 +24,7 @@ from trainyard import STAGES, carbon, launch, outputs, registry, status
 from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
 from trainyard.home import new_job_id, write_json_atomic
-from trainyard.spec import TrainingJob
+from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training.plan import TrainingPlan
 
 
@@ -45,9 +45,12 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
     job_dir = make_job_dir(job_id)
     log = status.StatusLog()
     log.enter("Starting", "Job spec validated; preparing the job")
+    for setting in ignored_settings(job):
+        logger.warning("ignored: %s", setting)
     stages: dict[str, dict] = {}
     handle, outcome, model, carbon_section, error = None, None, None, None, None
     try:
+        registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
         log.enter("Downloading", "Downloading input data")
         stages["staging"] = stage_inputs(job, str(job_dir))
         staged = stages["staging"]["staged"]
@@ -56,9 +59,15 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
         handle = stages["launch"]["handle"]
         stages["filtering"] = filter_samples(job, staged)
         report = stages["filtering"]["report"]
-        plan = TrainingPlan(job_id=job_id, job=job.model_dump(mode="json"), train_data=report.train_data,
-                            validation_data=staged.validation_data, schema=staged.schema,
-                            num_replicas=job.resources.replicas, lighthouse_addr=handle.lighthouse_addr)
+        plan = TrainingPlan(
+            job_id=job_id,
+            job=job.model_dump(mode="json"),
+            train_data=report.train_data,
+            validation_data=staged.validation_data,
+            schema=staged.schema,
+            num_replicas=job.resources.replicas,
+            lighthouse_addr=handle.lighthouse_addr,
+        )
         log.enter("Training", "Training in progress")
         stages["training"] = train(job, handle, plan)
         outcome = stages["training"]["outcome"]
@@ -71,8 +80,12 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
             tags = _lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
             stages["registry"] = register_model(job, job_id, plan, outcome, tags)
             model = stages["registry"]["model"]
-        log.finish(primary, secondary, f"Training stopped: {outcome.stop_reason}",
-                   None if primary == "Completed" else outcome.stop_reason)
+        log.finish(
+            primary,
+            secondary,
+            f"Training stopped: {outcome.stop_reason}",
+            None if primary == "Completed" else outcome.stop_reason,
+        )
     except TrainyardError as exc:
         error = exc
         log.finish("Failed", "Failed", str(exc), failure_reason=str(exc))
@@ -97,12 +110,19 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
         "secondary_status_transitions": log.transitions,
         "metrics": status.final_metrics(outcome.history) if outcome else {},
         "compute": status.compute_section(outcome, report.scoring_flops if report else 0),
-        "sifting": {"enabled": False, "kept_fraction": report.kept_fraction if report else None,
-                    "prefilter": report.to_dict() if report else None},
-        "elastic": {"replicas_min": job.resources.min_replicas, "replicas_max": job.resources.max_replicas,
-                    "failures": len(outcome.failures) if outcome else 0,
-                    "failure_details": outcome.failures if outcome else [],
-                    "recoveries": outcome.recoveries if outcome else []},
+        "sifting": {
+            "enabled": report.sifting_enabled if report else False,
+            "requested": job.sifting.enabled,
+            "kept_fraction": report.kept_fraction if report else None,
+            "prefilter": report.to_dict() if report else None,
+        },
+        "elastic": {
+            "replicas_min": job.resources.min_replicas,
+            "replicas_max": job.resources.max_replicas,
+            "failures": len(outcome.failures) if outcome else 0,
+            "failure_details": outcome.failures if outcome else [],
+            "recoveries": outcome.recoveries if outcome else [],
+        },
         "carbon": carbon.rollup(energy, job.carbon),
         "data": {"channels": stages.get("staging", {}).get("channels", {})},
         "model": model,
@@ -119,10 +139,13 @@ def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, mode
     tags = {f"data.{name}.manifest_digest": c["manifest_digest"] for name, c in stages["staging"]["channels"].items()}
     tags |= {f"data.{name}.uri": c["uri"] for name, c in stages["staging"]["channels"].items()}
     flops = outcome.flops
-    tags |= {"compute.flops_total": str(flops["forward"] + flops["backward"] + flops["evaluation"]),
-             "carbon.energy_kwh": f"{carbon_section['energy_kwh']:.6g}",
-             "carbon.emissions_kg": f"{carbon_section['emissions_kg']:.6g}",
-             "output.model_uri": model_uri, "prefect.flow_run_id": str(flow_run.get_id())}
+    tags |= {
+        "compute.flops_total": str(flops["forward"] + flops["backward"] + flops["evaluation"]),
+        "carbon.energy_kwh": f"{carbon_section['energy_kwh']:.6g}",
+        "carbon.emissions_kg": f"{carbon_section['emissions_kg']:.6g}",
+        "output.model_uri": model_uri,
+        "prefect.flow_run_id": str(flow_run.get_id()),
+    }
     return tags
 
 

@@ -19,5 +19,7 @@ def account(job: TrainingJob, stage_energy: list[dict]) -> dict:
     records = [carbon.StageEnergy(**e) for e in [*stage_energy, record["energy"]]]
     record["carbon"] = carbon.rollup(records, job.carbon)
     c = record["carbon"]
-    logger.info("energy %.3g kWh, emissions %.3g kgCO2e (%s)", c["energy_kwh"], c["emissions_kg"], c["measurement_mode"])
+    logger.info(
+        "energy %.3g kWh, emissions %.3g kgCO2e (%s)", c["energy_kwh"], c["emissions_kg"], c["measurement_mode"]
+    )
     return record

@@ -25,8 +25,9 @@ def register_model(job: TrainingJob, job_id: str, plan: TrainingPlan, outcome: T
         plot = plots.plot_history(outcome.history, Path(plan.train_data).parent / "training_curves.png", job_id)
         params = {f"hp.{k}": v for k, v in job.hyperparameters.model_dump().items()}
         params |= {"algorithm": job.algorithm.builtin or job.algorithm.entrypoint, "replicas": job.resources.replicas}
-        record["model"] = registry.register(model, job, job_id, example, outcome.history, params, tags,
-                                            {"training_curves": plot})
+        record["model"] = registry.register(
+            model, job, job_id, example, outcome.history, params, tags, {"training_curves": plot}
+        )
     m = record["model"]
     logger.info("registered %s version %s (aliases %s)", m["name"], m["version"], m["aliases"])
     return record

@@ -7,9 +7,9 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import stage_meter
 from trainyard import progress
-from trainyard.training import supervisor
 from trainyard.launch import LaunchHandle
 from trainyard.spec import TrainingJob
+from trainyard.training import supervisor
 from trainyard.training.plan import TrainingPlan
 
 
@@ -27,7 +27,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan) -> dict:
 
         record["outcome"] = supervisor.train(handle, plan, job, on_progress)
     outcome = record["outcome"]
-    logger.info("training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps,
-                len(outcome.failures))
+    logger.info(
+        "training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps, len(outcome.failures)
+    )
     return record
-

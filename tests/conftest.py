@@ -80,8 +80,11 @@ def upload_dataset(bucket: str, rows: int = 600, seed: int = 0, shards: int = 2)
     step = -(-train.num_rows // shards)
     for i in range(shards):
         put_table(bucket, f"data/train/part-{i}.parquet", train.slice(i * step, step))
-    return {"train": f"s3://{bucket}/data/train/", "validation": f"s3://{bucket}/data/validation/",
-            "output": f"s3://{bucket}/output/"}
+    return {
+        "train": f"s3://{bucket}/data/train/",
+        "validation": f"s3://{bucket}/data/validation/",
+        "output": f"s3://{bucket}/output/",
+    }
 
 
 def job_dict(uris: dict[str, str], **overrides) -> dict:

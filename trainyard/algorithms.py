@@ -97,6 +97,8 @@ def _from_entrypoint(entrypoint: str, num_features: int, num_outputs: int, hp: H
     except (ImportError, AttributeError) as exc:
         raise SpecError([f"algorithm.entrypoint: cannot import {entrypoint!r} ({exc}); install the package"]) from exc
     result = fn(num_features, num_outputs, hp.model_dump())
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module) and callable(result[1])):
+    if not (
+        isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module) and callable(result[1])
+    ):
         raise TrainingError(f"{entrypoint} must return (torch.nn.Module, loss_fn), got {type(result).__name__}")
     return result

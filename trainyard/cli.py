@@ -20,11 +20,17 @@ from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import home, new_job_id
 from trainyard.spec import TrainingJob, load_job, parse_job
 
-app = typer.Typer(help="Trainyard: managed ML training as Prefect pipelines.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="Trainyard: managed ML training as Prefect pipelines.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 console = Console(stderr=True)
 
-SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (YAML value).")]
+SetOption = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (YAML value).")
+]
 SummaryOption = Annotated[Path | None, typer.Option("--summary-out", help="Write the job summary JSON here.")]
 
 
@@ -77,19 +83,25 @@ def _load(spec: Path, overrides: list[str] | None) -> TrainingJob:
         raise typer.Exit(2) from None
 
 
-def _embedded_defaults() -> None:
-    """Point Prefect at a home of its own under TRAINYARD_HOME unless told otherwise (no network)."""
+def _embedded_defaults(job_id: str) -> None:
+    """Without a Prefect API, give this process a Prefect home of its own (no network, no telemetry).
+
+    The ephemeral API keeps its SQLite database in PREFECT_HOME; two ``trainyard run`` processes
+    sharing one would lock each other out, so each job gets ``TRAINYARD_HOME/prefect/<job id>``,
+    which also keeps that job's flow-run records for inspection afterwards.
+    """
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_HOME", str(home() / "prefect"))
+    if not os.environ.get("PREFECT_API_URL"):
+        os.environ.setdefault("PREFECT_HOME", str(home() / "prefect" / job_id))
 
 
 def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
-    _embedded_defaults()
+    job_id = new_job_id(job.name)
+    _embedded_defaults(job_id)
     from flows.training_pipeline import training_pipeline
     from trainyard.home import job_dir
 
-    job_id = new_job_id(job.name)
     try:
         training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:

@@ -64,7 +64,8 @@ def infer_schema(table: pa.Table, channel: Channel, task: str, channel_name: str
     where = f"channel {channel_name!r} ({channel.s3_uri})"
     if label is None or label not in table.column_names:
         raise DataError(
-            f"{where}: label column {label!r} not found; columns are {table.column_names}; set inputs.{channel_name}.label"
+            f"{where}: label column {label!r} not found; columns are {table.column_names}; "
+            f"set inputs.{channel_name}.label"
         )
     if channel.features is not None:
         missing = [c for c in channel.features if c not in table.column_names]
@@ -151,6 +152,11 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         path = out_dir / f"{name}.npz"
         np.savez(path, x=x, y=y)
         paths[name], rows[name] = str(path), len(x)
-    meta = {"features": schema.features, "label": schema.label, "task": task, "classes": schema.classes,
-            "num_outputs": schema.num_outputs}
+    meta = {
+        "features": schema.features,
+        "label": schema.label,
+        "task": task,
+        "classes": schema.classes,
+        "num_outputs": schema.num_outputs,
+    }
     return StagedData(paths["train"], paths.get("validation"), meta, rows)

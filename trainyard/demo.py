@@ -7,6 +7,7 @@ depends on them non-linearly, a few percent of labels are flipped (noise), and s
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
@@ -29,17 +30,32 @@ def churn_table(rows: int, seed: int = 0, label_noise: float = 0.03, duplicate_f
     usage = rng.lognormal(3, 0.6, n)
     contract = rng.choice([0, 1, 2], n, p=[0.55, 0.25, 0.2])
     late = rng.binomial(6, 0.1 + 0.2 * (calls > 3), n)
-    logit = (-1.2 - 0.06 * tenure + 0.025 * monthly + 0.45 * calls - 0.9 * contract + 0.35 * late
-             - 0.004 * usage + 0.8 * np.sin(tenure / 6.0))
+    logit = (
+        -1.2
+        - 0.06 * tenure
+        + 0.025 * monthly
+        + 0.45 * calls
+        - 0.9 * contract
+        + 0.35 * late
+        - 0.004 * usage
+        + 0.8 * np.sin(tenure / 6.0)
+    )
     churned = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
     flip = rng.random(n) < label_noise
     churned[flip] = 1 - churned[flip]
-    cols = {"tenure_months": tenure, "monthly_charges": monthly, "total_charges": total,
-            "support_calls": calls.astype(np.float64), "usage_gb": usage, "contract_type": contract.astype(np.float64),
-            "late_payments": late.astype(np.float64), "churned": churned}
+    cols = {
+        "tenure_months": tenure,
+        "monthly_charges": monthly,
+        "total_charges": total,
+        "support_calls": calls.astype(np.float64),
+        "usage_gb": usage,
+        "contract_type": contract.astype(np.float64),
+        "late_payments": late.astype(np.float64),
+        "churned": churned,
+    }
     dup = rng.random(n) < duplicate_fraction
     source = rng.integers(0, n, n)
-    for key, values in cols.items():
+    for values in cols.values():
         values[dup] = values[source[dup]]
     return pa.table(cols)
 
@@ -47,10 +63,8 @@ def churn_table(rows: int, seed: int = 0, label_noise: float = 0.03, duplicate_f
 def upload_demo_data(rows: int, seed: int = 0, shards: int = 4, bucket: str = DEMO_BUCKET) -> dict[str, str]:
     """Write train (``shards`` parquet objects) and validation channels to S3; return their URIs."""
     client = s3.client()
-    try:
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
         client.create_bucket(Bucket=bucket)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
     table = churn_table(rows, seed)
     n_val = rows // 5
     parts = {"validation/part-0.parquet": table.slice(0, n_val)}

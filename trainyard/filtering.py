@@ -7,7 +7,6 @@ set and a report of what was dropped and why) is what later work fills in.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -38,7 +37,4 @@ class FilterReport:
 def filter_samples(staged: StagedData, sifting: Sifting) -> FilterReport:
     """Choose the training samples; in this version every sample is kept."""
     total = int(np.load(staged.train_data)["y"].shape[0])
-    if sifting.enabled:
-        warnings.warn("sifting.enabled is set but online sifting is not available yet: every sample is trained on",
-                      stacklevel=2)
     return FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=False)

@@ -67,10 +67,14 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
     lighthouse = subprocess.Popen(
         [
             binary,
-            "--min_replicas", str(resources.min_replicas),
-            "--bind", f"127.0.0.1:{port}",
-            "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
-            "--join_timeout_ms", str(JOIN_TIMEOUT_MS),
+            "--min_replicas",
+            str(resources.min_replicas),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--heartbeat_timeout_ms",
+            str(HEARTBEAT_TIMEOUT_MS),
+            "--join_timeout_ms",
+            str(JOIN_TIMEOUT_MS),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -99,8 +103,17 @@ def start_replica(handle: LaunchHandle, replica: int, attempt: int) -> ReplicaPr
     env = {**os.environ, THREADS_ENV: str(handle.num_threads), "OMP_NUM_THREADS": str(handle.num_threads)}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainyard.training.replica", "--job-dir", handle.job_dir,
-             "--replica", str(replica), "--attempt", str(attempt)],
+            [
+                sys.executable,
+                "-m",
+                "trainyard.training.replica",
+                "--job-dir",
+                handle.job_dir,
+                "--replica",
+                str(replica),
+                "--attempt",
+                str(attempt),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -23,8 +23,12 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
     """Upload the trained parameters and what is needed to rebuild the model; return the model folder URI."""
     target = job_prefix(job, job_id).join("model")
     s3.upload_file(model_path, str(target.join("model.pt")))
-    meta = {"job_id": job_id, "algorithm": job.algorithm.model_dump(), "hyperparameters": job.hyperparameters.model_dump(),
-            "schema": schema}
+    meta = {
+        "job_id": job_id,
+        "algorithm": job.algorithm.model_dump(),
+        "hyperparameters": job.hyperparameters.model_dump(),
+        "schema": schema,
+    }
     _upload_json(meta, str(target.join("model.json")))
     return str(target) + "/"
 

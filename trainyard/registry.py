@@ -73,7 +73,9 @@ def register(
                 mlflow.log_artifact(str(artifact))
             info = _log_model(model, example)
         version = client.create_model_version(
-            name=_ensure_registered(client, name), source=info.model_uri, run_id=run.info.run_id,
+            name=_ensure_registered(client, name),
+            source=info.model_uri,
+            run_id=run.info.run_id,
             tags={JOB_ID_TAG: job_id, APPROVAL_TAG: "PendingManualApproval", **tags},
         )
         _gate(client, job, name, version, history[-1] if history else {})
@@ -108,11 +110,23 @@ def _log_model(model: torch.nn.Module, example: np.ndarray):
     # Pinning requirements skips MLflow's slow inference of them; "+cpu" is not on PyPI.
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"]
     try:
-        return mlflow.pytorch.log_model(model, name="model", signature=signature, input_example=example,
-                                        serialization_format="pt2", pip_requirements=requirements)
+        return mlflow.pytorch.log_model(
+            model,
+            name="model",
+            signature=signature,
+            input_example=example,
+            serialization_format="pt2",
+            pip_requirements=requirements,
+        )
     except Exception:  # noqa: BLE001 - a model torch.export cannot trace is still logged, pickled
-        return mlflow.pytorch.log_model(model, name="model", signature=signature, input_example=example,
-                                        serialization_format="pickle", pip_requirements=requirements)
+        return mlflow.pytorch.log_model(
+            model,
+            name="model",
+            signature=signature,
+            input_example=example,
+            serialization_format="pickle",
+            pip_requirements=requirements,
+        )
 
 
 def _experiment(client, name: str, uri: str) -> str:

@@ -68,8 +68,9 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
         message = exc.response.get("Error", {}).get("Message", "")
         return StorageError(f"{uri}: S3 error {code or status}: {message}", transient=(status or 0) >= 500)
     if isinstance(exc, BotoCoreError):
-        return StorageError(f"{uri}: could not reach S3 ({exc}); check AWS_ENDPOINT_URL_S3 and the network",
-                            transient=True)
+        return StorageError(
+            f"{uri}: could not reach S3 ({exc}); check AWS_ENDPOINT_URL_S3 and the network", transient=True
+        )
     return StorageError(f"{uri}: {exc}")
 
 

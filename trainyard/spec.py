@@ -127,7 +127,9 @@ class Resources(_Model):
     replicas: int = Field(default=1, ge=1, le=64, description="Replica groups to start with.")
     min_replicas: int = Field(default=1, ge=1, description="Fewest live groups the job trains with.")
     max_replicas: int | None = Field(default=None, description="Most groups the job may grow to (default: replicas).")
-    work_pool: str = Field(default="local", description="Work pool of the groups; 'local' runs them as local processes.")
+    work_pool: str = Field(
+        default="local", description="Work pool of the groups; 'local' runs them as local processes."
+    )
     gpus_per_replica: int = Field(default=0, ge=0, description="GPUs each group asks for (0 on CPU machines).")
 
     @model_validator(mode="after")
@@ -290,6 +292,18 @@ class TrainingJob(_Model):
     def model_name(self) -> str:
         """The registered model name."""
         return self.registry.model_name or self.name
+
+
+def ignored_settings(job: TrainingJob) -> list[str]:
+    """Settings this version accepts but does not act on, each worded for a warning."""
+    ignored = []
+    if job.sifting.enabled:
+        ignored.append("sifting.enabled: online sifting is not available in this version; every sample is trained on")
+    if job.carbon.budget_kg is not None:
+        ignored.append("carbon.budget_kg: the budget is reported, not enforced, in this version")
+    if job.resources.max_replicas != job.resources.replicas:
+        ignored.append("resources.max_replicas: groups are not added mid-job in this version")
+    return ignored
 
 
 def _check_s3_uri(v: str) -> str:

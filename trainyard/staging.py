@@ -185,7 +185,12 @@ def _check_relative_key(key: str, prefix: str, channel_uri: str) -> None:
     """Refuse keys that would escape the channel's folder if mirrored to disk."""
     rel = key[len(prefix) :] if key.startswith(prefix) else key
     parts = rel.split("/")
-    if "\x00" in key or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or PurePosixPath(rel).is_absolute():
+    if (
+        "\x00" in key
+        or rel.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or PurePosixPath(rel).is_absolute()
+    ):
         raise DataError(
             f"s3 object {key!r} in {channel_uri} has an unsafe key (empty, '.', '..' segments, absolute path "
             "or NUL); rename it in the bucket"
@@ -202,4 +207,3 @@ def _digest(bucket: str, objects: list[StagedObject]) -> str:
     for obj in objects:
         h.update(f"{bucket}\0{obj.key}\0{obj.size}\0{obj.etag}\n".encode())
     return "sha256:" + h.hexdigest()
-

@@ -39,10 +39,21 @@ def prefect_server(tmp_path_factory, s3_server):
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "DO_NOT_TRACK": "1", "PREFECT_UI_ENABLED": "false"}
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=open(home / "server.log", "wb"), stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": url,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_UI_ENABLED": "false",
+    }
+    with open(home / "server.log", "wb") as log:
+        server = subprocess.Popen(
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_healthy(url, server)
         yield url, env, home
@@ -58,13 +69,32 @@ def test_process_worker_runs_the_deployed_pipeline(prefect_server, bucket, tmp_p
     url, env, home = prefect_server
     mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**env, "MLFLOW_TRACKING_URI": mlflow_uri}
-    subprocess.run([PREFECT, "work-pool", "create", "trainyard-process", "--type", "process",
-                    "--base-job-template", str(REPO / "infra/process-pool.json")], env=env, check=True,
-                   capture_output=True)
-    subprocess.run([PREFECT, "--no-prompt", "deploy", "--name", "on-demand"], env=env, cwd=REPO, check=True,
-                   capture_output=True)
-    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "trainyard-process", "--limit", "1"], env=env,
-                              cwd=REPO, stdout=open(home / "worker.log", "wb"), stderr=subprocess.STDOUT)
+    subprocess.run(
+        [
+            PREFECT,
+            "work-pool",
+            "create",
+            "trainyard-process",
+            "--type",
+            "process",
+            "--base-job-template",
+            str(REPO / "infra/process-pool.json"),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [PREFECT, "--no-prompt", "deploy", "--name", "on-demand"], env=env, cwd=REPO, check=True, capture_output=True
+    )
+    with open(home / "worker.log", "wb") as log:
+        worker = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", "trainyard-process", "--limit", "1"],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         uris = upload_dataset(bucket, rows=400)
         spec = job_dict(uris)

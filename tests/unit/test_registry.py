@@ -22,11 +22,16 @@ def trained(seed: int = 0, steps: int = 60):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(400, 3)).astype(np.float32)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
-    job = parse_job({"name": "reg-test", "algorithm": {"builtin": "mlp-classifier"},
-                     "hyperparameters": {"hidden_sizes": [8], "seed": seed},
-                     "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
-                     "output": {"s3_uri": "s3://bkt/o/"},
-                     "registry": {"promote_if": {"metric": "val_accuracy", "mode": "max"}}})
+    job = parse_job(
+        {
+            "name": "reg-test",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "hyperparameters": {"hidden_sizes": [8], "seed": seed},
+            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+            "output": {"s3_uri": "s3://bkt/o/"},
+            "registry": {"promote_if": {"metric": "val_accuracy", "mode": "max"}},
+        }
+    )
     model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     for _ in range(steps):
@@ -40,8 +45,9 @@ def register(job, model, x, job_id, accuracy, tmp_path):
     plot = tmp_path / f"{job_id}.png"
     plot.write_bytes(b"\x89PNG")
     history = [{"epoch": 1, "train_loss": 0.5, "val_accuracy": accuracy}]
-    return registry.register(model, job, job_id, x[:5], history, {"hp.seed": 0}, {"data.train.manifest_digest": "d"},
-                             {"curves": plot})
+    return registry.register(
+        model, job, job_id, x[:5], history, {"hp.seed": 0}, {"data.train.manifest_digest": "d"}, {"curves": plot}
+    )
 
 
 def test_registered_model_predicts_on_any_batch_size(tracking, tmp_path):

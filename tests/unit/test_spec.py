@@ -80,8 +80,14 @@ def test_every_problem_is_reported_with_its_field():
     )
     fields = [p.split(":")[0] for p in found]
     assert fields == sorted(fields, key=fields.index)  # stable order
-    for field in ("name", "inputs.train.s3_uri", "inputs.train.format", "hyperparameters.epochs",
-                  "hyperparameters.learning_rate", "colour"):
+    for field in (
+        "name",
+        "inputs.train.s3_uri",
+        "inputs.train.format",
+        "hyperparameters.epochs",
+        "hyperparameters.learning_rate",
+        "colour",
+    ):
         assert field in fields, found
     assert any("s3://bucket/prefix/" in p for p in found)  # the fix is named
     assert any("remove it" in p for p in found if p.startswith("colour"))
@@ -95,22 +101,37 @@ def test_missing_required_fields():
 
 
 def test_cross_field_checks_name_fields():
-    found = problems(minimal(stopping={"target_metric": {"name": "val_accuracy", "value": 0.9}, "patience_epochs": 2},
-                             inputs={"train": {"s3_uri": "s3://bkt/train/"}}))
+    found = problems(
+        minimal(
+            stopping={"target_metric": {"name": "val_accuracy", "value": 0.9}, "patience_epochs": 2},
+            inputs={"train": {"s3_uri": "s3://bkt/train/"}},
+        )
+    )
     assert any(p.startswith("inputs.train.label:") for p in found)
     assert any(p.startswith("stopping.target_metric.name:") and "validation" in p for p in found)
     assert any(p.startswith("stopping.patience_epochs:") for p in found)
 
 
 def test_replica_bounds_and_algorithm_choice():
-    assert any("min_replicas <= replicas <= max_replicas" in p
-               for p in problems(minimal(resources={"replicas": 3, "max_replicas": 2})))
+    assert any(
+        "min_replicas <= replicas <= max_replicas" in p
+        for p in problems(minimal(resources={"replicas": 3, "max_replicas": 2}))
+    )
     assert any("exactly one" in p for p in problems(minimal(algorithm={})))
     assert any("package.module:function" in p for p in problems(minimal(algorithm={"entrypoint": "not an entry"})))
-    assert any("val_rmse is for regression" in p for p in problems(minimal(
-        algorithm={"builtin": "mlp-classifier"},
-        inputs={"train": {"s3_uri": "s3://bkt/t/", "label": "y"}, "validation": {"s3_uri": "s3://bkt/v/", "label": "y"}},
-        stopping={"target_metric": {"name": "val_rmse", "value": 1.0}})))
+    assert any(
+        "val_rmse is for regression" in p
+        for p in problems(
+            minimal(
+                algorithm={"builtin": "mlp-classifier"},
+                inputs={
+                    "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
+                    "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
+                },
+                stopping={"target_metric": {"name": "val_rmse", "value": 1.0}},
+            )
+        )
+    )
 
 
 def test_regression_builtin_sets_task():
@@ -119,8 +140,15 @@ def test_regression_builtin_sets_task():
 
 def test_overrides_apply_yaml_values():
     data = minimal()
-    apply_overrides(data, ["hyperparameters.epochs=5", "resources.replicas=2", "stopping.target_metric.name=train_loss",
-                           "stopping.target_metric.value=0.1"])
+    apply_overrides(
+        data,
+        [
+            "hyperparameters.epochs=5",
+            "resources.replicas=2",
+            "stopping.target_metric.name=train_loss",
+            "stopping.target_metric.value=0.1",
+        ],
+    )
     job = parse_job(data)
     assert job.hyperparameters.epochs == 5
     assert job.resources.replicas == 2

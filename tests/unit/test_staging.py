@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import blobs_table, put_table
@@ -21,7 +23,7 @@ def test_stages_every_object_and_records_a_manifest(bucket, tmp_path):
     assert m.digest.startswith("sha256:")
     assert (tmp_path / "train.json").exists()
     for obj in m.objects:
-        assert open(obj.path, "rb").read() == s3.client().get_object(Bucket=bucket, Key=obj.key)["Body"].read()
+        assert Path(obj.path).read_bytes() == s3.client().get_object(Bucket=bucket, Key=obj.key)["Body"].read()
 
 
 def test_second_staging_transfers_nothing_and_a_changed_object_is_fetched_again(bucket, tmp_path):

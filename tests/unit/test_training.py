@@ -26,8 +26,10 @@ def make_job(trainyard_home, **changes):
         "name": "train-test",
         "algorithm": {"builtin": "mlp-classifier"},
         "hyperparameters": {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
-        "inputs": {"train": {"s3_uri": "s3://unused/t/", "label": "label"},
-                   "validation": {"s3_uri": "s3://unused/v/", "label": "label"}},
+        "inputs": {
+            "train": {"s3_uri": "s3://unused/t/", "label": "label"},
+            "validation": {"s3_uri": "s3://unused/v/", "label": "label"},
+        },
         "output": {"s3_uri": "s3://unused/o/"},
         "resources": {"replicas": 2},
     }
@@ -41,10 +43,15 @@ def make_job(trainyard_home, **changes):
     (folder / "data").mkdir()
     np.savez(folder / "data" / "train.npz", x=x[200:], y=y[200:])
     np.savez(folder / "data" / "validation.npz", x=x[:200], y=y[:200])
-    plan = TrainingPlan(job_id=job_id, job=job.model_dump(mode="json"), train_data=str(folder / "data/train.npz"),
-                        validation_data=str(folder / "data/validation.npz"),
-                        schema={"num_outputs": 2, "classes": [0, 1], "task": "classification"},
-                        num_replicas=job.resources.replicas, lighthouse_addr="")
+    plan = TrainingPlan(
+        job_id=job_id,
+        job=job.model_dump(mode="json"),
+        train_data=str(folder / "data/train.npz"),
+        validation_data=str(folder / "data/validation.npz"),
+        schema={"num_outputs": 2, "classes": [0, 1], "task": "classification"},
+        num_replicas=job.resources.replicas,
+        lighthouse_addr="",
+    )
     return job, job_id, folder, plan
 
 
@@ -76,8 +83,11 @@ def test_two_groups_train_in_lockstep_and_agree(trainyard_home):
 
 
 def test_target_metric_stops_early(trainyard_home):
-    job, *rest = make_job(trainyard_home, hyperparameters={"epochs": 50, "batch_size": 64, "learning_rate": 0.01},
-                          stopping={"target_metric": {"name": "val_accuracy", "value": 0.8}})
+    job, *rest = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 50, "batch_size": 64, "learning_rate": 0.01},
+        stopping={"target_metric": {"name": "val_accuracy", "value": 0.8}},
+    )
     outcome, _ = run(job, *rest)
     assert outcome.stop_reason == "TargetMetricReached"
     assert outcome.history[-1]["val_accuracy"] >= 0.8
@@ -86,8 +96,9 @@ def test_target_metric_stops_early(trainyard_home):
 
 
 def test_max_runtime_stops_every_group(trainyard_home):
-    job, *rest = make_job(trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8},
-                          stopping={"max_runtime_seconds": 3})
+    job, *rest = make_job(
+        trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8}, stopping={"max_runtime_seconds": 3}
+    )
     outcome, _ = run(job, *rest)
     assert outcome.stop_reason == "MaxRuntimeExceeded"
     assert 0 < outcome.steps < 100_000 * 75
@@ -95,7 +106,8 @@ def test_max_runtime_stops_every_group(trainyard_home):
 
 def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
     job, job_id, folder, plan = make_job(
-        trainyard_home, hyperparameters={"epochs": 6, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        trainyard_home,
+        hyperparameters={"epochs": 6, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
     )
     outcome, handle = run(job, job_id, folder, plan)

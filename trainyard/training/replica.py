@@ -49,15 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     out = attempt_dir(args.job_dir, args.replica, args.attempt)
     (out / "pid").write_text(str(os.getpid()))
     if not wait_for_plan(args.job_dir, parent):
-        write_json_atomic(out / "error.json", {"message": "the plan never came: the train stage is gone",
-                                               "user_error": False})
+        write_json_atomic(
+            out / "error.json", {"message": "the plan never came: the train stage is gone", "user_error": False}
+        )
         return 3
     try:
         train_replica(args.job_dir, args.replica, args.attempt)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
         # A TrainyardError is the job's fault (data, algorithm) and would fail again: no retry.
-        write_json_atomic(out / "error.json", {"message": f"{type(exc).__name__}: {exc}",
-                                               "user_error": isinstance(exc, TrainyardError)})
+        write_json_atomic(
+            out / "error.json",
+            {"message": f"{type(exc).__name__}: {exc}", "user_error": isinstance(exc, TrainyardError)},
+        )
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         return 1
     return 0

@@ -44,8 +44,9 @@ class TrainingOutcome:
 def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
     """Build the model and run one small batch here, so a broken algorithm fails before the groups train."""
     x, y = load_arrays(plan.train_data)
-    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(),
-                                      plan.schema["num_outputs"])
+    model, loss_fn = algorithms.build(
+        job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), plan.schema["num_outputs"]
+    )
     n = min(4, len(x))
     try:
         losses = loss_fn(model(x[:n]), y[:n])
@@ -111,8 +112,13 @@ def train(
     return _collect(job_dir, handle, finished, failures, failed_at)
 
 
-def _collect(job_dir: Path, handle: LaunchHandle, finished: dict[int, dict], failures: list[dict],
-             failed_at: dict[int, tuple[float, int]]) -> TrainingOutcome:
+def _collect(
+    job_dir: Path,
+    handle: LaunchHandle,
+    finished: dict[int, dict],
+    failures: list[dict],
+    failed_at: dict[int, tuple[float, int]],
+) -> TrainingOutcome:
     """Pick the result, check the groups agree, and add up what every attempt spent."""
     first = min(finished)
     result = finished[first]
@@ -124,8 +130,10 @@ def _collect(job_dir: Path, handle: LaunchHandle, finished: dict[int, dict], fai
         state = torch.load(attempt_dir(job_dir, replica, other["attempt"]) / "model.pt", weights_only=True)
         worst = max(float((state[k].float() - reference[k].float()).abs().max()) for k in reference)
         if worst > 1e-5:
-            raise TrainingError(f"replica groups {first} and {replica} ended with different parameters "
-                                f"(max difference {worst:.3g}); the model is not registered")
+            raise TrainingError(
+                f"replica groups {first} and {replica} ended with different parameters "
+                f"(max difference {worst:.3g}); the model is not registered"
+            )
     flops = {"forward": 0, "backward": 0, "evaluation": 0}
     samples = 0
     for progress_file in job_dir.glob("replicas/*/attempt-*/progress.json"):
@@ -136,9 +144,17 @@ def _collect(job_dir: Path, handle: LaunchHandle, finished: dict[int, dict], fai
     recoveries = []
     for replica, (when, step) in failed_at.items():
         if replica in finished:
-            recoveries.append({"replica": replica, "failed_at_step": step,
-                               "rejoined_at_step": None, "recovery_seconds": None, "source": "peer",
-                               "bytes_moved": None, "restarted_after_seconds": round(time.monotonic() - when, 3)})
+            recoveries.append(
+                {
+                    "replica": replica,
+                    "failed_at_step": step,
+                    "rejoined_at_step": None,
+                    "recovery_seconds": None,
+                    "source": "peer",
+                    "bytes_moved": None,
+                    "restarted_after_seconds": round(time.monotonic() - when, 3),
+                }
+            )
     return TrainingOutcome(
         model_path=str(model_path),
         stop_reason=result["stop_reason"],
@@ -160,8 +176,14 @@ def _failure(out: Path, replica: int, attempt: int, code: int) -> dict:
     if (out / "error.json").exists():
         error = json.loads((out / "error.json").read_text())
         message, user_error = error["message"], error["user_error"]
-    return {"replica": replica, "attempt": attempt, "exit_code": code, "step": step, "message": message,
-            "user_error": user_error}
+    return {
+        "replica": replica,
+        "attempt": attempt,
+        "exit_code": code,
+        "step": step,
+        "message": message,
+        "user_error": user_error,
+    }
 
 
 def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress) -> int:
@@ -187,4 +209,3 @@ def load_model(outcome: TrainingOutcome, job: TrainingJob, plan: TrainingPlan) -
     model, _ = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), plan.schema["num_outputs"])
     model.load_state_dict(torch.load(outcome.model_path, weights_only=True))
     return model.eval()
-

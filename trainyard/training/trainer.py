@@ -200,7 +200,9 @@ def _end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, st
         value, bigger_better = metrics.get(watched), METRICS[watched]
         if value is not None:
             improved = history.best is None or (value > history.best if bigger_better else value < history.best)
-            history.best, history.epochs_since_best = (value, 0) if improved else (history.best, history.epochs_since_best + 1)
+            history.best, history.epochs_since_best = (
+                (value, 0) if improved else (history.best, history.epochs_since_best + 1)
+            )
             if history.epochs_since_best >= job.stopping.patience_epochs:
                 history.stop_reason = "NoImprovement"
 
@@ -213,7 +215,9 @@ def _shard(n: int, epoch: int, seed: int, group: int, num_groups: int) -> torch.
 
 def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
     if hp.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        return torch.optim.SGD(
+            model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay
+        )
     return torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
 
 
@@ -227,12 +231,17 @@ def _inject_fault(kind: str | None) -> None:
 
 
 def _history_state(history: History) -> dict:
-    return {"epochs": list(history.epochs), "best": history.best, "epochs_since_best": history.epochs_since_best,
-            "stop_reason": history.stop_reason}
+    return {
+        "epochs": list(history.epochs),
+        "best": history.best,
+        "epochs_since_best": history.epochs_since_best,
+        "stop_reason": history.stop_reason,
+    }
 
 
-def _write_progress(out: Path, replica: int, attempt: int, step: int, history: History, meter: FlopMeter,
-                    samples_trained: int) -> dict:
+def _write_progress(
+    out: Path, replica: int, attempt: int, step: int, history: History, meter: FlopMeter, samples_trained: int
+) -> dict:
     progress = {
         "replica": replica,
         "attempt": attempt,
