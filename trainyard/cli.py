@@ -92,8 +92,10 @@ def _embedded_defaults(job_id: str) -> None:
     """
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    if not os.environ.get("PREFECT_API_URL"):
-        os.environ.setdefault("PREFECT_HOME", str(home() / "prefect" / job_id))
+    if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
+        prefect_home = home() / "prefect" / job_id
+        prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
+        os.environ["PREFECT_HOME"] = str(prefect_home)
 
 
 def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
