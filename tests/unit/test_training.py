@@ -129,3 +129,53 @@ def test_mean_reduced_loss_is_rejected_before_training(trainyard_home):
     )
     with pytest.raises(TrainingError, match=r"one loss per sample \(use reduction='none'\)"):
         run(job, job_id, folder, plan)
+
+
+def per_sample_build(num_features, num_outputs, hyperparameters):
+    """A user's entrypoint: a linear classifier with a per-sample loss."""
+    model = torch.nn.Linear(num_features, num_outputs)
+    return model, lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def test_entrypoint_algorithm_trains(trainyard_home):
+    job, *rest = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:per_sample_build"},
+        resources={"replicas": 1},
+    )
+    outcome, _ = run(job, *rest)
+    assert outcome.stop_reason == "Completed"
+    assert outcome.history[-1]["val_accuracy"] > 0.7  # learning: chance is 0.5
+    assert outcome.history[-1]["train_loss"] < outcome.history[0]["train_loss"]
+
+
+def test_patience_stops_when_nothing_improves(trainyard_home):
+    job, *rest = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 1e-12},
+        stopping={"patience_epochs": 2},
+        resources={"replicas": 1},
+    )
+    outcome, _ = run(job, *rest)
+    assert outcome.stop_reason == "NoImprovement"
+    assert len(outcome.history) <= 4
+
+
+def test_linear_regression_reports_rmse_in_label_units(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"builtin": "linear-regression"},
+        hyperparameters={"epochs": 30, "batch_size": 64, "learning_rate": 0.05},
+        stopping={"target_metric": {"name": "val_rmse", "value": 2.0}},
+        resources={"replicas": 2},
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(800, 3)).astype(np.float32)
+    y = (1000 + 300 * x[:, 0] - 200 * x[:, 2] + rng.normal(0, 1, 800)).astype(np.float32)  # noise sd 1
+    np.savez(folder / "data/train.npz", x=x[200:], y=y[200:])
+    np.savez(folder / "data/validation.npz", x=x[:200], y=y[:200])
+    plan.schema = {"num_outputs": 1, "task": "regression", "classes": []}
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "TargetMetricReached"
+    assert 0.5 < outcome.history[-1]["val_rmse"] <= 2.0  # near the noise floor, in the label's units
+    assert "val_accuracy" not in outcome.history[-1]
