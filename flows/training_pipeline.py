@@ -67,6 +67,8 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
             schema=staged.schema,
             num_replicas=job.resources.replicas,
             lighthouse_addr=handle.lighthouse_addr,
+            train_layout=staged.train_layout,
+            extra_channels=staged.extra_channels,
         )
         log.enter("Training", "Training in progress")
         stages["training"] = train(job, handle, plan)

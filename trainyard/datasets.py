@@ -15,6 +15,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from trainyard import staging
 from trainyard.errors import DataError
 from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
@@ -36,17 +37,29 @@ class Schema:
         return len(self.classes) if self.task == "classification" else 1
 
 
-def read_channel(manifest: ChannelManifest) -> pa.Table:
-    """Read every staged object of a channel into one table."""
+def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None) -> pa.Table:
+    """Read every staged object of a channel into one table.
+
+    When ``layout`` is given, one ``{"id", "start", "end", "row_groups"}`` entry per object is
+    appended to it: where each object's rows lie in the table (what sharding divides).
+    """
     reader = _READERS[manifest.format]
-    bucket = manifest.uri[5:].split("/", 1)[0]
     tables = []
+    start = 0
     for obj in manifest.objects:
         try:
             tables.append(reader(obj.path))
+            if layout is not None:
+                row_groups = None
+                if manifest.format == "parquet":
+                    meta = pq.ParquetFile(obj.path).metadata
+                    row_groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+                end = start + tables[-1].num_rows
+                layout.append({"id": obj.uri, "start": start, "end": end, "row_groups": row_groups})
+                start = end
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             raise DataError(
-                f"s3://{bucket}/{obj.key}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
+                f"{obj.uri}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
                 "fix or remove the object, or set the channel's format"
             ) from exc
     try:
@@ -137,16 +150,24 @@ class StagedData:
     validation_data: str | None
     schema: dict
     rows: dict[str, int]
+    train_layout: list[dict] = field(default_factory=list)
+    extra_channels: dict[str, str] = field(default_factory=dict)
 
 
 def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel], task: str, out_dir) -> StagedData:
-    """Read the staged channels, check them, and write them as arrays under ``out_dir``."""
+    """Read the train and validation channels, check them, and write them as arrays under ``out_dir``;
+    lay any other channel out as files under ``out_dir/channels/<name>``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    train_table = read_channel(manifests["train"])
+    layout: list[dict] = []
+    train_table = read_channel(manifests["train"], layout)
     schema = infer_schema(train_table, channels["train"], task)
     paths: dict[str, str] = {}
     rows: dict[str, int] = {}
+    extra = {}
     for name, manifest in manifests.items():
+        if name not in ("train", "validation"):
+            extra[name] = str(staging.mirror(manifest, out_dir / "channels" / name))
+            continue
         table = train_table if name == "train" else read_channel(manifest)
         x, y = to_arrays(table, schema, where=f"channel {name!r} ({manifest.uri})")
         path = out_dir / f"{name}.npz"
@@ -159,4 +180,4 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         "classes": schema.classes,
         "num_outputs": schema.num_outputs,
     }
-    return StagedData(paths["train"], paths.get("validation"), meta, rows)
+    return StagedData(paths["train"], paths.get("validation"), meta, rows, layout, extra)

@@ -86,15 +86,27 @@ class Hyperparameters(BaseModel):
 class Channel(_Model):
     """One input channel: where its objects are and how to read them."""
 
-    s3_uri: str = Field(description='"s3://bucket/prefix/" (every object under it) or "s3://bucket/key".')
-    format: Literal["parquet", "csv", "jsonl"] = Field(default="parquet", description="parquet, csv or jsonl.")
+    s3_uri: str = Field(
+        description='"s3://bucket/prefix/" (every object under it), "s3://bucket/key", '
+        "or a manifest (see s3_data_type)."
+    )
+    s3_data_type: Literal["prefix", "manifest"] = Field(
+        default="prefix",
+        description="prefix: s3_uri names the objects; manifest: s3_uri is a JSON or JSONL list of s3:// URIs "
+        '(or SageMaker\'s [{"prefix": "s3://b/p/"}, "key", ...]).',
+    )
+    format: Literal["parquet", "csv", "jsonl", "raw"] = Field(
+        default="parquet", description="parquet, csv or jsonl; raw: files handed to an entrypoint unread."
+    )
     label: str | None = Field(default=None, description="The label column (required for built-in algorithms).")
     features: list[str] | None = Field(
         default=None, description="Feature columns; default: every numeric column but the label."
     )
     mode: Literal["file"] = Field(default="file", description="file: download before training.")
-    distribution: Literal["replicated"] = Field(
-        default="replicated", description="replicated: every replica group reads the whole channel."
+    distribution: Literal["replicated", "sharded"] = Field(
+        default="replicated",
+        description="replicated: every group draws from the whole channel; sharded: each group trains on a "
+        "disjoint share of its objects (or parquet row groups), reassigned when the number of groups changes.",
     )
 
     @field_validator("s3_uri")
@@ -103,11 +115,25 @@ class Channel(_Model):
         return _check_s3_uri(v)
 
 
-class Inputs(_Model):
-    """The input channels."""
+class Inputs(BaseModel):
+    """The input channels: ``train``, optional ``validation``, and any others an entrypoint reads.
+
+    A channel other than these two is staged and handed to the replica groups as a local folder named
+    by ``TRAINYARD_CHANNEL_<NAME>`` (SageMaker's ``SM_CHANNEL_<NAME>``).
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    __pydantic_extra__: dict[str, Channel]
 
     train: Channel = Field(description="The training channel.")
     validation: Channel | None = Field(default=None, description="Scored after every epoch; needed for val_* metrics.")
+
+    @model_validator(mode="after")
+    def _channel_names(self) -> Inputs:
+        for name in self.__pydantic_extra__ or {}:
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name):
+                raise ValueError(f"channel name {name!r}: use lowercase letters, digits and underscores (up to 32)")
+        return self
 
 
 class Output(_Model):
@@ -254,10 +280,15 @@ class TrainingJob(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> TrainingJob:
         problems = []
-        if self.algorithm.builtin is not None:
-            for name, channel in self.channels().items():
-                if channel.label is None:
-                    problems.append(f"inputs.{name}.label: required for builtin algorithms; name the label column")
+        for name, channel in self.table_channels().items():
+            if self.algorithm.builtin is not None and channel.label is None:
+                problems.append(f"inputs.{name}.label: required for builtin algorithms; name the label column")
+            if channel.format == "raw":
+                problems.append(f"inputs.{name}.format: raw files cannot be {name} data; use parquet, csv or jsonl")
+            if name == "validation" and channel.distribution == "sharded":
+                problems.append(
+                    "inputs.validation.distribution: every group validates on the whole channel; use replicated"
+                )
         target = self.stopping.target_metric
         if target is not None:
             if target.name.startswith("val_") and self.inputs.validation is None:
@@ -286,7 +317,11 @@ class TrainingJob(_Model):
         chans = {"train": self.inputs.train}
         if self.inputs.validation is not None:
             chans["validation"] = self.inputs.validation
-        return chans
+        return chans | dict(self.inputs.__pydantic_extra__ or {})
+
+    def table_channels(self) -> dict[str, Channel]:
+        """The channels read as tables for training and validation."""
+        return {k: v for k, v in self.channels().items() if k in ("train", "validation")}
 
     @property
     def model_name(self) -> str:

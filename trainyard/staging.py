@@ -2,40 +2,55 @@
 
 Each object is cached under a name derived from (bucket, key, ETag), so an unchanged object is
 never fetched twice and an object changed in place is fetched again. A download lands under a
-temporary name and is renamed only once its size (and MD5, for single-part objects) matches what
-S3 reported. The channel's manifest (objects, sizes, ETags, local paths, and a digest of it all)
-is the data lineage later stages record.
+temporary name and is renamed only once it matches what S3 says of it (``integrity``); a mismatch
+is fetched once more, then fails naming the object. The channel's manifest (objects, sizes,
+checksums, and a digest of it all) is the data lineage later stages record.
+
+Small objects are fetched with one conditional GET each (``If-Match`` the listed ETag, so an
+object replaced mid-staging is caught), many at a time; large ones one at a time through boto3's
+transfer manager (ranged, concurrent parts).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from boto3.exceptions import S3TransferFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
-from trainyard import progress, s3
-from trainyard.errors import DataError
-from trainyard.home import cache_dir, write_json_atomic
+from trainyard import cache, integrity, progress, s3
+from trainyard.errors import DataError, StorageError
+from trainyard.home import write_json_atomic
 from trainyard.spec import Channel
 
-MAX_CONCURRENT_OBJECTS = 8
+MAX_CONCURRENT_OBJECTS = 16
+# A GET whose body breaks off mid-stream is not retried by botocore; these attempts cover it.
+STREAM_ATTEMPTS = 3
 ProgressFn = Callable[[int], None]
 
 
 @dataclass(slots=True)
 class StagedObject:
-    """One object of a channel, as listed and as cached."""
+    """One object of a channel: as S3 lists it, how it was verified, and where it lies in the cache."""
 
+    bucket: str
     key: str
     size: int
     etag: str
+    rel: str = ""
+    checksum: dict | None = None
+    verified_by: str = ""
     path: str = ""
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
 
 
 @dataclass(slots=True)
@@ -48,16 +63,22 @@ class ChannelManifest:
     objects: list[StagedObject] = field(default_factory=list)
     bytes: int = 0
     bytes_downloaded: int = 0
+    objects_downloaded: int = 0
     digest: str = ""
 
     def summary(self) -> dict:
         """The channel's entry in the job summary's ``data.channels``."""
+        verified: dict[str, int] = {}
+        for obj in self.objects:
+            verified[obj.verified_by] = verified.get(obj.verified_by, 0) + 1
         return {
             "uri": self.uri,
             "objects": len(self.objects),
             "bytes": self.bytes,
             "bytes_downloaded": self.bytes_downloaded,
+            "objects_downloaded": self.objects_downloaded,
             "manifest_digest": self.digest,
+            "verified_by": verified,
         }
 
     def to_dict(self) -> dict:
@@ -65,114 +86,219 @@ class ChannelManifest:
 
     @classmethod
     def from_dict(cls, data: dict) -> ChannelManifest:
-        objects = [StagedObject(**o) for o in data.get("objects", [])]
-        return cls(**{**data, "objects": objects})
+        return cls(**{**data, "objects": [StagedObject(**o) for o in data.get("objects", [])]})
 
 
-def list_channel(name: str, channel: Channel) -> tuple[ChannelManifest, s3.S3Uri]:
-    """List the channel's objects (a single key, or every object under a prefix)."""
-    root = s3.S3Uri.parse(channel.s3_uri)
-    client = s3.client()
-    objects: list[StagedObject] = []
-    prefix = root.key if (root.key == "" or root.key.endswith("/")) else root.key + "/"
+def stage_channels(channels: dict[str, Channel], manifest_dir: Path) -> dict[str, ChannelManifest]:
+    """Stage every channel with a progress bar; write each manifest to ``manifest_dir/<name>.json``.
+
+    Afterwards the cache is trimmed to its size cap, least recently used first, never evicting an
+    object of these channels.
+    """
+    manifests = {}
+    for name, channel in channels.items():
+        manifest = list_channel(name, channel)
+        label = f"staging {name} ({len(manifest.objects)} objects)"
+        with progress.bar(label, manifest.bytes, "bytes") as advance:
+            manifests[name] = fetch_channel(manifest, advance)
+        write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
+    cache.evict(keep={o.path for m in manifests.values() for o in m.objects})
+    return manifests
+
+
+def list_channel(name: str, channel: Channel) -> ChannelManifest:
+    """List a channel's objects: every object under a prefix, one object, or those a manifest names."""
     try:
-        if root.key and not root.key.endswith("/"):
-            # "s3://bucket/key" may name one object; otherwise it is a prefix without its slash.
-            try:
-                head = client.head_object(Bucket=root.bucket, Key=root.key)
-                objects.append(StagedObject(root.key, head["ContentLength"], head["ETag"].strip('"')))
-                prefix = root.key.rsplit("/", 1)[0] + "/" if "/" in root.key else ""
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
-                    raise
-        if not objects:
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix):
-                for item in page.get("Contents", []):
-                    if _is_data_key(item["Key"]):
-                        objects.append(StagedObject(item["Key"], item["Size"], item["ETag"].strip('"')))
+        lister = _list_manifest if channel.s3_data_type == "manifest" else _list_prefix
+        objects = lister(channel.s3_uri)
     except (ClientError, BotoCoreError) as exc:
         raise s3.describe_error(exc, channel.s3_uri) from exc
     if not objects:
         raise DataError(f"channel {name!r}: no objects under {channel.s3_uri}; check the prefix and upload the data")
     for obj in objects:
-        _check_relative_key(obj.key, prefix, channel.s3_uri)
-    objects.sort(key=lambda o: o.key)
+        check_relative_key(obj.rel, obj.uri)
+    objects.sort(key=lambda o: (o.bucket, o.key))
     manifest = ChannelManifest(name=name, uri=channel.s3_uri, format=channel.format, objects=objects)
     manifest.bytes = sum(o.size for o in objects)
-    return manifest, s3.S3Uri(root.bucket, prefix)
+    return manifest
 
 
-def stage_channels(channels: dict[str, Channel], manifest_dir: Path) -> dict[str, ChannelManifest]:
-    """Stage every channel with a progress bar; write each manifest to ``manifest_dir/<name>.json``."""
-    manifests = {}
-    for name, channel in channels.items():
-        manifest, root = list_channel(name, channel)
-        with progress.bar(f"staging {name} ({len(manifest.objects)} objects)", manifest.bytes, "bytes") as advance:
-            manifests[name] = fetch_channel(manifest, root, advance)
-        write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
-    return manifests
-
-
-def fetch_channel(manifest: ChannelManifest, root: s3.S3Uri, on_bytes: ProgressFn | None = None) -> ChannelManifest:
+def fetch_channel(manifest: ChannelManifest, on_bytes: ProgressFn | None = None) -> ChannelManifest:
     """Fetch every listed object into the cache, verified; fill in paths, bytes moved and the digest.
 
     ``on_bytes`` is called with each chunk of bytes transferred (for a progress bar).
     """
     client = s3.client()
-    objects_dir = cache_dir() / "objects"
-
-    def fetch(obj: StagedObject) -> int:
-        target = objects_dir / _cache_name(root.bucket, obj.key, obj.etag)
+    small, large = [], []
+    for obj in manifest.objects:
+        target = cache.path_for(obj.bucket, obj.key, obj.etag)
         obj.path = str(target)
-        if target.is_file() and target.stat().st_size == obj.size:
-            os.utime(target)  # recency, for the cache's eviction order
+        if cache.hit(target, obj.size):
+            obj.verified_by = obj.verified_by or "cache"
             if on_bytes:
                 on_bytes(obj.size)
-            return 0
-        return _download_verified(client, root.bucket, obj, target, on_bytes)
-
+            continue
+        (large if obj.size >= s3.TRANSFER_CONFIG.multipart_threshold else small).append(obj)
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
-        manifest.bytes_downloaded = sum(pool.map(fetch, manifest.objects))
-    manifest.digest = _digest(root.bucket, manifest.objects)
+        moved = list(pool.map(lambda o: _fetch_verified(client, o, on_bytes, _get_small), small))
+    # Large objects one at a time: the transfer manager already fetches each in concurrent parts.
+    moved += [_fetch_verified(client, o, on_bytes, _get_large) for o in large]
+    manifest.bytes_downloaded = sum(moved)
+    manifest.objects_downloaded = len(small) + len(large)
+    manifest.digest = _digest(manifest.objects)
     return manifest
 
 
-def _download_verified(client, bucket: str, obj: StagedObject, target: Path, on_bytes: ProgressFn | None) -> int:
-    uri = f"s3://{bucket}/{obj.key}"
+def mirror(manifest: ChannelManifest, folder: Path) -> Path:
+    """Lay a channel's cached objects out under ``folder`` by their relative keys (hard links, no copies).
+
+    Every target is checked to resolve inside ``folder``: nothing is ever written outside it.
+    """
+    folder = folder.resolve()
+    for obj in manifest.objects:
+        target = (folder / obj.rel).resolve()
+        if not target.is_relative_to(folder):
+            raise DataError(f"{obj.uri}: its key would be written outside the channel folder; rename it in S3")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(obj.path, target)
+        except OSError:  # another file system: copy instead
+            target.write_bytes(Path(obj.path).read_bytes())
+    return folder
+
+
+def check_relative_key(rel: str, uri: str) -> None:
+    """Refuse keys that would escape the channel's folder if laid out on disk."""
+    parts = rel.split("/")
+    if not rel or "\x00" in rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise DataError(
+            f"{uri}: unsafe key (empty, '.' or '..' segments, an absolute path, a backslash or NUL); "
+            "rename the object in S3"
+        )
+
+
+def _list_prefix(uri: str) -> list[StagedObject]:
+    root = s3.S3Uri.parse(uri)
+    client = s3.client()
+    if root.key and not root.key.endswith("/"):
+        # "s3://bucket/key" may name one object; otherwise it is a prefix written without its slash.
+        try:
+            head = client.head_object(Bucket=root.bucket, Key=root.key)
+            rel = root.key.rsplit("/", 1)[-1]
+            return [StagedObject(root.bucket, root.key, head["ContentLength"], head["ETag"].strip('"'), rel)]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise
+    prefix = root.key if not root.key or root.key.endswith("/") else root.key + "/"
+    objects = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            if _is_data_key(item["Key"]):
+                rel = item["Key"][len(prefix) :]
+                objects.append(StagedObject(root.bucket, item["Key"], item["Size"], item["ETag"].strip('"'), rel))
+    return objects
+
+
+def _list_manifest(uri: str) -> list[StagedObject]:
+    """A manifest: a JSON list of s3:// URIs, SageMaker's ``[{"prefix": ...}, "rel", ...]``, or JSONL."""
+    where = s3.S3Uri.parse(uri)
+    client = s3.client()
+    text = client.get_object(Bucket=where.bucket, Key=where.key)["Body"].read().decode("utf-8")
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{uri}: a manifest must be a JSON list or JSON lines of s3:// URIs ({exc})") from exc
+    prefix = None
+    if entries and isinstance(entries[0], dict) and "prefix" in entries[0]:
+        prefix, entries = entries[0]["prefix"], entries[1:]
+    uris = []
+    for entry in entries:
+        value = entry.get("s3_uri") if isinstance(entry, dict) else entry
+        if not isinstance(value, str):
+            raise DataError(f"{uri}: manifest entry {entry!r} is not an s3:// URI or a key")
+        uris.append(prefix + value if prefix else value)
+    parsed = [s3.S3Uri.parse(u) for u in uris]
+
+    def head(target: s3.S3Uri) -> StagedObject:
+        try:
+            meta = client.head_object(Bucket=target.bucket, Key=target.key)
+        except ClientError as exc:
+            raise s3.describe_error(exc, str(target)) from exc
+        rel = str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}"
+        return StagedObject(target.bucket, target.key, meta["ContentLength"], meta["ETag"].strip('"'), rel)
+
+    with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
+        return list(pool.map(head, parsed))
+
+
+def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, getter) -> int:
+    """Fetch with ``getter`` to a temporary name, verify, rename; one more try on a mismatch."""
+    target = Path(obj.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
     moved = 0
-    for attempt in (1, 2):
-        try:
-            client.download_file(bucket, obj.key, str(tmp), Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
-        except (ClientError, BotoCoreError, S3TransferFailedError) as exc:
-            tmp.unlink(missing_ok=True)
-            cause = exc.__cause__ if isinstance(exc, S3TransferFailedError) and exc.__cause__ else exc
-            raise s3.describe_error(cause, uri) from exc
-        moved += obj.size
-        problem = _verify(tmp, obj)
-        if problem is None:
-            os.replace(tmp, target)
-            return moved
+    try:
+        for attempt in (1, 2):
+            checksum = getter(client, obj, tmp, on_bytes)
+            moved += obj.size
+            problem, obj.verified_by = integrity.verify(tmp, obj.size, obj.etag, checksum)
+            obj.checksum = checksum
+            if problem is None:
+                os.replace(tmp, target)
+                return moved
+            if attempt == 2:
+                raise DataError(f"{obj.uri}: downloaded bytes do not match S3's record ({problem}) after a retry")
+    finally:
         tmp.unlink(missing_ok=True)
-        if attempt == 2:
-            raise DataError(f"{uri}: downloaded bytes do not match S3's record ({problem}) after a retry")
     raise AssertionError("unreachable")
 
 
-def _verify(path: Path, obj: StagedObject) -> str | None:
-    size = path.stat().st_size
-    if size != obj.size:
-        return f"size {size} != {obj.size}"
-    # A multipart ETag ("<md5 of md5s>-<parts>") is not the object's MD5; size is all we can check.
-    if "-" not in obj.etag and len(obj.etag) == 32:
-        md5 = hashlib.md5(usedforsecurity=False)
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                md5.update(chunk)
-        if md5.hexdigest() != obj.etag:
-            return f"MD5 {md5.hexdigest()} != ETag {obj.etag}"
-    return None
+def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> dict | None:
+    """One conditional GET, streamed to ``tmp``; returns the checksum S3 sent with it."""
+    for attempt in range(1, STREAM_ATTEMPTS + 1):
+        written = 0
+        try:
+            response = client.get_object(
+                Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED"
+            )
+            with tmp.open("wb") as f:
+                for chunk in response["Body"].iter_chunks(1 << 20):
+                    f.write(chunk)
+                    written += len(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+            return integrity.checksum_of(response)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
+                raise StorageError(
+                    f"{obj.uri}: changed in S3 while it was being staged; run the job again", transient=True
+                ) from exc
+            raise s3.describe_error(exc, obj.uri) from exc
+        except (BotoCoreError, OSError) as exc:
+            # The body broke off (dropped connection, or a checksum botocore itself found wrong):
+            # take back the progress and try again, a bounded number of times.
+            if on_bytes and written:
+                on_bytes(-written)
+            if attempt == STREAM_ATTEMPTS:
+                raise s3.describe_error(exc, obj.uri) from exc
+    raise AssertionError("unreachable")
+
+
+def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> dict | None:
+    """The transfer manager's ranged, concurrent download; the checksum comes from a HEAD first."""
+    try:
+        head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED")
+        if head["ETag"].strip('"') != obj.etag:
+            raise StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", True)
+        client.download_file(obj.bucket, obj.key, str(tmp), Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
+    except (ClientError, BotoCoreError, S3TransferFailedError) as exc:
+        cause = exc.__cause__ if isinstance(exc, S3TransferFailedError) and exc.__cause__ else exc
+        raise s3.describe_error(cause, obj.uri) from exc
+    return integrity.checksum_of(head)
 
 
 def _is_data_key(key: str) -> bool:
@@ -181,29 +307,8 @@ def _is_data_key(key: str) -> bool:
     return bool(base) and not base.startswith(("_", "."))
 
 
-def _check_relative_key(key: str, prefix: str, channel_uri: str) -> None:
-    """Refuse keys that would escape the channel's folder if mirrored to disk."""
-    rel = key[len(prefix) :] if key.startswith(prefix) else key
-    parts = rel.split("/")
-    if (
-        "\x00" in key
-        or rel.startswith("/")
-        or any(p in ("", ".", "..") for p in parts)
-        or PurePosixPath(rel).is_absolute()
-    ):
-        raise DataError(
-            f"s3 object {key!r} in {channel_uri} has an unsafe key (empty, '.', '..' segments, absolute path "
-            "or NUL); rename it in the bucket"
-        )
-
-
-def _cache_name(bucket: str, key: str, etag: str) -> str:
-    digest = hashlib.sha256(f"{bucket}\0{key}\0{etag}".encode()).hexdigest()
-    return f"{digest[:2]}/{digest}"
-
-
-def _digest(bucket: str, objects: list[StagedObject]) -> str:
+def _digest(objects: list[StagedObject]) -> str:
     h = hashlib.sha256()
     for obj in objects:
-        h.update(f"{bucket}\0{obj.key}\0{obj.size}\0{obj.etag}\n".encode())
+        h.update(f"{obj.bucket}\0{obj.key}\0{obj.size}\0{obj.etag}\n".encode())
     return "sha256:" + h.hexdigest()

@@ -29,7 +29,8 @@ class TrainingPlan:
     schema: dict
     num_replicas: int
     lighthouse_addr: str
-    extra: dict = field(default_factory=dict)
+    train_layout: list[dict] = field(default_factory=list)
+    extra_channels: dict[str, str] = field(default_factory=dict)
 
     def write(self, job_dir: Path) -> None:
         write_json_atomic(job_dir / PLAN_FILE, asdict(self))

@@ -22,13 +22,14 @@ import numpy as np
 import torch
 from torch.distributed import TCPStore
 
-from trainyard import algorithms
+from trainyard import algorithms, sharding
 from trainyard.home import write_json_atomic
 from trainyard.spec import METRICS, TrainingJob
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
 
 EVAL_BATCH = 4096
+CHANNEL_ENV_PREFIX = "TRAINYARD_CHANNEL_"
 # Failure detection: short enough that survivors stall briefly when a peer dies.
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
@@ -55,6 +56,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
     plan = TrainingPlan.read(job_dir)
+    for name, folder in plan.extra_channels.items():
+        os.environ[f"{CHANNEL_ENV_PREFIX}{name.upper()}"] = folder  # read by entrypoint algorithms
     job = TrainingJob.model_validate(plan.job)
     hp = job.hyperparameters
     out = attempt_dir(job_dir, replica, attempt)
@@ -97,9 +100,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
         _start_barrier(job_dir, replica, plan.num_replicas)
     ddp = DistributedDataParallel(manager, model)
 
-    per_group_batch = max(1, math.ceil(hp.batch_size / plan.num_replicas))
-    shard_size = len(x_train) // plan.num_replicas
-    steps_per_epoch = max(1, math.ceil(shard_size / per_group_batch))
+    group, num_groups = replica % plan.num_replicas, plan.num_replicas
+    sampler = Sampler(len(x_train), job, plan.train_layout, group, num_groups)
     faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
     started = time.monotonic()
@@ -107,15 +109,14 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     try:
         while True:
             stop = stop_requested(job_dir)
-            if stop or history.stop_reason or manager.current_step() >= hp.epochs * steps_per_epoch:
+            if stop or history.stop_reason or manager.current_step() >= hp.epochs * sampler.steps_per_epoch:
                 break
             _inject_fault(faults.get(manager.current_step()))
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             optimizer.zero_grad()
             step = manager.current_step()
-            epoch, index = divmod(step, steps_per_epoch)
-            idx = _shard(len(x_train), epoch, hp.seed, replica % plan.num_replicas, plan.num_replicas)
-            idx = idx[index * per_group_batch : (index + 1) * per_group_batch]
+            epoch, index = divmod(step, sampler.steps_per_epoch)
+            idx = sampler.batch(epoch, index)
             xb, yb = x_train[idx], y_train[idx]
             losses = loss_fn(ddp(xb), yb)
             algorithms.check_per_sample(losses, len(idx))
@@ -127,7 +128,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
             samples_trained += len(idx)
             epoch_loss_sum += float(losses.detach().sum())
             epoch_loss_count += len(idx)
-            if manager.current_step() % steps_per_epoch == 0:
+            if manager.current_step() % sampler.steps_per_epoch == 0:
                 metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)}
                 if val is not None:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
@@ -139,7 +140,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     result = _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained)
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
-        "steps_per_epoch": steps_per_epoch,
+        "steps_per_epoch": sampler.steps_per_epoch,
         "wall_seconds": time.monotonic() - started,
         "finished": True,
     }
@@ -207,10 +208,35 @@ def _end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, st
                 history.stop_reason = "NoImprovement"
 
 
-def _shard(n: int, epoch: int, seed: int, group: int, num_groups: int) -> torch.Tensor:
-    """Group ``group``'s share of epoch ``epoch``: every group draws the same permutation."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=gen)[group::num_groups]
+class Sampler:
+    """Which training rows group ``group`` uses at each step; every group agrees on the step count.
+
+    replicated: each epoch, one permutation of all rows (the same in every group) dealt out to the
+    groups in turn. sharded: each group permutes only its own share (``sharding``); smaller shares
+    wrap around so that every group takes the same number of steps.
+    """
+
+    def __init__(self, num_rows: int, job: TrainingJob, layout: list[dict], group: int, num_groups: int):
+        self.seed, self.group, self.num_groups, self.num_rows = job.hyperparameters.seed, group, num_groups, num_rows
+        self.batch_size = max(1, math.ceil(job.hyperparameters.batch_size / num_groups))
+        self.share: np.ndarray | None = None
+        if job.inputs.train.distribution == "sharded":
+            shares = [sharding.share_rows(layout, num_groups, g) for g in range(num_groups)]
+            self.share, rows_per_group = shares[group], max(len(s) for s in shares)
+        else:
+            rows_per_group = num_rows // num_groups
+        self.rows_per_group = rows_per_group
+        self.steps_per_epoch = max(1, math.ceil(rows_per_group / self.batch_size))
+
+    def batch(self, epoch: int, index: int) -> torch.Tensor:
+        """Row indices of the batch at ``index`` within ``epoch``."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        positions = torch.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.rows_per_group))
+        if self.share is None:
+            return torch.randperm(self.num_rows, generator=gen)[self.group :: self.num_groups][positions]
+        gen.manual_seed(self.seed * 1_000_003 + epoch * 1009 + self.group)
+        order = torch.from_numpy(self.share)[torch.randperm(len(self.share), generator=gen)]
+        return order[positions % len(order)]
 
 
 def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:

@@ -1,0 +1,87 @@
+"""Checking downloaded bytes against what S3 says of them.
+
+S3 offers two records: the ETag, which is the MD5 of the bytes for a single-part upload (a
+multipart ETag, ``<md5 of part md5s>-<parts>``, is not), and the flexible checksums
+(``x-amz-checksum-crc32 | crc32c | crc64nvme | sha1 | sha256``) where the object has one. A
+full-object checksum covers the whole body; a composite one (``...-<parts>``) only its parts, so it
+cannot be checked against the whole file.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from pathlib import Path
+
+from awscrt import checksums as crt
+
+# The response fields boto3 returns for each algorithm.
+ALGORITHMS = ("CRC64NVME", "CRC32", "CRC32C", "SHA256", "SHA1")
+
+
+class _Hasher:
+    """An incremental hash of one of S3's checksum algorithms, giving S3's base64 form."""
+
+    def __init__(self, algorithm: str):
+        self.algorithm = algorithm
+        self._sha = {"SHA1": hashlib.sha1, "SHA256": hashlib.sha256}.get(algorithm)
+        self._state = self._sha(usedforsecurity=False) if self._sha else 0
+
+    def update(self, data: bytes) -> None:
+        if self._sha:
+            self._state.update(data)
+        elif self.algorithm == "CRC32":
+            self._state = zlib.crc32(data, self._state)
+        elif self.algorithm == "CRC32C":
+            self._state = crt.crc32c(data, self._state)
+        else:
+            self._state = crt.crc64nvme(data, self._state)
+
+    def b64digest(self) -> str:
+        if self._sha:
+            raw = self._state.digest()
+        else:
+            raw = self._state.to_bytes(8 if self.algorithm == "CRC64NVME" else 4, "big")
+        return base64.b64encode(raw).decode()
+
+
+def checksum_of(response: dict) -> dict | None:
+    """The flexible checksum in a GetObject / HeadObject response, if the object has one."""
+    for algorithm in ALGORITHMS:
+        value = response.get(f"Checksum{algorithm}")
+        if value:
+            kind = response.get("ChecksumType") or ("COMPOSITE" if "-" in value else "FULL_OBJECT")
+            return {"algorithm": algorithm, "value": value, "type": kind}
+    return None
+
+
+def verify(path: Path, size: int, etag: str, checksum: dict | None) -> tuple[str | None, str]:
+    """Compare a file with S3's record: ``(problem or None, what was checked)``."""
+    actual = path.stat().st_size
+    if actual != size:
+        return f"size {actual} != {size}", "size"
+    md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) else None
+    full = checksum if checksum and checksum["type"] == "FULL_OBJECT" else None
+    hasher = _Hasher(full["algorithm"]) if full else None
+    if md5 or hasher:
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                if md5:
+                    md5.update(chunk)
+                if hasher:
+                    hasher.update(chunk)
+    checked = ["size"]
+    if md5:
+        if md5.hexdigest() != etag:
+            return f"MD5 {md5.hexdigest()} != ETag {etag}", "size+md5"
+        checked.append("md5")
+    if hasher:
+        if hasher.b64digest() != full["value"]:
+            return f"{full['algorithm']} {hasher.b64digest()} != {full['value']}", "+".join(checked)
+        checked.append(full["algorithm"].lower())
+    return None, "+".join(checked)
+
+
+def _is_md5_etag(etag: str) -> bool:
+    return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
