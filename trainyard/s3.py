@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -75,11 +76,16 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
 
 
 def upload_file(path: Path, uri: str) -> str:
-    """Upload a local file with the transfer manager (multipart for large files; a failed
-    multipart upload is aborted, so no partial object is left). Returns the object's URI."""
+    """Upload a local file with the transfer manager, with a SHA-256 checksum S3 verifies on receipt
+    (per part for multipart uploads). A failed multipart upload is aborted, so no partial object is
+    left. Returns the object's URI."""
     target = S3Uri.parse(uri)
     try:
-        client().upload_file(str(path), target.bucket, target.key, Config=TRANSFER_CONFIG)
+        client().upload_file(
+            str(path), target.bucket, target.key, Config=TRANSFER_CONFIG, ExtraArgs={"ChecksumAlgorithm": "SHA256"}
+        )
+    except S3UploadFailedError as exc:
+        raise describe_error(exc.__cause__ or exc, str(target)) from exc
     except (ClientError, BotoCoreError) as exc:
         raise describe_error(exc, str(target)) from exc
     return str(target)

@@ -179,3 +179,43 @@ def test_linear_regression_reports_rmse_in_label_units(trainyard_home):
     assert outcome.stop_reason == "TargetMetricReached"
     assert 0.5 < outcome.history[-1]["val_rmse"] <= 2.0  # near the noise floor, in the label's units
     assert "val_accuracy" not in outcome.history[-1]
+
+
+def channel_reading_build(num_features, num_outputs, hyperparameters):
+    """An entrypoint that reads its width from a raw channel, as SageMaker scripts read SM_CHANNEL_*."""
+    import json
+    import os
+    from pathlib import Path
+
+    config = json.loads((Path(os.environ["TRAINYARD_CHANNEL_CONFIG"]) / "model.json").read_text())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(num_features, config["width"]), torch.nn.ReLU(), torch.nn.Linear(config["width"], num_outputs)
+    )
+    return model, lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def test_extra_channels_reach_the_entrypoint_as_folders(trainyard_home, tmp_path):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:channel_reading_build"},
+        resources={"replicas": 1},
+    )
+    (tmp_path / "model.json").write_text('{"width": 7}')
+    plan.extra_channels = {"config": str(tmp_path)}
+    outcome, _ = run(job, job_id, folder, plan)
+    assert torch.load(outcome.model_path, weights_only=True)["0.weight"].shape == (7, 4)
+
+
+def test_sharded_groups_train_on_disjoint_shares(trainyard_home):
+    job, job_id, folder, plan = make_job(trainyard_home, hyperparameters={"epochs": 2, "batch_size": 64})
+    job.inputs.train.distribution = "sharded"
+    plan.job = job.model_dump(mode="json")
+    # three objects of 200 rows: too few for 2 groups by object, so by row group (4 of 50 rows each)
+    plan.train_layout = [
+        {"id": f"s3://b/t/{i}", "start": 200 * i, "end": 200 * (i + 1), "row_groups": [50] * 4} for i in range(3)
+    ]
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed" and outcome.replicas_finished == [0, 1]
+    # 300 rows a group, 32 a step: 10 steps an epoch (the last of 12), the same in both groups
+    assert outcome.steps == 20
+    assert outcome.samples_trained == 2 * 2 * 300

@@ -9,12 +9,14 @@ plus ``model.pt`` when it finishes. Every write is atomic (temporary name, then 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainyard.home import write_json_atomic
 
 PLAN_FILE = "plan.json"
+CHANNEL_ENV_PREFIX = "TRAINYARD_CHANNEL_"
 STOP_FILE = "stop.json"
 
 
@@ -31,6 +33,11 @@ class TrainingPlan:
     lighthouse_addr: str
     train_layout: list[dict] = field(default_factory=list)
     extra_channels: dict[str, str] = field(default_factory=dict)
+
+    def export_channels(self) -> None:
+        """Name each extra channel's folder in ``TRAINYARD_CHANNEL_<NAME>``, where entrypoints look."""
+        for name, folder in self.extra_channels.items():
+            os.environ[f"{CHANNEL_ENV_PREFIX}{name.upper()}"] = folder
 
     def write(self, job_dir: Path) -> None:
         write_json_atomic(job_dir / PLAN_FILE, asdict(self))

@@ -43,6 +43,7 @@ class TrainingOutcome:
 
 def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
     """Build the model and run one small batch here, so a broken algorithm fails before the groups train."""
+    plan.export_channels()
     x, y = load_arrays(plan.train_data)
     model, loss_fn = algorithms.build(
         job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), plan.schema["num_outputs"]
@@ -205,6 +206,7 @@ def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress
 
 def load_model(outcome: TrainingOutcome, job: TrainingJob, plan: TrainingPlan) -> torch.nn.Module:
     """Rebuild the trained model in this process from the chosen group's parameters."""
+    plan.export_channels()
     x, y = load_arrays(plan.train_data)
     model, _ = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), plan.schema["num_outputs"])
     model.load_state_dict(torch.load(outcome.model_path, weights_only=True))

@@ -29,7 +29,6 @@ from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
 
 EVAL_BATCH = 4096
-CHANNEL_ENV_PREFIX = "TRAINYARD_CHANNEL_"
 # Failure detection: short enough that survivors stall briefly when a peer dies.
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
@@ -56,8 +55,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
     plan = TrainingPlan.read(job_dir)
-    for name, folder in plan.extra_channels.items():
-        os.environ[f"{CHANNEL_ENV_PREFIX}{name.upper()}"] = folder  # read by entrypoint algorithms
+    plan.export_channels()
     job = TrainingJob.model_validate(plan.job)
     hp = job.hyperparameters
     out = attempt_dir(job_dir, replica, attempt)
