@@ -18,8 +18,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["TRAINYARD_PROGRESS"] = "0"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def trainyard_home(tmp_path_factory):
+    """Every test's state (cache, jobs, MLflow, Prefect homes) lives in one temporary TRAINYARD_HOME."""
     path = tmp_path_factory.mktemp("trainyard-home")
     os.environ["TRAINYARD_HOME"] = str(path)
     os.environ.pop("MLFLOW_TRACKING_URI", None)

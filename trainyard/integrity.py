@@ -38,32 +38,46 @@ class _Hasher:
         else:
             self._state = crt.crc64nvme(data, self._state)
 
-    def b64digest(self) -> str:
+    def digest(self) -> bytes:
         if self._sha:
-            raw = self._state.digest()
-        else:
-            raw = self._state.to_bytes(8 if self.algorithm == "CRC64NVME" else 4, "big")
-        return base64.b64encode(raw).decode()
+            return self._state.digest()
+        return self._state.to_bytes(8 if self.algorithm == "CRC64NVME" else 4, "big")
+
+    def b64digest(self) -> str:
+        return base64.b64encode(self.digest()).decode()
 
 
 def checksum_of(response: dict) -> dict | None:
-    """The flexible checksum in a GetObject / HeadObject response, if the object has one."""
+    """The flexible checksum in a GetObject / HeadObject response, if the object has one.
+
+    Without an ``x-amz-checksum-type`` header, a checksum of a multipart object (its ETag ends in
+    ``-<parts>``) is taken as composite: some endpoints send a composite value without its suffix.
+    """
+    multipart = "-" in str(response.get("ETag", ""))
     for algorithm in ALGORITHMS:
         value = response.get(f"Checksum{algorithm}")
         if value:
-            kind = response.get("ChecksumType") or ("COMPOSITE" if "-" in value else "FULL_OBJECT")
+            kind = response.get("ChecksumType") or ("COMPOSITE" if "-" in value or multipart else "FULL_OBJECT")
             return {"algorithm": algorithm, "value": value, "type": kind}
     return None
 
 
-def verify(path: Path, size: int, etag: str, checksum: dict | None) -> tuple[str | None, str]:
-    """Compare a file with S3's record: ``(problem or None, what was checked)``."""
+def verify(
+    path: Path, size: int, etag: str, checksum: dict | None, part_sizes: list[int] | None = None
+) -> tuple[str | None, str]:
+    """Compare a file with S3's record: ``(problem or None, what was checked)``.
+
+    A composite checksum is checked too when the object's ``part_sizes`` are known: it is the
+    checksum of the parts' checksums, in order.
+    """
     actual = path.stat().st_size
     if actual != size:
         return f"size {actual} != {size}", "size"
     md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) else None
-    full = checksum if checksum and checksum["type"] == "FULL_OBJECT" else None
+    full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
     hasher = _Hasher(full["algorithm"]) if full else None
+    if full and checksum["type"] == "COMPOSITE":
+        hasher = _Composite(full["algorithm"], part_sizes)
     if md5 or hasher:
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -77,10 +91,37 @@ def verify(path: Path, size: int, etag: str, checksum: dict | None) -> tuple[str
             return f"MD5 {md5.hexdigest()} != ETag {etag}", "size+md5"
         checked.append("md5")
     if hasher:
-        if hasher.b64digest() != full["value"]:
-            return f"{full['algorithm']} {hasher.b64digest()} != {full['value']}", "+".join(checked)
-        checked.append(full["algorithm"].lower())
+        expected = full["value"].split("-")[0]
+        if hasher.b64digest() != expected:
+            return f"{full['algorithm']} {hasher.b64digest()} != {expected}", "+".join(checked)
+        checked.append(full["algorithm"].lower() + ("-composite" if full["type"] == "COMPOSITE" else ""))
     return None, "+".join(checked)
+
+
+class _Composite:
+    """S3's composite checksum: each part hashed alone, then the hash of the parts' digests."""
+
+    def __init__(self, algorithm: str, part_sizes: list[int]):
+        self.algorithm, self._sizes = algorithm, list(part_sizes)
+        self._part, self._left, self._digests = _Hasher(algorithm), self._sizes.pop(0), b""
+
+    def update(self, data: bytes) -> None:
+        while data:
+            take = data[: self._left]
+            self._part.update(take)
+            self._left -= len(take)
+            data = data[len(take) :]
+            if self._left == 0 and (data or self._sizes):
+                self._next_part()
+
+    def _next_part(self) -> None:
+        self._digests += self._part.digest()
+        self._part, self._left = _Hasher(self.algorithm), self._sizes.pop(0) if self._sizes else 0
+
+    def b64digest(self) -> str:
+        outer = _Hasher(self.algorithm)
+        outer.update(self._digests + self._part.digest())
+        return outer.b64digest()
 
 
 def _is_md5_etag(etag: str) -> bool:

@@ -7,6 +7,7 @@ profile, credentials from the usual chain. ``s3://`` URIs stay strings; they nev
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +19,22 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from trainyard.errors import StorageError
 
+
 # Throttling (503 SlowDown) and 5xx are retried with backoff by botocore's adaptive mode.
-_CLIENT_CONFIG = Config(retries={"max_attempts": 8, "mode": "adaptive"}, max_pool_connections=16)
+# Response checksums are verified by staging itself, over the whole file: botocore's own check
+# misfires on ranged GETs from endpoints that send the whole object's checksum with each range.
+# AWS_MAX_ATTEMPTS / AWS_RETRY_MODE, the standard variables, override the defaults here.
+def _client_config() -> Config:
+    return Config(
+        retries={
+            "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or 8),
+            "mode": os.environ.get("AWS_RETRY_MODE") or "adaptive",
+        },
+        max_pool_connections=32,
+        response_checksum_validation="when_required",
+    )
+
+
 TRANSFER_CONFIG = TransferConfig(multipart_threshold=16 * 2**20, multipart_chunksize=16 * 2**20, max_concurrency=8)
 
 
@@ -52,7 +67,7 @@ class S3Uri:
 
 def client():
     """A boto3 S3 client from the standard AWS configuration (env, profile, endpoint variables)."""
-    return boto3.session.Session().client("s3", config=_CLIENT_CONFIG)
+    return boto3.session.Session().client("s3", config=_client_config())
 
 
 def describe_error(exc: Exception, uri: str) -> StorageError:

@@ -1,105 +1,230 @@
-"""Staging against a real S3 endpoint over HTTP (moto's server mode on 127.0.0.1)."""
+"""Staging against two S3 endpoints over HTTP on 127.0.0.1 (moto's server mode and ``rclone serve s3``),
+with a fault-injecting proxy for throttling, dropped connections and corrupted bytes."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 from pathlib import Path
 
 import pytest
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
 
-from tests.conftest import blobs_table, put_table
-from trainyard import s3, staging
+from tests import s3_endpoints
+from tests.conftest import blobs_table
+from trainyard import cache, outputs, s3, staging
 from trainyard.errors import DataError, StorageError
-from trainyard.spec import Channel
+from trainyard.spec import Channel, parse_job
+
+s3_endpoint = s3_endpoints.s3_endpoint
+fault_proxy = s3_endpoints.fault_proxy
+MULTIPART = TransferConfig(multipart_threshold=8 * 2**20, multipart_chunksize=8 * 2**20)
+BIG = 20 * 2**20  # over staging's 16 MiB threshold: fetched by the transfer manager in ranged parts
 
 
-def test_stages_every_object_and_records_a_manifest(bucket, tmp_path):
-    for i in range(5):
-        put_table(bucket, f"ch/part-{i}.parquet", blobs_table(20, seed=i))
-    s3.client().put_object(Bucket=bucket, Key="ch/_SUCCESS", Body=b"")
-    manifests = staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/ch/", label="label")}, tmp_path)
-    m = manifests["train"]
-    assert [o.key for o in m.objects] == [f"ch/part-{i}.parquet" for i in range(5)]
-    assert m.bytes == m.bytes_downloaded == sum(o.size for o in m.objects) > 0
-    assert m.digest.startswith("sha256:")
-    assert (tmp_path / "train.json").exists()
-    for obj in m.objects:
-        assert Path(obj.path).read_bytes() == s3.client().get_object(Bucket=bucket, Key=obj.key)["Body"].read()
+def put_parquet(client, bucket: str, key: str, rows: int = 20, seed: int = 0) -> None:
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(blobs_table(rows, seed), buf)
+    client.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
 
 
-def test_second_staging_transfers_nothing_and_a_changed_object_is_fetched_again(bucket, tmp_path):
-    put_table(bucket, "ch/a.parquet", blobs_table(20, seed=1))
-    put_table(bucket, "ch/b.parquet", blobs_table(20, seed=2))
-    channel = {"train": Channel(s3_uri=f"s3://{bucket}/ch/")}
-    first = staging.stage_channels(channel, tmp_path)["train"]
-    again = staging.stage_channels(channel, tmp_path)["train"]
-    assert again.bytes_downloaded == 0
-    assert again.digest == first.digest
-    put_table(bucket, "ch/b.parquet", blobs_table(21, seed=3))
-    changed = staging.stage_channels(channel, tmp_path)["train"]
+def put_big(client, bucket: str, key: str, tmp_path: Path, seed: int = 0) -> bytes:
+    data = hashlib.sha256(str(seed).encode()).digest() * (BIG // 32)
+    path = tmp_path / f"big-{seed}"
+    path.write_bytes(data)
+    client.upload_file(str(path), bucket, key, Config=MULTIPART)  # a multipart upload
+    return data
+
+
+def stage(uri: str, tmp_path: Path, **channel) -> staging.ChannelManifest:
+    return staging.stage_channels({"train": Channel(s3_uri=uri, **channel)}, tmp_path)["train"]
+
+
+def test_small_objects_and_a_multipart_object_are_staged_and_verified(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for i in range(40):
+        put_parquet(client, bucket, f"ch/part-{i:03d}.parquet", seed=i)
+    big = put_big(client, bucket, "ch/zz-big.bin", tmp_path)
+    client.put_object(Bucket=bucket, Key="ch/_SUCCESS", Body=b"")
+    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert len(m.objects) == 41 and m.objects[-1].key == "ch/zz-big.bin"
+    assert m.bytes == m.bytes_downloaded == sum(o.size for o in m.objects)
+    assert m.objects_downloaded == 41
+    assert Path(m.objects[-1].path).read_bytes() == big
+    for obj in m.objects[:-1]:
+        assert Path(obj.path).read_bytes() == client.get_object(Bucket=bucket, Key=obj.key)["Body"].read()
+        assert "md5" in obj.verified_by  # single-part: the ETag is the MD5
+    assert json.loads((tmp_path / "train.json").read_text())["digest"] == m.digest
+    # staged again, unchanged: nothing moves, the lineage digest is the same
+    again = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert (again.bytes_downloaded, again.objects_downloaded, again.digest) == (0, 0, m.digest)
+
+
+def test_an_object_changed_in_place_is_fetched_again(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    put_parquet(client, bucket, "ch/a.parquet", seed=1)
+    put_parquet(client, bucket, "ch/b.parquet", seed=2)
+    first = stage(f"s3://{bucket}/ch/", tmp_path)
+    put_parquet(client, bucket, "ch/b.parquet", rows=21, seed=3)
+    changed = stage(f"s3://{bucket}/ch/", tmp_path)
     b = next(o for o in changed.objects if o.key == "ch/b.parquet")
-    assert changed.bytes_downloaded == b.size
+    assert changed.bytes_downloaded == b.size and changed.objects_downloaded == 1
     assert changed.digest != first.digest
 
 
-def test_single_object_uri(bucket, tmp_path):
-    put_table(bucket, "one/file.parquet", blobs_table(10))
-    m = staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/one/file.parquet")}, tmp_path)["train"]
-    assert [o.key for o in m.objects] == ["one/file.parquet"]
+def test_flexible_checksums_are_verified(s3_endpoint, tmp_path):
+    s3_endpoint.skip_unless("checksum_sha256")
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000, ChecksumAlgorithm="SHA256")
+    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert m.objects[0].checksum["algorithm"] == "SHA256"
+    assert m.objects[0].verified_by == "size+md5+sha256"
 
 
-def test_missing_bucket_is_named(s3_server, tmp_path):
-    with pytest.raises(StorageError, match="s3://no-such-bucket-here/x/: bucket does not exist"):
-        staging.stage_channels({"train": Channel(s3_uri="s3://no-such-bucket-here/x/")}, tmp_path)
+def test_corrupted_bytes_are_fetched_again_then_the_object_is_named(s3_endpoint, fault_proxy, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    put_parquet(client, bucket, "ch/a.parquet")
+    fault_proxy.corrupt(1, method="GET", key="ch/a.parquet")
+    m = stage(f"s3://{bucket}/ch/", tmp_path)  # one bad copy: fetched again, then good
+    assert fault_proxy.applied["corrupt"] == 1 and "md5" in m.objects[0].verified_by
+    put_parquet(client, bucket, "ch/b.parquet", seed=5)
+    fault_proxy.corrupt(2, method="GET", key="ch/b.parquet")
+    with pytest.raises(DataError, match=rf"s3://{bucket}/ch/b.parquet: downloaded bytes do not match.*MD5"):
+        stage(f"s3://{bucket}/ch/", tmp_path)
+    assert not list(cache.objects_dir().glob("*/.*.part"))  # nothing half-written is left
 
 
-def test_empty_channel_is_named(bucket, tmp_path):
-    with pytest.raises(DataError, match=f"no objects under s3://{bucket}/empty/"):
-        staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/empty/")}, tmp_path)
+def test_corrupted_multipart_download_is_detected(s3_endpoint, fault_proxy, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    put_big(client, bucket, "ch/big.bin", tmp_path, seed=7)
+    # moto: multipart ETag, composite CRC32 (checked part by part); rclone: the ETag is the whole MD5
+    fault_proxy.corrupt(8, lambda method, target: method == "GET" and target.endswith("/ch/big.bin"))
+    with pytest.raises(DataError, match=rf"s3://{bucket}/ch/big.bin: downloaded bytes do not match"):
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    fault_proxy.clear_faults()
+    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert m.objects[0].verified_by in ("size+crc32-composite", "size+md5")
 
 
-def test_unsafe_keys_are_refused(bucket, tmp_path):
-    s3.client().put_object(Bucket=bucket, Key="ch//escape.parquet", Body=b"x")
+def test_throttling_and_dropped_connections_are_survived(s3_endpoint, fault_proxy, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for i in range(6):
+        put_parquet(client, bucket, f"ch/p{i}.parquet", seed=i)
+    big = put_big(client, bucket, "ch/zbig.bin", tmp_path, seed=3)
+    fault_proxy.throttle(2, method="GET")
+    fault_proxy.throttle(1, method="HEAD")
+    fault_proxy.drop(1, method="GET")
+    fault_proxy.drop_mid_body(1, lambda method, target: method == "GET" and "p1.parquet" in target)
+    fault_proxy.drop_mid_body(1, lambda method, target: method == "GET" and target.endswith("zbig.bin"))
+    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert fault_proxy.applied == {"throttle": 3, "drop": 1, "drop_mid_body": 2, "corrupt": 0}
+    assert Path(m.objects[-1].path).read_bytes() == big
+    assert all(o.verified_by for o in m.objects)
+
+
+def test_traversal_keys_are_refused(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    try:
+        client.put_object(Bucket=bucket, Key="ch//escape.parquet", Body=b"x")
+    except ClientError as exc:
+        pytest.skip(f"{s3_endpoint.name} refuses such keys itself: {exc}")
     with pytest.raises(DataError, match="unsafe key"):
-        staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/ch/")}, tmp_path)
-    for rel in ("../etc/passwd", "a/./b", "a\x00b", "/abs", "a\\..\\b", ""):
+        stage(f"s3://{bucket}/ch/", tmp_path)
+
+
+def test_unsafe_relative_keys():
+    for rel in ("../etc/passwd", "a/./b", "a\x00b", "/abs", "a\\..\\b", "", "a//b"):
         with pytest.raises(DataError, match="unsafe key"):
             staging.check_relative_key(rel, f"s3://b/ch/{rel}")
     staging.check_relative_key("sub/part-0.parquet", "s3://b/ch/sub/part-0.parquet")
 
 
-def test_corrupt_download_is_detected(bucket, tmp_path, monkeypatch):
-    """Bytes that differ from S3's checksum are re-fetched once, then the object is named."""
-    put_table(bucket, "ch/a.parquet", blobs_table(10))
-    real_client = s3.client
-    calls = []
-
-    def corrupting_client():
-        client = real_client()
-        download = client.download_file
-
-        def corrupting_download(bucket_name, key, filename, **kwargs):
-            calls.append(key)
-            download(bucket_name, key, filename, **kwargs)
-            with open(filename, "r+b") as f:  # flip one byte, as a faulty network path would
-                first = f.read(1)
-                f.seek(0)
-                f.write(bytes([first[0] ^ 0xFF]))
-
-        client.download_file = corrupting_download
-        return client
-
-    monkeypatch.setattr(s3, "client", corrupting_client)
-    with pytest.raises(DataError, match=rf"s3://{bucket}/ch/a.parquet: downloaded bytes do not match.*MD5"):
-        staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/ch/")}, tmp_path)
-    assert calls == ["ch/a.parquet", "ch/a.parquet"]
-    assert not list((tmp_path.parent).glob("**/*.part"))
+def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for name in ("a/1.bin", "a/2.bin", "b/3.bin"):
+        client.put_object(Bucket=bucket, Key=f"files/{name}", Body=name.encode())
+    sagemaker = [{"prefix": f"s3://{bucket}/files/"}, "a/1.bin", "b/3.bin"]
+    client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps(sagemaker).encode())
+    lines = "\n".join(json.dumps(f"s3://{bucket}/files/{n}") for n in ("a/2.bin", "b/3.bin"))
+    client.put_object(Bucket=bucket, Key="m.jsonl", Body=lines.encode())
+    m = stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
+    assert [o.rel for o in m.objects] == ["a/1.bin", "b/3.bin"]
+    folder = staging.mirror(m, tmp_path / "mirror")
+    assert (folder / "a/1.bin").read_bytes() == b"a/1.bin" and (folder / "b/3.bin").read_bytes() == b"b/3.bin"
+    m2 = stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="raw")
+    assert [o.key for o in m2.objects] == ["files/a/2.bin", "files/b/3.bin"]
+    assert m2.objects_downloaded == 1  # b/3.bin came from the cache
+    client.put_object(Bucket=bucket, Key="bad.jsonl", Body=json.dumps(f"s3://{bucket}/files/nope.bin").encode())
+    with pytest.raises(StorageError, match=f"s3://{bucket}/files/nope.bin"):
+        stage(f"s3://{bucket}/bad.jsonl", tmp_path, s3_data_type="manifest", format="raw")
 
 
-def test_denied_request_is_clear(s3_server, tmp_path, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    with pytest.raises(StorageError) as info:
-        staging.stage_channels({"train": Channel(s3_uri="s3://some-bucket/x/")}, tmp_path)
-    assert "s3://some-bucket/x/" in str(info.value)
+def test_missing_bucket_prefix_and_empty_channel_are_named(s3_endpoint, tmp_path):
+    with pytest.raises(StorageError, match="s3://no-such-bucket-here/x/: bucket does not exist"):
+        stage("s3://no-such-bucket-here/x/", tmp_path)
+    bucket = s3_endpoint.new_bucket()
+    with pytest.raises(DataError, match=f"no objects under s3://{bucket}/empty/"):
+        stage(f"s3://{bucket}/empty/", tmp_path)
+
+
+def test_denied_request_is_clear(s3_endpoint, tmp_path, monkeypatch):
+    s3_endpoint.skip_unless("sigv4_enforced")
+    bucket = s3_endpoint.new_bucket()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(StorageError, match=f"s3://{bucket}/x/: access denied"):
+        stage(f"s3://{bucket}/x/", tmp_path)
+
+
+def test_cache_evicts_least_recently_used_but_never_the_current_channel(s3_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))  # a cache of this test's objects only
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for i in range(3):
+        client.put_object(Bucket=bucket, Key=f"old{i}/x.bin", Body=bytes(1000))
+        stage(f"s3://{bucket}/old{i}/", tmp_path, format="raw")
+    client.put_object(Bucket=bucket, Key="new/x.bin", Body=bytes(1000))
+    total = sum(p.stat().st_size for p in cache.objects_dir().glob("*/*"))
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, str(total - 1000))  # room for the new object and one old
+    new = stage(f"s3://{bucket}/new/", tmp_path, format="raw")
+    assert Path(new.objects[0].path).exists()
+    old = [cache.path_for(bucket, f"old{i}/x.bin", new.objects[0].etag) for i in range(3)]
+    assert [p.exists() for p in old] == [False, False, True]  # the two least recently used went
+
+
+def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_nothing(
+    s3_endpoint, fault_proxy, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # fail fast: the part below never goes through
+    bucket = s3_endpoint.new_bucket()
+    job = parse_job(
+        {
+            "name": "out",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": f"s3://{bucket}/t/", "label": "y"}},
+            "output": {"s3_uri": f"s3://{bucket}/output/"},
+        }
+    )
+    uri = outputs.upload_summary(job, "job-1", {"status": "Completed"})
+    head = s3_endpoint.client().head_object(Bucket=bucket, Key="output/job-1/summary.json", ChecksumMode="ENABLED")
+    assert uri == f"s3://{bucket}/output/job-1/summary.json" and head.get("ChecksumSHA256")
+    model = tmp_path / "model.pt"
+    model.write_bytes(bytes(BIG))
+    fault_proxy.drop(1000, method="PUT", key="partNumber=2")  # every try of the second part fails
+    with pytest.raises(StorageError, match=f"s3://{bucket}/output/job-2/model/model.pt"):
+        s3.upload_file(model, f"s3://{bucket}/output/job-2/model/model.pt")
+    client = s3_endpoint.client()
+    assert "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix="output/job-2/")
+    if s3_endpoint.name == "moto":  # rclone serve s3 does not list multipart uploads
+        assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
