@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint bench-staging clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# Trainyard staging vs aws s3 sync on a local S3 endpoint (see benchmarks/README.md); a few minutes.
+bench-staging: setup
+	$(BIN)/python benchmarks/staging.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -68,6 +68,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
             num_replicas=job.resources.replicas,
             lighthouse_addr=handle.lighthouse_addr,
             train_layout=staged.train_layout,
+            streamed=staged.streamed,
             extra_channels=staged.extra_channels,
         )
         log.enter("Training", "Training in progress")

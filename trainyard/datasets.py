@@ -91,7 +91,7 @@ def infer_schema(table: pa.Table, channel: Channel, task: str, channel_name: str
         raise DataError(f"{where}: no numeric feature columns besides {label!r}; set inputs.{channel_name}.features")
     classes: list = []
     if task == "classification":
-        _check_labels(table, label, where)
+        check_labels(table, label, where)
         classes = sorted(pc.unique(table[label]).to_pylist(), key=lambda v: (str(type(v)), v))
         if len(classes) < 2:
             raise DataError(f"{where}: label {label!r} has a single class {classes}; a classifier needs two or more")
@@ -114,7 +114,7 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
             raise DataError(f"{where}: feature {name!r} has {bad} missing or infinite values; fill or drop those rows")
         columns.append(values)
     x = np.stack(columns, axis=1)
-    _check_labels(table, schema.label, where)
+    check_labels(table, schema.label, where)
     if schema.task == "classification":
         index = {c: i for i, c in enumerate(schema.classes)}
         raw = table[schema.label].to_pylist()
@@ -129,7 +129,8 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
     return x, y
 
 
-def _check_labels(table: pa.Table, label: str, where: str) -> None:
+def check_labels(table: pa.Table, label: str, where: str) -> None:
+    """Refuse missing (null or NaN) labels, naming the channel and the count."""
     col = table[label]
     nulls = col.null_count
     if _is_numeric(col.type) and pa.types.is_floating(col.type):
@@ -152,6 +153,19 @@ class StagedData:
     rows: dict[str, int]
     train_layout: list[dict] = field(default_factory=list)
     extra_channels: dict[str, str] = field(default_factory=dict)
+    streamed: bool = False
+    """True when ``train_data`` is only a scaling sample and the groups stream the channel from S3."""
+
+
+def schema_dict(schema: Schema) -> dict:
+    """A ``Schema`` as plain data, for the training plan."""
+    return {
+        "features": schema.features,
+        "label": schema.label,
+        "task": schema.task,
+        "classes": schema.classes,
+        "num_outputs": schema.num_outputs,
+    }
 
 
 def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel], task: str, out_dir) -> StagedData:
@@ -159,25 +173,29 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
     lay any other channel out as files under ``out_dir/channels/<name>``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     layout: list[dict] = []
-    train_table = read_channel(manifests["train"], layout)
-    schema = infer_schema(train_table, channels["train"], task)
     paths: dict[str, str] = {}
     rows: dict[str, int] = {}
     extra = {}
+    if channels["train"].mode == "stream":
+        from trainyard import streaming  # streaming builds on this module
+
+        streamed = streaming.describe(manifests["train"], channels["train"], task, out_dir)
+        schema = Schema(**{k: v for k, v in streamed.schema.items() if k != "num_outputs"})
+        paths["train"], rows["train"], layout = streamed.train_data, streamed.rows["train"], streamed.train_layout
+    else:
+        train_table = read_channel(manifests["train"], layout)
+        schema = infer_schema(train_table, channels["train"], task)
     for name, manifest in manifests.items():
         if name not in ("train", "validation"):
             extra[name] = str(staging.mirror(manifest, out_dir / "channels" / name))
+            continue
+        if name == "train" and channels["train"].mode == "stream":
             continue
         table = train_table if name == "train" else read_channel(manifest)
         x, y = to_arrays(table, schema, where=f"channel {name!r} ({manifest.uri})")
         path = out_dir / f"{name}.npz"
         np.savez(path, x=x, y=y)
         paths[name], rows[name] = str(path), len(x)
-    meta = {
-        "features": schema.features,
-        "label": schema.label,
-        "task": task,
-        "classes": schema.classes,
-        "num_outputs": schema.num_outputs,
-    }
-    return StagedData(paths["train"], paths.get("validation"), meta, rows, layout, extra)
+    meta = schema_dict(schema)
+    streamed = channels["train"].mode == "stream"
+    return StagedData(paths["train"], paths.get("validation"), meta, rows, layout, extra, streamed)

@@ -24,18 +24,24 @@ def units_for(layout: list[dict], num_groups: int) -> list[tuple[str, int, int]]
     objects = [(o["id"], o["start"], o["end"]) for o in layout if o["end"] > o["start"]]
     if len(objects) >= MIN_OBJECTS_PER_GROUP * num_groups:
         return objects
-    row_groups = []
-    for o in layout:
-        start = o["start"]
-        for i, rows in enumerate(o.get("row_groups") or [o["end"] - o["start"]]):
-            if rows:
-                row_groups.append((f"{o['id']}#rg{i}", start, start + rows))
-            start += rows
+    row_groups = row_group_units(layout)
     if len(row_groups) >= num_groups:
         return row_groups
     total = layout[-1]["end"] if layout else 0
     edges = np.linspace(0, total, num_groups + 1).astype(int)
     return [(f"rows[{a}:{b}]", int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+
+
+def row_group_units(layout: list[dict]) -> list[tuple[str, int, int]]:
+    """Every parquet row group as a unit: ``("<object id>#rg<i>", start_row, end_row)``."""
+    units = []
+    for o in layout:
+        start = o["start"]
+        for i, rows in enumerate(o.get("row_groups") or [o["end"] - o["start"]]):
+            if rows:
+                units.append((f"{o['id']}#rg{i}", start, start + rows))
+            start += rows
+    return units
 
 
 def assign(units: list[tuple[str, int, int]], num_groups: int) -> list[list[tuple[str, int, int]]]:

@@ -102,7 +102,11 @@ class Channel(_Model):
     features: list[str] | None = Field(
         default=None, description="Feature columns; default: every numeric column but the label."
     )
-    mode: Literal["file"] = Field(default="file", description="file: download before training.")
+    mode: Literal["file", "stream"] = Field(
+        default="file",
+        description="file: download and verify before training; stream (train, parquet): replica groups read "
+        "row groups straight from S3 as they train.",
+    )
     distribution: Literal["replicated", "sharded"] = Field(
         default="replicated",
         description="replicated: every group draws from the whole channel; sharded: each group trains on a "
@@ -280,11 +284,16 @@ class TrainingJob(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> TrainingJob:
         problems = []
+        for name, channel in self.channels().items():
+            if name not in ("train", "validation") and channel.mode == "stream":
+                problems.append(f"inputs.{name}.mode: only a parquet train channel can stream; use file")
         for name, channel in self.table_channels().items():
             if self.algorithm.builtin is not None and channel.label is None:
                 problems.append(f"inputs.{name}.label: required for builtin algorithms; name the label column")
             if channel.format == "raw":
                 problems.append(f"inputs.{name}.format: raw files cannot be {name} data; use parquet, csv or jsonl")
+            if channel.mode == "stream" and (name != "train" or channel.format != "parquet"):
+                problems.append(f"inputs.{name}.mode: only a parquet train channel can stream; use file")
             if name == "validation" and channel.distribution == "sharded":
                 problems.append(
                     "inputs.validation.distribution: every group validates on the whole channel; use replicated"

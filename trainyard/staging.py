@@ -94,15 +94,21 @@ def stage_channels(channels: dict[str, Channel], manifest_dir: Path) -> dict[str
 
     Afterwards the cache is trimmed to its size cap, least recently used first, never evicting an
     object of these channels.
+    A ``mode: stream`` channel is listed only: its replica groups read it from S3 themselves.
     """
     manifests = {}
     for name, channel in channels.items():
         manifest = list_channel(name, channel)
-        label = f"staging {name} ({len(manifest.objects)} objects)"
-        with progress.bar(label, manifest.bytes, "bytes") as advance:
-            manifests[name] = fetch_channel(manifest, advance)
+        if channel.mode == "stream":
+            for obj in manifest.objects:
+                obj.verified_by = "streamed"
+            manifests[name] = manifest
+        else:
+            label = f"staging {name} ({len(manifest.objects)} objects)"
+            with progress.bar(label, manifest.bytes, "bytes") as advance:
+                manifests[name] = fetch_channel(manifest, advance)
         write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
-    cache.evict(keep={o.path for m in manifests.values() for o in m.objects})
+    cache.evict(keep={o.path for m in manifests.values() for o in m.objects if o.path})
     return manifests
 
 
@@ -120,6 +126,7 @@ def list_channel(name: str, channel: Channel) -> ChannelManifest:
     objects.sort(key=lambda o: (o.bucket, o.key))
     manifest = ChannelManifest(name=name, uri=channel.s3_uri, format=channel.format, objects=objects)
     manifest.bytes = sum(o.size for o in objects)
+    manifest.digest = _digest(objects)
     return manifest
 
 
@@ -145,7 +152,6 @@ def fetch_channel(manifest: ChannelManifest, on_bytes: ProgressFn | None = None)
     moved += [_fetch_verified(client, o, on_bytes, _get_large) for o in large]
     manifest.bytes_downloaded = sum(moved)
     manifest.objects_downloaded = len(small) + len(large)
-    manifest.digest = _digest(manifest.objects)
     return manifest
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 
 import mlflow
@@ -140,3 +141,34 @@ def test_cli_run_exit_status_and_summary(prefect_api, s3_server, bucket, mlflow_
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["run", str(spec_path), "--set", "resources.replicas=0"])
     assert result.exit_code == 2 and "resources.replicas" in result.output
+
+
+def test_streamed_train_channel_trains_without_staging_it(prefect_api, s3_server, bucket, mlflow_uri):
+    """``mode: stream``: the groups read parquet row groups from S3; staging downloads none of them."""
+    import pyarrow.parquet as pq
+
+    from tests.conftest import blobs_table
+
+    table = blobs_table(1200, seed=4)
+    put_table(bucket, "data/validation/part-0.parquet", table.slice(0, 300))
+    for i in range(3):  # three objects of 300 rows, in row groups of 50
+        buf = io.BytesIO()
+        pq.write_table(table.slice(300 + 300 * i, 300), buf, row_group_size=50)
+        s3.client().put_object(Bucket=bucket, Key=f"data/train/part-{i}.parquet", Body=buf.getvalue())
+    uris = {
+        "train": f"s3://{bucket}/data/train/",
+        "validation": f"s3://{bucket}/data/validation/",
+        "output": f"s3://{bucket}/output/",
+    }
+    spec = job_dict(uris, resources={"replicas": 2})
+    spec["inputs"]["train"]["mode"] = "stream"
+    summary, job_id = run_pipeline(spec)
+    assert summary["status"] == "Completed", summary.get("failure_reason")
+    train = summary["data"]["channels"]["train"]
+    assert train["objects"] == 3 and train["bytes_downloaded"] == 0 and train["verified_by"] == {"streamed": 3}
+    assert summary["metrics"]["val_accuracy"] > 0.85
+    # 900 rows in 18 row groups, dealt 9 and 9: 450 rows a group, 32 a step -> 15 steps an epoch
+    assert summary["compute"]["steps"] == 3 * 15
+    assert summary["compute"]["samples_trained"] == 3 * 2 * 450
+    cached = list((job_dir(job_id) / "stream-cache").glob("*.npz"))
+    assert len(cached) == 18  # each row group read from S3 once, then reused

@@ -32,6 +32,7 @@ class TrainingPlan:
     num_replicas: int
     lighthouse_addr: str
     train_layout: list[dict] = field(default_factory=list)
+    streamed: bool = False
     extra_channels: dict[str, str] = field(default_factory=dict)
 
     def export_channels(self) -> None:

@@ -22,11 +22,12 @@ import numpy as np
 import torch
 from torch.distributed import TCPStore
 
-from trainyard import algorithms, sharding
+from trainyard import algorithms
 from trainyard.home import write_json_atomic
 from trainyard.spec import METRICS, TrainingJob
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
+from trainyard.training.sampling import Sampler, StreamSampler
 
 EVAL_BATCH = 4096
 # Failure detection: short enough that survivors stall briefly when a peer dies.
@@ -54,6 +55,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     """Train as replica group ``replica`` until the job's stopping conditions hold; return the result."""
     from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
+    started = time.monotonic()
     plan = TrainingPlan.read(job_dir)
     plan.export_channels()
     job = TrainingJob.model_validate(plan.job)
@@ -99,10 +101,13 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     ddp = DistributedDataParallel(manager, model)
 
     group, num_groups = replica % plan.num_replicas, plan.num_replicas
-    sampler = Sampler(len(x_train), job, plan.train_layout, group, num_groups)
+    if plan.streamed:
+        sampler = StreamSampler(job, plan, group, num_groups, job_dir / "stream-cache")
+    else:
+        sampler = Sampler(x_train, y_train, job, plan.train_layout, group, num_groups)
     faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
-    started = time.monotonic()
+    first_batch_seconds = None
     stop = None
     try:
         while True:
@@ -114,18 +119,19 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
             optimizer.zero_grad()
             step = manager.current_step()
             epoch, index = divmod(step, sampler.steps_per_epoch)
-            idx = sampler.batch(epoch, index)
-            xb, yb = x_train[idx], y_train[idx]
+            xb, yb = sampler.batch(epoch, index)
+            if first_batch_seconds is None:
+                first_batch_seconds = time.monotonic() - started
             losses = loss_fn(ddp(xb), yb)
-            algorithms.check_per_sample(losses, len(idx))
+            algorithms.check_per_sample(losses, len(xb))
             losses.mean().backward()
             meter.add_train_step(xb, yb)
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
             optimizer.step()
-            samples_trained += len(idx)
+            samples_trained += len(xb)
             epoch_loss_sum += float(losses.detach().sum())
-            epoch_loss_count += len(idx)
+            epoch_loss_count += len(xb)
             if manager.current_step() % sampler.steps_per_epoch == 0:
                 metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)}
                 if val is not None:
@@ -139,6 +145,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
         "steps_per_epoch": sampler.steps_per_epoch,
+        "first_batch_seconds": first_batch_seconds,
         "wall_seconds": time.monotonic() - started,
         "finished": True,
     }
@@ -204,37 +211,6 @@ def _end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, st
             )
             if history.epochs_since_best >= job.stopping.patience_epochs:
                 history.stop_reason = "NoImprovement"
-
-
-class Sampler:
-    """Which training rows group ``group`` uses at each step; every group agrees on the step count.
-
-    replicated: each epoch, one permutation of all rows (the same in every group) dealt out to the
-    groups in turn. sharded: each group permutes only its own share (``sharding``); smaller shares
-    wrap around so that every group takes the same number of steps.
-    """
-
-    def __init__(self, num_rows: int, job: TrainingJob, layout: list[dict], group: int, num_groups: int):
-        self.seed, self.group, self.num_groups, self.num_rows = job.hyperparameters.seed, group, num_groups, num_rows
-        self.batch_size = max(1, math.ceil(job.hyperparameters.batch_size / num_groups))
-        self.share: np.ndarray | None = None
-        if job.inputs.train.distribution == "sharded":
-            shares = [sharding.share_rows(layout, num_groups, g) for g in range(num_groups)]
-            self.share, rows_per_group = shares[group], max(len(s) for s in shares)
-        else:
-            rows_per_group = num_rows // num_groups
-        self.rows_per_group = rows_per_group
-        self.steps_per_epoch = max(1, math.ceil(rows_per_group / self.batch_size))
-
-    def batch(self, epoch: int, index: int) -> torch.Tensor:
-        """Row indices of the batch at ``index`` within ``epoch``."""
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        positions = torch.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.rows_per_group))
-        if self.share is None:
-            return torch.randperm(self.num_rows, generator=gen)[self.group :: self.num_groups][positions]
-        gen.manual_seed(self.seed * 1_000_003 + epoch * 1009 + self.group)
-        order = torch.from_numpy(self.share)[torch.randperm(len(self.share), generator=gen)]
-        return order[positions % len(order)]
 
 
 def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
