@@ -127,6 +127,14 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
             "recoveries": outcome.recoveries if outcome else [],
         },
         "carbon": carbon.rollup(energy, job.carbon),
+        "training": {
+            "stop_reason": outcome.stop_reason,
+            "steps_per_epoch": outcome.steps_per_epoch,
+            "first_batch_seconds": outcome.first_batch_seconds,
+            "replicas_finished": outcome.replicas_finished,
+        }
+        if outcome
+        else None,
         "data": {"channels": stages.get("staging", {}).get("channels", {})},
         "model": model,
         "timings": {name: round(stages[name]["seconds"], 3) for name in STAGES if name in stages},

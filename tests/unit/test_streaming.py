@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -30,7 +31,7 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     table = blobs_table(500, seed=2)
     put_parquet(s3_endpoint, bucket, "t/a.parquet", table.slice(0, 300), 100)
     put_parquet(s3_endpoint, bucket, "t/b.parquet", table.slice(300), 50)
-    channel = Channel(s3_uri="s3://bucket-unused/t/".replace("bucket-unused", bucket), label="label", mode="stream")
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
     manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
     assert manifest.bytes_downloaded == 0 and all(o.path == "" for o in manifest.objects)
     staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
@@ -47,7 +48,7 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
 def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):
     bucket = s3_endpoint.new_bucket()
     table = blobs_table(400, seed=3)
-    table = table.append_column("row", __import__("pyarrow").array(np.arange(400, dtype=np.float64)))
+    table = table.append_column("row", pa.array(np.arange(400, dtype=np.float64)))
     put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 50)
     job = parse_job(
         {

@@ -39,6 +39,8 @@ class TrainingOutcome:
     failures: list[dict] = field(default_factory=list)
     recoveries: list[dict] = field(default_factory=list)
     replicas_finished: list[int] = field(default_factory=list)
+    first_batch_seconds: float | None = None
+    steps_per_epoch: int = 0
 
 
 def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
@@ -166,6 +168,8 @@ def _collect(
         failures=failures,
         recoveries=recoveries,
         replicas_finished=sorted(finished),
+        first_batch_seconds=result.get("first_batch_seconds"),
+        steps_per_epoch=result.get("steps_per_epoch", 0),
     )
 
 
