@@ -134,9 +134,10 @@ def _experiment(client, name: str, uri: str) -> str:
     if found is not None:
         return found.experiment_id
     location = None
-    if uri.startswith("sqlite:///") and uri == f"sqlite:///{home() / 'mlflow.db'}":
-        # Without it MLflow would put artifacts under ./mlruns of whatever the working folder is.
-        location = (home() / "mlartifacts" / name).as_uri()
+    if uri.startswith("sqlite:///"):
+        # Beside the database: without it MLflow would put artifacts under ./mlruns of whatever the
+        # working folder is. A tracking server decides for itself.
+        location = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" / name).as_uri()
     return client.create_experiment(name, artifact_location=location)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -41,7 +42,9 @@ def run_pipeline(spec: dict) -> tuple[dict, str]:
     return json.loads((job_dir(job_id) / "summary.json").read_text()), job_id
 
 
-def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_uri):
+def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, capfd):
+    secret = "tysecret-0123456789-do-not-leak"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)  # moto takes any key
     uris = upload_dataset(bucket, rows=800)
     summary, job_id = run_pipeline(job_dict(uris, resources={"replicas": 2}))
     assert set(summary) >= SUMMARY_KEYS
@@ -70,6 +73,12 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert {"summary.json", "training_curves.png"} <= artifacts
     # the outputs in S3
     keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix=f"output/{job_id}/")["Contents"]}
+    # credentials appear nowhere: not in the logs, the job folder (manifests, plan, replica logs) or MLflow
+    out, err = capfd.readouterr()
+    assert secret not in out + err
+    local = [p for p in job_dir(job_id).rglob("*") if p.is_file()]
+    local += [p for p in Path(mlflow_uri.removeprefix("sqlite:///")).parent.rglob("*") if p.is_file()]
+    assert not [p for p in local if secret.encode() in p.read_bytes()]
     assert keys == {
         f"output/{job_id}/model/model.pt",
         f"output/{job_id}/model/model.json",

@@ -97,7 +97,7 @@ def test_target_metric_stops_early(trainyard_home):
 
 def test_max_runtime_stops_every_group(trainyard_home):
     job, *rest = make_job(
-        trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8}, stopping={"max_runtime_seconds": 3}
+        trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8}, stopping={"max_runtime_seconds": 10}
     )
     outcome, _ = run(job, *rest)
     assert outcome.stop_reason == "MaxRuntimeExceeded"
