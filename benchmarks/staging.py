@@ -51,6 +51,9 @@ if str(REPO) not in sys.path:
 AWSCLI_VENV = REPO / "benchmarks" / ".venv-awscli"
 BUCKET = "bench"
 MiB = 2**20
+# A cold run is flagged when other processes (not the tool, not the endpoint) used more than this many
+# CPU seconds per second of it: a quarter of a core.
+BUSY_SHARE = 0.25
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -72,6 +75,7 @@ class Row:
     trainyard_rss_mib: float  # peak over the cold runs
     aws_rss_mib: float
     runs: dict[str, list[float]] = field(default_factory=dict)  # every timing, for the detail lines
+    busy_runs: int = 0  # cold runs during which other processes kept a good part of a core busy
 
     @property
     def ratio(self) -> float:
@@ -92,6 +96,7 @@ class Bench:
     args: argparse.Namespace
     env: dict[str, str]  # environment for child processes: AWS variables pointing at the endpoint
     endpoint_url: str
+    endpoint_pid: int | None
     workdir: Path
     aws: Path
     channels: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # name -> (uri, objects, bytes)
@@ -125,35 +130,60 @@ class Proc:
     rss_mib: float
     cpu_s: float
     stdout: str
+    other_cpu_s: float  # CPU used meanwhile by processes other than this one and the endpoint
 
 
-def run_measured(cmd: list[str], env: dict[str, str]) -> Proc:
-    """Run ``cmd``; its wall time, peak RSS and CPU time from its own rusage (``wait4``)."""
+def _machine_busy_cpu_s() -> float:
+    """CPU seconds used by everything on this machine since boot (Linux ``/proc/stat``; 0 elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pid: int | None) -> float:
+    """CPU seconds used so far by process ``pid`` (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_measured(cmd: list[str], env: dict[str, str], endpoint_pid: int | None = None) -> Proc:
+    """Run ``cmd``; its wall time, peak RSS and CPU time from its own rusage (``wait4``), and how much
+    CPU other processes (not it, not the endpoint) took meanwhile: other work on a shared machine."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        busy, endpoint_cpu = _machine_busy_cpu_s(), _process_cpu_s(endpoint_pid)
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=REPO)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
+        busy, endpoint_cpu = _machine_busy_cpu_s() - busy, _process_cpu_s(endpoint_pid) - endpoint_cpu
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{stderr[-3000:]}")
-    return Proc(wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, stdout)
+    cpu = usage.ru_utime + usage.ru_stime
+    return Proc(wall, usage.ru_maxrss / 1024, cpu, stdout, max(0.0, busy - cpu - endpoint_cpu))
 
 
 def trainyard_stage(bench: Bench, name: str, home: Path) -> tuple[Proc, dict]:
     env = {**bench.env, "TRAINYARD_HOME": str(home), "TRAINYARD_PROGRESS": "0"}
     uri = bench.channels[name][0]
-    proc = run_measured([sys.executable, str(Path(__file__).resolve()), "--child-stage", name, uri], env)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-stage", name, uri]
+    proc = run_measured(cmd, env, bench.endpoint_pid)
     return proc, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def aws_sync(bench: Bench, name: str, target: Path) -> Proc:
     uri = bench.channels[name][0]
     cmd = [str(bench.aws), "s3", "sync", uri, str(target), "--endpoint-url", bench.endpoint_url]
-    return run_measured([*cmd, "--no-progress", "--only-show-errors"], bench.env)
+    return run_measured([*cmd, "--no-progress", "--only-show-errors"], bench.env, bench.endpoint_pid)
 
 
 def tree_size(folder: Path) -> tuple[int, int]:
@@ -173,6 +203,8 @@ def _cold_trainyard(bench: Bench, name: str, home: Path, samples: dict[str, list
     samples["trainyard stage"].append(result["seconds"])
     samples["trainyard cpu"].append(proc.cpu_s)
     samples["trainyard rss"].append(proc.rss_mib)
+    samples["trainyard: other procs cpu"].append(proc.other_cpu_s)
+    samples["other share"].append(proc.other_cpu_s / proc.wall_s)
 
 
 def _cold_aws(bench: Bench, name: str, target: Path, samples: dict[str, list[float]]) -> None:
@@ -185,6 +217,8 @@ def _cold_aws(bench: Bench, name: str, target: Path, samples: dict[str, list[flo
     samples["aws"].append(proc.wall_s)
     samples["aws cpu"].append(proc.cpu_s)
     samples["aws rss"].append(proc.rss_mib)
+    samples["aws: other procs cpu"].append(proc.other_cpu_s)
+    samples["other share"].append(proc.other_cpu_s / proc.wall_s)
     shutil.rmtree(target)
 
 
@@ -194,6 +228,7 @@ def measure_cold_and_warm(bench: Bench) -> tuple[list[Row], list[Target]]:
     repeats = bench.args.repeats
     for name, (_, n_objects, n_bytes) in bench.channels.items():
         keys = ("trainyard", "trainyard stage", "trainyard cpu", "trainyard rss", "aws", "aws cpu", "aws rss")
+        keys += ("trainyard: other procs cpu", "aws: other procs cpu", "other share")
         samples: dict[str, list[float]] = {k: [] for k in keys}
         home = None
         for i in range(repeats):
@@ -209,7 +244,9 @@ def measure_cold_and_warm(bench: Bench) -> tuple[list[Row], list[Target]]:
                 f"  {name} run {i + 1}/{repeats} ({'trainyard first' if i % 2 == 0 else 'aws first'}): "
                 f"trainyard {samples['trainyard'][-1]:.2f} s (stage {samples['trainyard stage'][-1]:.2f} s, "
                 f"cpu {samples['trainyard cpu'][-1]:.2f} s), "
-                f"aws {samples['aws'][-1]:.2f} s (cpu {samples['aws cpu'][-1]:.2f} s)",
+                f"aws {samples['aws'][-1]:.2f} s (cpu {samples['aws cpu'][-1]:.2f} s); other processes' cpu "
+                f"meanwhile {samples['trainyard: other procs cpu'][-1]:.2f} s, "
+                f"{samples['aws: other procs cpu'][-1]:.2f} s",
                 flush=True,
             )
 
@@ -238,7 +275,8 @@ def measure_cold_and_warm(bench: Bench) -> tuple[list[Row], list[Target]]:
             warm_bytes=max(warm_bytes),
             trainyard_rss_mib=max(samples["trainyard rss"]),
             aws_rss_mib=max(samples["aws rss"]),
-            runs={k: v for k, v in samples.items() if not k.endswith("rss")},
+            runs={k: v for k, v in samples.items() if not k.endswith(("rss", "share"))},
+            busy_runs=sum(share > BUSY_SHARE for share in samples["other share"]),
         )
         rows.append(row)
         targets.append(
@@ -364,6 +402,7 @@ def machine_facts(bench: Bench, endpoint: str) -> list[tuple[str, str]]:
         ("endpoint", endpoint + (f", {rclone}" if rclone else "")),
         ("trainyard", f"boto3 {boto3.__version__}, in {sys.prefix}"),
         ("baseline", (aws_version.stdout or aws_version.stderr).strip() + f", in {AWSCLI_VENV.relative_to(REPO)}"),
+        ("load", "load average {:.2f} {:.2f} {:.2f} at start".format(*os.getloadavg())),
         ("repeats", f"{bench.args.repeats} cold runs per tool and channel, alternating which goes first; medians"),
         ("page cache", "not dropped (needs root): the endpoint serves from a warm page cache for both tools"),
     ]
@@ -416,6 +455,13 @@ def print_report(facts: list[tuple[str, str]], rows: list[Row], targets: list[Ta
     for row in rows:
         runs = "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in row.runs.items())
         console.print(f"  {row.channel} runs (s): {runs}", highlight=False)
+    busy = sum(row.busy_runs for row in rows)
+    if busy:
+        console.print(
+            f"[yellow]warning:[/] during {busy} cold run(s) other processes on this machine used more than "
+            f"{BUSY_SHARE:.2f} CPU s per s ('other procs cpu' above): those timings are inflated and noisy; "
+            "rerun on an idle machine before drawing conclusions from small differences."
+        )
     for target in targets:
         mark = "[green]met[/]" if target.met else "[red]NOT MET[/]"
         console.print(f"target {mark}: {target.name}: {target.detail}")
@@ -461,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
             "AWS_SHARED_CREDENTIALS_FILE": str(workdir / "aws-credentials-none"),
             "AWS_EC2_METADATA_DISABLED": "true",
         }
-        bench = Bench(args=args, env=env, endpoint_url=server.endpoint_url, workdir=workdir, aws=aws)
+        pid = server._proc.pid if server._proc else None
+        bench = Bench(args=args, env=env, endpoint_url=server.endpoint_url, endpoint_pid=pid, workdir=workdir, aws=aws)
         facts = machine_facts(bench, endpoint)
         print("uploading (not timed) ...", flush=True)
         upload(bench)

@@ -121,6 +121,13 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
     for key in survivor:
         torch.testing.assert_close(healed[key], survivor[key], rtol=0, atol=0)
     assert [h["epoch"] for h in outcome.history] == [1, 2, 3, 4, 5, 6]
+    (recovery,) = outcome.recoveries
+    assert recovery["replica"] == 1 and recovery["failed_at_step"] == 15
+    assert recovery["source"] == "peer"  # healed from the live group: no checkpoint exists
+    assert recovery["rejoined_at_step"] > 15
+    assert 0 < recovery["recovery_seconds"] < 60
+    params = sum(t.numel() for k, t in survivor.items() if k.endswith(("weight", "bias")))
+    assert recovery["bytes_moved"] >= 3 * 4 * params  # parameters and Adam's two moments, float32
 
 
 def test_mean_reduced_loss_is_rejected_before_training(trainyard_home):

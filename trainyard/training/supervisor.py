@@ -74,7 +74,6 @@ def train(
     deadline = time.monotonic() + job.stopping.max_runtime_seconds
     stop_deadline: float | None = None
     live = {r.replica: r for r in handle.replicas}
-    failed_at: dict[int, tuple[float, int]] = {}
     failures: list[dict] = []
     finished: dict[int, dict] = {}
     epochs_seen = 0
@@ -98,7 +97,6 @@ def train(
                 restarted = launch.start_replica(handle, replica, proc.attempt + 1)
                 handle.replicas.append(restarted)
                 live[replica] = restarted
-                failed_at[replica] = (time.monotonic(), failure["step"])
         epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
         now = time.monotonic()
         if now > deadline and not stop_requested(job_dir):
@@ -112,7 +110,7 @@ def train(
     if not finished:
         last = failures[-1]["message"] if failures else "no group reported a result"
         raise TrainingError(f"every replica group failed after {job.retries.max_attempts} attempt(s): {last}")
-    return _collect(job_dir, handle, finished, failures, failed_at)
+    return _collect(job_dir, handle, finished, failures)
 
 
 def _collect(
@@ -120,7 +118,6 @@ def _collect(
     handle: LaunchHandle,
     finished: dict[int, dict],
     failures: list[dict],
-    failed_at: dict[int, tuple[float, int]],
 ) -> TrainingOutcome:
     """Pick the result, check the groups agree, and add up what every attempt spent."""
     first = min(finished)
@@ -144,20 +141,7 @@ def _collect(
         samples += progress["samples_trained"]
         for key in flops:
             flops[key] += progress["flops"][key]
-    recoveries = []
-    for replica, (when, step) in failed_at.items():
-        if replica in finished:
-            recoveries.append(
-                {
-                    "replica": replica,
-                    "failed_at_step": step,
-                    "rejoined_at_step": None,
-                    "recovery_seconds": None,
-                    "source": "peer",
-                    "bytes_moved": None,
-                    "restarted_after_seconds": round(time.monotonic() - when, 3),
-                }
-            )
+    recoveries = _recoveries(job_dir, failures)
     return TrainingOutcome(
         model_path=str(model_path),
         stop_reason=result["stop_reason"],
@@ -173,10 +157,32 @@ def _collect(
     )
 
 
+def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
+    """One record per restarted attempt: from the failure to the first step it committed."""
+    records = []
+    for failure in failures:
+        progress_path = attempt_dir(job_dir, failure["replica"], failure["attempt"] + 1) / "progress.json"
+        recovery = json.loads(progress_path.read_text()).get("recovery") if progress_path.exists() else None
+        if not recovery or "rejoined_at_step" not in recovery:
+            continue  # the restart never committed a step (it failed again, or the job ended first)
+        records.append(
+            {
+                "replica": failure["replica"],
+                "failed_at_step": failure["step"],
+                "rejoined_at_step": recovery["rejoined_at_step"],
+                "recovery_seconds": round(recovery["first_commit_unix"] - failure["detected_unix"], 3),
+                "source": recovery["source"],
+                "bytes_moved": recovery.get("bytes_moved", 0),
+            }
+        )
+    return records
+
+
 def _failure(out: Path, replica: int, attempt: int, code: int) -> dict:
     step = 0
-    if (out / "progress.json").exists():
-        step = json.loads((out / "progress.json").read_text())["step"]
+    for name in ("heartbeat.json", "progress.json"):
+        if (out / name).exists():
+            step = max(step, json.loads((out / name).read_text())["step"])
     message, user_error = f"exited with code {code}", False
     if (out / "error.json").exists():
         error = json.loads((out / "error.json").read_text())
@@ -188,6 +194,7 @@ def _failure(out: Path, replica: int, attempt: int, code: int) -> dict:
         "step": step,
         "message": message,
         "user_error": user_error,
+        "detected_unix": time.time(),
     }
 
 

@@ -108,14 +108,25 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
     first_batch_seconds = None
+    heartbeat = Heartbeat(out / "heartbeat.json")
+    recovery: dict | None = {"attempt": attempt} if attempt > 0 else None
     stop = None
     try:
         while True:
             stop = stop_requested(job_dir)
             if stop or history.stop_reason or manager.current_step() >= hp.epochs * sampler.steps_per_epoch:
                 break
+            heartbeat.beat(manager.current_step(), force=manager.current_step() in faults)
             _inject_fault(faults.get(manager.current_step()))
+            before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
+            if recovery is not None and "source" not in recovery and manager.current_step() > before:
+                # the step jumped: torchft loaded a live peer's state (no checkpoint was read)
+                recovery |= {
+                    "source": "peer",
+                    "healed_to_step": manager.current_step(),
+                    "bytes_moved": _state_bytes(state_dict()),
+                }
             optimizer.zero_grad()
             step = manager.current_step()
             epoch, index = divmod(step, sampler.steps_per_epoch)
@@ -129,6 +140,12 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
             optimizer.step()
+            if recovery is not None and "rejoined_at_step" not in recovery:
+                recovery |= {"rejoined_at_step": manager.current_step(), "first_commit_unix": time.time()}
+                recovery.setdefault("source", "none")  # no peer was ahead: nothing to heal from
+                _write_progress(
+                    out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery
+                )
             samples_trained += len(xb)
             epoch_loss_sum += float(losses.detach().sum())
             epoch_loss_count += len(xb)
@@ -138,10 +155,12 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                 _end_epoch(history, epoch + 1, metrics, job, started)
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
-                _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained)
+                _write_progress(
+                    out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery
+                )
     finally:
         manager.shutdown(wait=False)
-    result = _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained)
+    result = _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery)
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
         "steps_per_epoch": sampler.steps_per_epoch,
@@ -239,8 +258,40 @@ def _history_state(history: History) -> dict:
     }
 
 
+class Heartbeat:
+    """The group's current step in ``heartbeat.json``, at most every ``interval`` seconds: the
+    supervisor reads it to know where a group was when it failed, and whether it has gone silent."""
+
+    def __init__(self, path: Path, interval: float = 0.2):
+        self.path, self.interval, self._last = path, interval, 0.0
+
+    def beat(self, step: int, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last >= self.interval:
+            write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
+            self._last = now
+
+
+def _state_bytes(state: object) -> int:
+    """Bytes of the tensors in a (nested) state dict: what a healing group receives from its peer."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_state_bytes(v) for v in state)
+    return 0
+
+
 def _write_progress(
-    out: Path, replica: int, attempt: int, step: int, history: History, meter: FlopMeter, samples_trained: int
+    out: Path,
+    replica: int,
+    attempt: int,
+    step: int,
+    history: History,
+    meter: FlopMeter,
+    samples_trained: int,
+    recovery: dict | None = None,
 ) -> dict:
     progress = {
         "replica": replica,
@@ -249,6 +300,7 @@ def _write_progress(
         "epochs": history.epochs,
         "flops": meter.as_dict(),
         "samples_trained": samples_trained,
+        "recovery": recovery,
     }
     write_json_atomic(out / "progress.json", progress)
     return progress
