@@ -125,6 +125,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
             "failures": len(outcome.failures) if outcome else 0,
             "failure_details": outcome.failures if outcome else [],
             "recoveries": outcome.recoveries if outcome else [],
+            "departures": outcome.departures if outcome else [],
         },
         "carbon": carbon.rollup(energy, job.carbon),
         "training": {

@@ -130,6 +130,13 @@ def exit_code(pid: int) -> int | None:
     return proc.poll()
 
 
+def kill(pid: int) -> None:
+    """Kill a process this module started (SIGKILL: it may be stopped or wedged)."""
+    proc = _PROCESSES.get(pid)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+
+
 def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
     """Stop every replica group still running, then the lighthouse."""
     pids = [r.pid for r in handle.replicas] + [handle.lighthouse_pid]

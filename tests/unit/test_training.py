@@ -226,3 +226,47 @@ def test_sharded_groups_train_on_disjoint_shares(trainyard_home):
     # 300 rows a group, 32 a step: 10 steps an epoch (the last of 12), the same in both groups
     assert outcome.steps == 20
     assert outcome.samples_trained == 2 * 2 * 300
+
+
+def test_sigterm_is_a_graceful_leave_and_the_others_go_on(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home, elastic={"fault_injection": [{"replica": 1, "at_step": 12, "kind": "term"}]}
+    )
+    outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed" and outcome.steps == 40
+    assert outcome.failures == []  # leaving is not failing: no restart
+    assert [(r.replica, r.attempt) for r in handle.replicas] == [(0, 0), (1, 0)]
+    (departure,) = outcome.departures
+    assert departure["replica"] == 1 and 12 <= departure["left_at_step"] <= 13
+    assert outcome.model_path.endswith("replicas/0/attempt-0/model.pt")  # the group that finished the job
+
+
+def slow_build(num_features, num_outputs, hyperparameters):
+    """A model whose steps take at least 10 ms, so a survivor is still training when a restart comes back."""
+    import time
+
+    class Slow(torch.nn.Linear):
+        def forward(self, x):
+            time.sleep(0.01)
+            return super().forward(x)
+
+    return Slow(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch):
+    monkeypatch.setenv("TRAINYARD_SILENT_GROUP_SECONDS", "12")  # just over the 10 s collective timeout
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 190, "batch_size": 64, "learning_rate": 0.01},
+        elastic={"fault_injection": [{"replica": 0, "at_step": 10, "kind": "hang"}]},
+    )
+    outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    (failure,) = outcome.failures
+    assert failure["replica"] == 0 and "hung" in failure["message"]
+    (recovery,) = outcome.recoveries
+    assert recovery["source"] == "peer" and recovery["failed_at_step"] == 10 and recovery["rejoined_at_step"] > 10
+    states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 1), (1, 0))]
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import traceback
@@ -44,11 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # after argument parsing: a bad command line fails fast
 
     torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
-    from trainyard.training.trainer import train_replica
+    from trainyard.training.trainer import LEAVE, train_replica
+
+    # SIGTERM (a spot interruption notice, a scale-down) is a graceful leave at the next step
+    # boundary: the other groups go on without this one. Before training starts it just exits.
+    signal.signal(signal.SIGTERM, lambda *_: LEAVE.set())
 
     out = attempt_dir(args.job_dir, args.replica, args.attempt)
     (out / "pid").write_text(str(os.getpid()))
-    if not wait_for_plan(args.job_dir, parent):
+    if not wait_for_plan(args.job_dir, parent) or LEAVE.is_set():
         write_json_atomic(
             out / "error.json", {"message": "the plan never came: the train stage is gone", "user_error": False}
         )

@@ -5,6 +5,7 @@ group (it heals from a live peer, no checkpoint read), enforce the runtime limit
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,11 +18,15 @@ from trainyard.errors import TrainingError
 from trainyard.launch import LaunchHandle
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan, attempt_dir, request_stop, stop_requested
-from trainyard.training.trainer import load_arrays
+from trainyard.training.trainer import PG_TIMEOUT, load_arrays
 
 POLL_SECONDS = 0.1
 # After a stop request, groups get this long to reach a step boundary and write their result.
 STOP_GRACE_SECONDS = 30.0
+# A group whose heartbeat is older than this is hung (its peers have dropped it): it is killed and
+# restarted. Longer than any step and the process-group timeout; TRAINYARD_SILENT_GROUP_SECONDS overrides.
+SILENT_GROUP_SECONDS = 120.0
+SILENT_GROUP_SECONDS_ENV = "TRAINYARD_SILENT_GROUP_SECONDS"
 # Seconds to wait between a group's crash and its restart, doubled per attempt (elastic retries).
 RETRY_BACKOFF_SECONDS = 0.5
 
@@ -38,6 +43,7 @@ class TrainingOutcome:
     flops: dict[str, int]
     failures: list[dict] = field(default_factory=list)
     recoveries: list[dict] = field(default_factory=list)
+    departures: list[dict] = field(default_factory=list)
     replicas_finished: list[int] = field(default_factory=list)
     first_batch_seconds: float | None = None
     steps_per_epoch: int = 0
@@ -76,6 +82,11 @@ def train(
     live = {r.replica: r for r in handle.replicas}
     failures: list[dict] = []
     finished: dict[int, dict] = {}
+    silenced: dict[int, float] = {}
+    # Below the collective timeout a group waiting on a dead peer would be taken for hung.
+    silent_limit = max(
+        float(os.environ.get(SILENT_GROUP_SECONDS_ENV) or SILENT_GROUP_SECONDS), PG_TIMEOUT.total_seconds() + 2
+    )
     epochs_seen = 0
     while live:
         for replica, proc in list(live.items()):
@@ -88,15 +99,33 @@ def train(
                 finished[replica] = json.loads((out / "result.json").read_text())
                 continue
             failure = _failure(out, replica, proc.attempt, code)
+            if proc.pid in silenced:
+                failure["message"] = f"silent for {silenced[proc.pid]:.1f} s (hung): killed and restarted"
             failures.append(failure)
             if failure["user_error"]:
                 launch.shutdown(handle)
                 raise TrainingError(f"replica group {replica}: {failure['message']}")
-            if proc.attempt + 1 < job.retries.max_attempts and not stop_requested(job_dir):
+            job_done = any(res["stop_reason"] != "Left" for res in finished.values())
+            # A restart heals from a live group; with none left, it would start over from step 0
+            # and train the whole job alone (checkpoints are the fallback for that, not yet built).
+            can_heal = bool(live) or failure["step"] == 0
+            if not can_heal and not job_done:
+                failure["message"] += "; no live replica group is left to heal from"
+            if (
+                proc.attempt + 1 < job.retries.max_attempts
+                and not stop_requested(job_dir)
+                and not job_done
+                and can_heal
+            ):
                 time.sleep(RETRY_BACKOFF_SECONDS * 2**proc.attempt)
                 restarted = launch.start_replica(handle, replica, proc.attempt + 1)
                 handle.replicas.append(restarted)
                 live[replica] = restarted
+        for replica, proc in live.items():
+            silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
+            if silent > silent_limit and proc.pid not in silenced:
+                silenced[proc.pid] = silent  # hung (SIGSTOP, a wedged collective): its peers went on
+                launch.kill(proc.pid)
         epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
         now = time.monotonic()
         if now > deadline and not stop_requested(job_dir):
@@ -119,8 +148,9 @@ def _collect(
     finished: dict[int, dict],
     failures: list[dict],
 ) -> TrainingOutcome:
-    """Pick the result, check the groups agree, and add up what every attempt spent."""
-    first = min(finished)
+    """Pick the result (the group that got furthest; a group that left early is not it), check the
+    groups agree, and add up what every attempt spent."""
+    first = max(finished, key=lambda r: (finished[r]["step"], -r))
     result = finished[first]
     model_path = attempt_dir(job_dir, first, result["attempt"]) / "model.pt"
     reference = torch.load(model_path, weights_only=True)
@@ -151,10 +181,21 @@ def _collect(
         flops=flops,
         failures=failures,
         recoveries=recoveries,
+        departures=[
+            {"replica": r, "left_at_step": res["step"]} for r, res in finished.items() if res["stop_reason"] == "Left"
+        ],
         replicas_finished=sorted(finished),
         first_batch_seconds=result.get("first_batch_seconds"),
         steps_per_epoch=result.get("steps_per_epoch", 0),
     )
+
+
+def _silent_seconds(out: Path) -> float:
+    """Seconds since a training group's last heartbeat (0 before its first)."""
+    try:
+        return time.time() - json.loads((out / "heartbeat.json").read_text())["unix"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0.0
 
 
 def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:

@@ -10,9 +10,11 @@ and history continue where the others are. Stopping decisions use only values ev
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,6 +32,8 @@ from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
 from trainyard.training.sampling import Sampler, StreamSampler
 
 EVAL_BATCH = 4096
+LEAVE = threading.Event()
+"""Set on SIGTERM: the group leaves at its next step boundary, and the others go on."""
 # Failure detection: short enough that survivors stall briefly when a peer dies.
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
@@ -110,16 +114,24 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     first_batch_seconds = None
     heartbeat = Heartbeat(out / "heartbeat.json")
     recovery: dict | None = {"attempt": attempt} if attempt > 0 else None
+    resume_floor = _last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
     stop = None
     try:
         while True:
             stop = stop_requested(job_dir)
+            if LEAVE.is_set():
+                stop = {"reason": "Left"}
             if stop or history.stop_reason or manager.current_step() >= hp.epochs * sampler.steps_per_epoch:
                 break
             heartbeat.beat(manager.current_step(), force=manager.current_step() in faults)
             _inject_fault(faults.get(manager.current_step()))
             before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
+            if recovery is not None and "source" not in recovery and manager.current_step() <= before < resume_floor:
+                raise NoPeerToHeal(
+                    f"replica group {replica} had reached step {resume_floor} but no live group was ahead of it "
+                    "to heal from; it does not start over alone"
+                )
             if recovery is not None and "source" not in recovery and manager.current_step() > before:
                 # the step jumped: torchft loaded a live peer's state (no checkpoint was read)
                 recovery |= {
@@ -154,6 +166,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
                 if val is not None:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                 _end_epoch(history, epoch + 1, metrics, job, started)
+                heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
                 _write_progress(
                     out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery
@@ -256,6 +269,18 @@ def _history_state(history: History) -> dict:
         "epochs_since_best": history.epochs_since_best,
         "stop_reason": history.stop_reason,
     }
+
+
+class NoPeerToHeal(RuntimeError):
+    """A restarted group found nobody to take the job's state from (it is not the user's fault)."""
+
+
+def _last_step(out: Path) -> int:
+    """The last step an attempt reported (its heartbeat), 0 if none."""
+    try:
+        return json.loads((out / "heartbeat.json").read_text())["step"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return 0
 
 
 class Heartbeat:
