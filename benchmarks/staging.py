@@ -17,7 +17,7 @@ measures for each channel, in the same run:
 - a warm re-stage: the same channel staged again into the last cold run's ``TRAINYARD_HOME``
   (nothing changed in S3): time and bytes downloaded.
 
-Cold measurements are repeated (``--repeats``, default 3) alternating which tool goes first; medians
+Cold measurements are repeated (``--repeats``, default 5) alternating which tool goes first; medians
 are reported. The OS page cache cannot be dropped without root, so the endpoint reads its objects
 from a warm page cache in every run (for both tools alike); the timings are for the network and
 client side, not for cold disks.
@@ -477,7 +477,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--small-objects", type=int, default=2000, help="objects in the small channel")
     parser.add_argument("--small-size", type=int, default=64 * 1024, help="mean small object size, bytes (±50%%)")
     parser.add_argument("--large-mib", type=int, default=512, help="size of the large channel's one object, MiB")
-    parser.add_argument("--repeats", type=int, default=3, help="cold runs per tool and channel (at least 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="cold runs per tool and channel (at least 2)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 small objects, 64 MiB, 2 repeats")
     parser.add_argument("--workdir", type=Path, default=None, help="where downloads go (default: a temp dir)")
     parser.add_argument("--child-stage", nargs=2, metavar=("NAME", "URI"), help=argparse.SUPPRESS)

@@ -107,7 +107,9 @@ def test_max_runtime_stops_every_group(trainyard_home):
 def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        hyperparameters={"epochs": 6, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        # slow steps (10 ms): the survivor is still training when the restarted group comes back
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01},
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
     )
     outcome, handle = run(job, job_id, folder, plan)
@@ -120,13 +122,13 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
     survivor = torch.load(folder / "replicas/0/attempt-0/model.pt", weights_only=True)
     for key in survivor:
         torch.testing.assert_close(healed[key], survivor[key], rtol=0, atol=0)
-    assert [h["epoch"] for h in outcome.history] == [1, 2, 3, 4, 5, 6]
+    assert [h["epoch"] for h in outcome.history] == list(range(1, 81))
     (recovery,) = outcome.recoveries
     assert recovery["replica"] == 1 and recovery["failed_at_step"] == 15
     assert recovery["source"] == "peer"  # healed from the live group: no checkpoint exists
     assert recovery["rejoined_at_step"] > 15
     assert 0 < recovery["recovery_seconds"] < 60
-    params = sum(t.numel() for k, t in survivor.items() if k.endswith(("weight", "bias")))
+    params = sum(t.numel() for t in survivor.values())
     assert recovery["bytes_moved"] >= 3 * 4 * params  # parameters and Adam's two moments, float32
 
 
