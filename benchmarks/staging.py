@@ -230,14 +230,16 @@ def measure_cold_and_warm(bench: Bench) -> tuple[list[Row], list[Target]]:
         keys = ("trainyard", "trainyard stage", "trainyard cpu", "trainyard rss", "aws", "aws cpu", "aws rss")
         keys += ("trainyard: other procs cpu", "aws: other procs cpu", "other share")
         samples: dict[str, list[float]] = {k: [] for k in keys}
-        home = None
         for i in range(repeats):
-            if home is not None:
-                shutil.rmtree(home, ignore_errors=True)
             home = bench.workdir / f"home-{name}-{i}"
             for step in ("trainyard", "aws") if i % 2 == 0 else ("aws", "trainyard"):
+                # Every step starts with nothing left to write back: the previous step's files would
+                # otherwise be flushed to disk while this one runs, slowing whichever tool goes second.
+                os.sync()
                 if step == "trainyard":
                     _cold_trainyard(bench, name, home, samples)
+                    if i < repeats - 1:  # the last run's cache stays, for the warm re-stage
+                        shutil.rmtree(home)
                 else:
                     _cold_aws(bench, name, bench.workdir / f"aws-{name}-{i}", samples)
             print(
@@ -252,6 +254,7 @@ def measure_cold_and_warm(bench: Bench) -> tuple[list[Row], list[Target]]:
 
         warm_stage, warm_wall, warm_bytes = [], [], []
         for _ in range(repeats):
+            os.sync()
             proc, result = trainyard_stage(bench, name, home)
             warm_stage.append(result["seconds"])
             warm_wall.append(proc.wall_s)
