@@ -302,7 +302,115 @@ def measure_cold_and_warm(bench: Bench) -> tuple[list[Row], list[Target]]:
 
 
 # Each section measures something and returns result rows and targets; add new ones here.
-SECTIONS: list[Callable[[Bench], tuple[list[Row], list[Target]]]] = [measure_cold_and_warm]
+def child_stream(mode: str, uri: str) -> None:
+    """Time one way to the first training batch of a parquet channel (run in a child, fresh cache).
+
+    ``file``: stage the whole channel (download and verify), then read it into arrays: only then can
+    training start. ``stream``: list it, read the footers, the label column and a scaling sample,
+    then the first batch's row group from S3, as a replica group in stream mode does.
+    """
+    from trainyard import datasets, staging, streaming
+    from trainyard.spec import parse_job
+    from trainyard.training.plan import TrainingPlan
+    from trainyard.training.sampling import StreamSampler
+
+    home = Path(os.environ["TRAINYARD_HOME"])
+    job = parse_job(
+        {
+            "name": "bench",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": uri, "label": "label", "mode": mode, "classes": [0, 1]}},
+            "output": {"s3_uri": f"s3://{BUCKET}/out/"},
+        }
+    )
+    start = time.perf_counter()
+    manifests = staging.stage_channels(job.channels(), home / "manifests")
+    staged_s = time.perf_counter() - start
+    if mode == "file":
+        datasets.prepare(manifests, job.channels(), "classification", home / "data")
+        result = {"staged_s": staged_s, "ready_s": time.perf_counter() - start}
+    else:
+        staged = streaming.describe(
+            manifests["train"], job.inputs.train, "classification", home / "data", home / "stream-cache"
+        )
+        described_s = time.perf_counter() - start
+        plan = TrainingPlan(
+            "bench",
+            job.model_dump(mode="json"),
+            staged.train_data,
+            None,
+            staged.schema,
+            1,
+            "",
+            staged.train_layout,
+            streamed=True,
+        )
+        x, _ = StreamSampler(job, plan, 0, 1, home / "stream-cache").batch(0, 0)
+        result = {
+            "listed_s": staged_s,
+            "described_s": described_s,
+            "first_batch_s": time.perf_counter() - start,
+            "batch_rows": len(x),
+        }
+    print(json.dumps(result))
+
+
+def upload_parquet(bench: Bench) -> tuple[str, int]:
+    """A parquet channel of about ``--large-mib`` MiB (16 float32 features, an int64 label) in row groups
+    of 256 Ki rows, as a large training table would be written; not timed."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = bench.args.large_mib * MiB // (16 * 4 + 8)
+    rng = np.random.default_rng(7)
+    features = {f"f{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(16)}
+    table = pa.table({**features, "label": (features["f0"] > 0).astype(np.int64)})
+    path = bench.workdir / "table.parquet"
+    pq.write_table(table, path, row_group_size=256 * 1024, compression="snappy")
+    size = path.stat().st_size
+    s3_client(bench.env).upload_file(str(path), BUCKET, "table/part-000.parquet")
+    path.unlink()
+    return f"s3://{BUCKET}/table/", size
+
+
+def measure_stream_first_batch(bench: Bench) -> tuple[list[Row], list[Target]]:
+    """Stream mode: time to the first batch vs staging the whole parquet channel first (medians)."""
+    uri, size = upload_parquet(bench)
+    samples: dict[str, list[float]] = {"file staged": [], "file ready": [], "stream first batch": []}
+    for run in range(bench.args.repeats):
+        for mode in ("file", "stream") if run % 2 == 0 else ("stream", "file"):
+            os.sync()
+            home = bench.workdir / f"stream-home-{run}-{mode}"
+            env = {**bench.env, "TRAINYARD_HOME": str(home), "TRAINYARD_PROGRESS": "0"}
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child-stream", mode, uri]
+            result = json.loads(run_measured(cmd, env, bench.endpoint_pid).stdout.strip().splitlines()[-1])
+            if mode == "file":
+                samples["file staged"].append(result["staged_s"])
+                samples["file ready"].append(result["ready_s"])
+            else:
+                samples["stream first batch"].append(result["first_batch_s"])
+                print(
+                    f"  stream run {run + 1}: listed {result['listed_s']:.2f} s, described (footers, label "
+                    f"column, sample) {result['described_s']:.2f} s, first batch {result['first_batch_s']:.2f} s"
+                )
+            shutil.rmtree(home, ignore_errors=True)
+    staged, ready = statistics.median(samples["file staged"]), statistics.median(samples["file ready"])
+    first = statistics.median(samples["stream first batch"])
+    print(
+        f"  parquet channel {size / MiB:.0f} MiB: file mode staged in {staged:.2f} s, arrays ready in {ready:.2f} s; "
+        f"stream mode first batch in {first:.2f} s"
+    )
+    target = Target(
+        "stream: time to first batch under a tenth of staging the whole channel",
+        first < staged / 10,
+        f"{first:.2f} s vs {staged:.2f} s to stage {size / MiB:.0f} MiB (ratio {first / staged:.3f}, target < 0.1); "
+        f"{ready:.2f} s until file mode's arrays are ready",
+    )
+    return [], [target]
+
+
+SECTIONS: list[Callable[[Bench], tuple[list[Row], list[Target]]]] = [measure_cold_and_warm, measure_stream_first_batch]
 
 
 # --- set-up: the AWS CLI, the endpoint, the data ---------------------------------------------------
@@ -484,6 +592,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 small objects, 64 MiB, 2 repeats")
     parser.add_argument("--workdir", type=Path, default=None, help="where downloads go (default: a temp dir)")
     parser.add_argument("--child-stage", nargs=2, metavar=("NAME", "URI"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-stream", nargs=2, metavar=("MODE", "URI"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.small_objects, args.large_mib, args.repeats = 200, 64, 2
@@ -495,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child_stage:
         child_stage(*args.child_stage)
+        return 0
+    if args.child_stream:
+        child_stream(*args.child_stream)
         return 0
     started = time.perf_counter()
     aws = ensure_awscli()

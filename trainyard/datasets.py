@@ -20,6 +20,7 @@ from trainyard.errors import DataError
 from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
 
+STREAM_CACHE = "stream-cache"  # in the job folder: row groups a streamed channel's groups have read
 _READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}
 
 
@@ -92,7 +93,7 @@ def infer_schema(table: pa.Table, channel: Channel, task: str, channel_name: str
     classes: list = []
     if task == "classification":
         check_labels(table, label, where)
-        classes = sorted(pc.unique(table[label]).to_pylist(), key=lambda v: (str(type(v)), v))
+        classes = channel.classes or sorted(pc.unique(table[label]).to_pylist(), key=lambda v: (str(type(v)), v))
         if len(classes) < 2:
             raise DataError(f"{where}: label {label!r} has a single class {classes}; a classifier needs two or more")
     return Schema(features=features, label=label, task=task, classes=classes)
@@ -120,7 +121,10 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
         raw = table[schema.label].to_pylist()
         unknown = sorted({str(v) for v in raw if v not in index})
         if unknown:
-            raise DataError(f"{where}: label values {unknown[:5]} never occur in the training channel")
+            raise DataError(
+                f"{where}: label values {unknown[:5]} are not among the classes {schema.classes[:10]} "
+                "(those of the train channel, or inputs.train.classes)"
+            )
         y = np.fromiter((index[v] for v in raw), dtype=np.int64, count=len(raw))
     else:
         if not _is_numeric(table[schema.label].type):
@@ -179,7 +183,9 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
     if channels["train"].mode == "stream":
         from trainyard import streaming  # streaming builds on this module
 
-        streamed = streaming.describe(manifests["train"], channels["train"], task, out_dir)
+        streamed = streaming.describe(
+            manifests["train"], channels["train"], task, out_dir, out_dir.parent / STREAM_CACHE
+        )
         schema = Schema(**{k: v for k, v in streamed.schema.items() if k != "num_outputs"})
         paths["train"], rows["train"], layout = streamed.train_data, streamed.rows["train"], streamed.train_layout
     else:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import zlib
-from pathlib import Path
 
 from awscrt import checksums as crt
 
@@ -62,40 +61,59 @@ def checksum_of(response: dict) -> dict | None:
     return None
 
 
-def verify(
-    path: Path, size: int, etag: str, checksum: dict | None, part_sizes: list[int] | None = None
-) -> tuple[str | None, str]:
-    """Compare a file with S3's record: ``(problem or None, what was checked)``.
+class Digester:
+    """Everything S3's record of an object lets us check, computed from its bytes as they arrive in
+    order (while downloading, so a large object is not read a second time)."""
 
-    A composite checksum is checked too when the object's ``part_sizes`` are known: it is the
-    checksum of the parts' checksums, in order.
-    """
-    actual = path.stat().st_size
-    if actual != size:
-        return f"size {actual} != {size}", "size"
-    md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) else None
-    full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
-    hasher = _Hasher(full["algorithm"]) if full else None
-    if full and checksum["type"] == "COMPOSITE":
-        hasher = _Composite(full["algorithm"], part_sizes)
-    if md5 or hasher:
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                if md5:
-                    md5.update(chunk)
-                if hasher:
-                    hasher.update(chunk)
-    checked = ["size"]
-    if md5:
-        if md5.hexdigest() != etag:
-            return f"MD5 {md5.hexdigest()} != ETag {etag}", "size+md5"
-        checked.append("md5")
-    if hasher:
-        expected = full["value"].split("-")[0]
-        if hasher.b64digest() != expected:
-            return f"{full['algorithm']} {hasher.b64digest()} != {expected}", "+".join(checked)
-        checked.append(full["algorithm"].lower() + ("-composite" if full["type"] == "COMPOSITE" else ""))
-    return None, "+".join(checked)
+    def __init__(self, etag: str, checksum: dict | None, part_sizes: list[int] | None = None):
+        self.etag, self.checksum, self.size = etag, checksum, 0
+        self.md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) else None
+        self.full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
+        self.hasher = None
+        if self.full:
+            composite = checksum["type"] == "COMPOSITE"
+            self.hasher = (
+                _Composite(self.full["algorithm"], part_sizes) if composite else _Hasher(self.full["algorithm"])
+            )
+
+    def update(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.md5:
+            self.md5.update(data)
+        if self.hasher:
+            self.hasher.update(data)
+
+    def result(self, expected_size: int) -> tuple[str | None, str]:
+        """``(problem or None, what was checked)``."""
+        if self.size != expected_size:
+            return f"size {self.size} != {expected_size}", "size"
+        checked = ["size"]
+        if self.md5:
+            if self.md5.hexdigest() != self.etag:
+                return f"MD5 {self.md5.hexdigest()} != ETag {self.etag}", "size+md5"
+            checked.append("md5")
+        if self.hasher:
+            expected = self.full["value"].split("-")[0]
+            if self.hasher.b64digest() != expected:
+                return f"{self.full['algorithm']} {self.hasher.b64digest()} != {expected}", "+".join(checked)
+            composite = "-composite" if self.full["type"] == "COMPOSITE" else ""
+            checked.append(self.full["algorithm"].lower() + composite)
+        return None, "+".join(checked)
+
+
+class DigestingWriter:
+    """A write-only, non-seekable file that digests what it writes. Handed to boto3's transfer
+    manager, it makes the ranged, concurrent download deliver its parts in order."""
+
+    def __init__(self, file, digester: Digester):
+        self._file, self._digester = file, digester
+
+    def write(self, data: bytes) -> int:
+        self._digester.update(data)
+        return self._file.write(data)
+
+    def seekable(self) -> bool:
+        return False
 
 
 class _Composite:

@@ -102,6 +102,11 @@ class Channel(_Model):
     features: list[str] | None = Field(
         default=None, description="Feature columns; default: every numeric column but the label."
     )
+    classes: list[int | str | bool] | None = Field(
+        default=None,
+        description="A classifier's label values, in output order (default: every value the label takes in the "
+        "train channel; in stream mode, giving them saves reading the label column before training).",
+    )
     mode: Literal["file", "stream"] = Field(
         default="file",
         description="file: download and verify before training; stream (train, parquet): replica groups read "

@@ -251,10 +251,10 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
     moved = 0
     try:
         for attempt in (1, 2):
-            checksum, part_sizes = getter(client, obj, tmp, on_bytes)
+            digester = getter(client, obj, tmp, on_bytes)  # digests the bytes as they arrive
             moved += obj.size
-            problem, obj.verified_by = integrity.verify(tmp, obj.size, obj.etag, checksum, part_sizes)
-            obj.checksum = checksum
+            problem, obj.verified_by = digester.result(obj.size)
+            obj.checksum = digester.checksum
             if problem is None:
                 os.replace(tmp, target)
                 return moved
@@ -265,24 +265,26 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
     raise AssertionError("unreachable")
 
 
-def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> dict | None:
-    """One conditional GET, streamed to ``tmp``; returns the checksum S3 sent with it."""
+def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> integrity.Digester:
+    """One conditional GET, streamed to ``tmp`` and digested against the record S3 sent with it."""
     for attempt in range(1, STREAM_ATTEMPTS + 1):
         written = 0
         try:
             response = client.get_object(
                 Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED"
             )
+            digester = integrity.Digester(obj.etag, integrity.checksum_of(response))
             with tmp.open("wb") as f:
                 try:
                     for chunk in response["Body"].iter_chunks(1 << 20):
+                        digester.update(chunk)
                         f.write(chunk)
                         written += len(chunk)
                         if on_bytes:
                             on_bytes(len(chunk))
                 except FlexibleChecksumError:
-                    pass  # botocore's own check, at the end of the body; integrity.verify says what differs
-            return integrity.checksum_of(response), None
+                    pass  # botocore's own check, at the end of the body; the digester says what differs
+            return digester
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
                 raise StorageError(
@@ -299,20 +301,23 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     raise AssertionError("unreachable")
 
 
-def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> tuple[dict | None, list | None]:
-    """The transfer manager's ranged, concurrent download; the checksum (and, for a composite one,
-    the part sizes it needs) come from a HEAD first."""
+def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> integrity.Digester:
+    """The transfer manager's ranged, concurrent download, digested in order as it is written; the
+    checksum (and, for a composite one, the part sizes it needs) come from a HEAD first."""
     try:
         head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED")
         if head["ETag"].strip('"') != obj.etag:
             raise StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", True)
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
-        client.download_file(obj.bucket, obj.key, str(tmp), Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
+        digester = integrity.Digester(obj.etag, checksum, parts)
+        with tmp.open("wb") as f:
+            writer = integrity.DigestingWriter(f, digester)
+            client.download_fileobj(obj.bucket, obj.key, writer, Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
     except (ClientError, BotoCoreError, S3TransferFailedError) as exc:
         cause = exc.__cause__ if isinstance(exc, S3TransferFailedError) and exc.__cause__ else exc
         raise s3.describe_error(cause, obj.uri) from exc
-    return checksum, parts
+    return digester
 
 
 def _part_sizes(client, obj: StagedObject) -> list[int] | None:

@@ -51,8 +51,16 @@ def arrow_filesystem() -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**kwargs)
 
 
-def describe(manifest: ChannelManifest, channel: Channel, task: str, out_dir: Path) -> datasets.StagedData:
-    """Read what streaming needs without downloading the channel: footers, classes, a scaling sample."""
+def describe(
+    manifest: ChannelManifest, channel: Channel, task: str, out_dir: Path, cache_dir: Path | None = None
+) -> datasets.StagedData:
+    """Read what streaming needs without downloading the channel: footers, classes, a scaling sample.
+
+    The sample is whole row groups from the start of the channel; they are kept in ``cache_dir``
+    (the groups' row-group cache), and the first epoch starts with them, so the first batch needs no
+    further read from S3. The label column is read for the class list unless the channel declares
+    its ``classes``.
+    """
     if manifest.format != "parquet":
         raise DataError(f"channel {manifest.name!r}: mode stream reads parquet row groups; set format parquet")
     filesystem = arrow_filesystem()
@@ -66,14 +74,14 @@ def describe(manifest: ChannelManifest, channel: Channel, task: str, out_dir: Pa
         layout.append({"id": obj.uri, "start": start, "end": start + sum(counts), "row_groups": counts})
         start += sum(counts)
         for i in range(len(counts)):
-            if sum(t.num_rows for t in sample) >= SAMPLE_ROWS:
+            if sum(t.num_rows for _, t in sample) >= SAMPLE_ROWS:
                 break
-            sample.append(parquet.read_row_group(i))
+            sample.append((f"{obj.uri}#rg{i}", parquet.read_row_group(i)))
     if start == 0:
         raise DataError(f"channel {manifest.name!r} ({manifest.uri}): the objects hold no rows")
-    table = pa.concat_tables(sample, promote_options="permissive")
+    table = pa.concat_tables([t for _, t in sample], promote_options="permissive")
     schema = datasets.infer_schema(table, channel, task)
-    if task == "classification":
+    if task == "classification" and not channel.classes:
         # Only the label column is read for the class list: parquet fetches just its column chunks.
         labels = pq.read_table(
             [f"{o.bucket}/{o.key}" for o in manifest.objects], columns=[schema.label], filesystem=filesystem
@@ -81,6 +89,11 @@ def describe(manifest: ChannelManifest, channel: Channel, task: str, out_dir: Pa
         datasets.check_labels(labels, schema.label, f"channel 'train' ({manifest.uri})")
         schema.classes = sorted(pc.unique(labels[schema.label]).to_pylist(), key=lambda v: (str(type(v)), v))
     x, y = datasets.to_arrays(table, schema, f"channel 'train' ({manifest.uri})")
+    if cache_dir is not None:
+        offset = 0
+        for unit_id, part in sample:
+            _save(unit_path(cache_dir, unit_id), x[offset : offset + part.num_rows], y[offset : offset + part.num_rows])
+            offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     np.savez(out_dir / "train.sample.npz", x=x, y=y)
     meta = datasets.schema_dict(schema)
@@ -100,7 +113,7 @@ class RowGroupSource:
 
     def load(self, unit_id: str) -> tuple[np.ndarray, np.ndarray]:
         """``unit_id`` is ``<s3 uri>#rg<i>``."""
-        local = self._cache_dir / (unit_id.replace("/", "_").replace(":", "_") + ".npz")
+        local = unit_path(self._cache_dir, unit_id)
         if local.exists():
             data = np.load(local)
             return data["x"], data["y"]
@@ -113,10 +126,20 @@ class RowGroupSource:
         except (OSError, pa.ArrowInvalid) as exc:
             raise DataError(f"{uri}: row group {index} cannot be read ({str(exc).splitlines()[0]})") from exc
         x, y = datasets.to_arrays(table, self._schema, f"{uri} row group {index}")
-        tmp = local.with_name(f".{local.name}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, x=x, y=y)
-        os.replace(tmp, local)
+        _save(local, x, y)
         return x, y
+
+
+def unit_path(cache_dir: Path, unit_id: str) -> Path:
+    """Where a row group's arrays are kept once read."""
+    return cache_dir / (unit_id.replace("/", "_").replace(":", "_") + ".npz")
+
+
+def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, x=x, y=y)
+    os.replace(tmp, path)  # groups on one machine may race to write the same row group
 
 
 def units(layout: list[dict]) -> list[tuple[str, int, int]]:

@@ -80,6 +80,7 @@ class StreamSampler:
             raise DataError(f"the streamed train channel has fewer row groups than the {groups} replica groups")
         self.batch_size = max(1, math.ceil(job.hyperparameters.batch_size / groups))
         self.rows_per_group = max(sum(end - start for _, start, end in share) for share in self.shares)
+        self.warm_rows = streaming.SAMPLE_ROWS  # row groups starting below this were read by staging
         self.steps_per_epoch = max(1, math.ceil(self.rows_per_group / self.batch_size))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
         self._loaded: dict[str, Future] = {}
@@ -106,6 +107,8 @@ class StreamSampler:
         share = self.shares[(self.group + epoch) % self.groups if self.rotate else self.group]
         gen = np.random.default_rng(self.seed * _SEED_STRIDE + epoch * 1009 + self.group)
         units = [share[i] for i in gen.permutation(len(share))]
+        if epoch == 0:  # begin with the row groups staging already read (its scaling sample): no wait on S3
+            units.sort(key=lambda u: u[1] >= self.warm_rows)
         return units, np.cumsum([end - start for _, start, end in units])
 
     def _rows(self, epoch: int, unit: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray]:

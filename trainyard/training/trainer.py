@@ -25,6 +25,7 @@ import torch
 from torch.distributed import TCPStore
 
 from trainyard import algorithms
+from trainyard.datasets import STREAM_CACHE
 from trainyard.home import write_json_atomic
 from trainyard.spec import METRICS, TrainingJob
 from trainyard.training.flops import FlopMeter
@@ -106,7 +107,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
 
     group, num_groups = replica % plan.num_replicas, plan.num_replicas
     if plan.streamed:
-        sampler = StreamSampler(job, plan, group, num_groups, job_dir / "stream-cache")
+        sampler = StreamSampler(job, plan, group, num_groups, job_dir / STREAM_CACHE)
     else:
         sampler = Sampler(x_train, y_train, job, plan.train_layout, group, num_groups)
     faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
