@@ -62,8 +62,8 @@ def checksum_of(response: dict) -> dict | None:
 
 
 class Digester:
-    """Everything S3's record of an object lets us check, computed from its bytes as they arrive in
-    order (while downloading, so a large object is not read a second time)."""
+    """Everything S3's record of an object lets us check, computed from its bytes in order (as they
+    arrive, for an object fetched with one GET)."""
 
     def __init__(self, etag: str, checksum: dict | None, part_sizes: list[int] | None = None):
         self.etag, self.checksum, self.size = etag, checksum, 0
@@ -99,21 +99,6 @@ class Digester:
             composite = "-composite" if self.full["type"] == "COMPOSITE" else ""
             checked.append(self.full["algorithm"].lower() + composite)
         return None, "+".join(checked)
-
-
-class DigestingWriter:
-    """A write-only, non-seekable file that digests what it writes. Handed to boto3's transfer
-    manager, it makes the ranged, concurrent download deliver its parts in order."""
-
-    def __init__(self, file, digester: Digester):
-        self._file, self._digester = file, digester
-
-    def write(self, data: bytes) -> int:
-        self._digester.update(data)
-        return self._file.write(data)
-
-    def seekable(self) -> bool:
-        return False
 
 
 class _Composite:
