@@ -30,18 +30,10 @@ def trainyard_home(tmp_path_factory):
 @pytest.fixture(scope="session")
 def s3_server(trainyard_home):
     """One moto S3 server process for the session; boto3 reaches it through the standard AWS variables."""
-    from trainyard.local_s3 import LocalS3
+    from trainyard.local_s3 import local_s3_env
 
-    server = LocalS3().start()
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    yield server
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    server.stop()
+    with local_s3_env() as server:
+        yield server
 
 
 @pytest.fixture

@@ -39,7 +39,6 @@ import urllib.request
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,7 +46,7 @@ from pathlib import Path
 import pytest
 
 from trainyard.errors import StorageError
-from trainyard.local_s3 import LOCAL_ENV, LocalS3, free_port
+from trainyard.local_s3 import LOCAL_ENV, LocalS3, environment, free_port
 
 # The pair ``rclone serve s3 --auth-key`` accepts; not secrets, they never leave 127.0.0.1.
 RCLONE_ENV = {
@@ -717,21 +716,6 @@ def start_endpoint(name: str) -> S3Endpoint:
     else:
         raise ValueError(f"unknown S3 endpoint {name!r}; known: {ENDPOINTS}")
     return S3Endpoint(name, server, dict(CAPABILITIES[name]))
-
-
-@contextmanager
-def environment(env: Mapping[str, str]) -> Iterator[None]:
-    """Set ``env`` in ``os.environ`` for the duration, then restore what was there."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # Module scope, not session: a session-scoped endpoint would keep its variables in os.environ while

@@ -72,17 +72,26 @@ class LocalS3:
 
 
 @contextmanager
-def local_s3_env() -> Iterator[LocalS3]:
-    """Run a local S3 endpoint and point this process's AWS variables at it for the duration."""
-    server = LocalS3().start()
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """Set ``env`` in ``os.environ`` for the duration, then restore what was there."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        yield server
+        yield
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextmanager
+def local_s3_env() -> Iterator[LocalS3]:
+    """Run a local S3 endpoint and point this process's AWS variables at it for the duration."""
+    server = LocalS3().start()
+    try:
+        with environment(server.env):
+            yield server
+    finally:
         server.stop()

@@ -109,24 +109,11 @@ def _log_model(model: torch.nn.Module, example: np.ndarray):
     )
     # Pinning requirements skips MLflow's slow inference of them; "+cpu" is not on PyPI.
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"]
+    kwargs = {"name": "model", "signature": signature, "input_example": example, "pip_requirements": requirements}
     try:
-        return mlflow.pytorch.log_model(
-            model,
-            name="model",
-            signature=signature,
-            input_example=example,
-            serialization_format="pt2",
-            pip_requirements=requirements,
-        )
+        return mlflow.pytorch.log_model(model, serialization_format="pt2", **kwargs)
     except Exception:  # noqa: BLE001 - a model torch.export cannot trace is still logged, pickled
-        return mlflow.pytorch.log_model(
-            model,
-            name="model",
-            signature=signature,
-            input_example=example,
-            serialization_format="pickle",
-            pip_requirements=requirements,
-        )
+        return mlflow.pytorch.log_model(model, serialization_format="pickle", **kwargs)
 
 
 def _experiment(client, name: str, uri: str) -> str:
