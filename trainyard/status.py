@@ -44,7 +44,7 @@ def primary_status(stop_reason: str) -> tuple[str, str]:
     """(primary, final secondary) for a training stop reason."""
     if stop_reason == "MaxRuntimeExceeded":
         return "Stopped", "MaxRuntimeExceeded"
-    if stop_reason in ("Stopped", "CarbonBudgetExceeded"):
+    if stop_reason in ("Stopped", "CarbonBudgetExceeded", "Left"):  # Left: every group was told to go
         return "Stopped", "Stopped"
     return "Completed", "Completed"
 
