@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
 from prefect.runtime import flow_run
 
 from tasks.carbon import account
@@ -43,7 +44,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
     logger = get_run_logger()
     job_id = job_id or new_job_id(job.name)
     job_dir = make_job_dir(job_id)
-    log = status.StatusLog()
+    log = status.StatusLog(on_transition=lambda t: _emit_status(job_id, t))
     log.enter("Starting", "Job spec validated; preparing the job")
     for setting in ignored_settings(job):
         logger.warning("ignored: %s", setting)
@@ -101,6 +102,15 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
     if error is not None:
         raise JobFailed(f"job {job_id} failed: {error}") from error
     return summary
+
+
+def _emit_status(job_id: str, transition: dict) -> None:
+    """Each secondary status transition as a Prefect event (automations and the UI's event feed see it)."""
+    emit_event(
+        event=f"trainyard.job.{transition['status'].lower()}",
+        resource={"prefect.resource.id": f"trainyard.job.{job_id}", "prefect.resource.name": job_id},
+        payload=transition,
+    )
 
 
 def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -> dict:

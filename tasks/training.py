@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
 
 from tasks._metering import stage_meter
 from trainyard import progress
@@ -25,7 +28,17 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan) -> dict:
             done[0] = epochs
             logger.info("epoch %d: %s", epochs, {k: round(v, 5) for k, v in (metrics or {}).items()})
 
-        record["outcome"] = supervisor.train(handle, plan, job, on_progress)
+        def on_event(kind: str, payload: dict) -> None:
+            # One Prefect event per failure, restart, recovery and departure of a replica group.
+            resource = {
+                "prefect.resource.id": f"trainyard.job.{plan.job_id}.replica.{payload['replica']}",
+                "prefect.resource.name": f"{plan.job_id} replica group {payload['replica']}",
+            }
+            emit_event(event=f"trainyard.{kind}", resource=resource, payload=payload)
+            level = logging.WARNING if kind == "replica.failed" else logging.INFO
+            logger.log(level, "%s: %s", kind, payload)
+
+        record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
     outcome = record["outcome"]
     logger.info(
         "training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps, len(outcome.failures)

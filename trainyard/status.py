@@ -7,6 +7,7 @@ times and a message. ``summary`` assembles the job record whose keys are a publi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 
@@ -17,10 +18,11 @@ def _now() -> str:
 class StatusLog:
     """Secondary status transitions, each open until the next begins."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_transition: Callable[[dict], None] | None = None) -> None:
         self.transitions: list[dict] = []
         self.status = "InProgress"
         self.failure_reason: str | None = None
+        self._on_transition = on_transition
 
     def enter(self, status: str, message: str) -> None:
         """Begin a secondary status (closing the current one)."""
@@ -31,6 +33,8 @@ class StatusLog:
                 return
             self.transitions[-1]["end_time"] = now
         self.transitions.append({"status": status, "start_time": now, "end_time": None, "message": message})
+        if self._on_transition is not None:
+            self._on_transition(self.transitions[-1])
 
     def finish(self, status: str, secondary: str, message: str, failure_reason: str | None = None) -> None:
         """End the job: primary ``status`` (Completed / Failed / Stopped) and its final secondary status."""

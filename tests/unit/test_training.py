@@ -55,11 +55,12 @@ def make_job(trainyard_home, **changes):
     return job, job_id, folder, plan
 
 
-def run(job, job_id, folder, plan):
+def run(job, job_id, folder, plan, events=None):
     handle = launch.launch(job_id, folder, job.resources)
     plan.lighthouse_addr = handle.lighthouse_addr
+    on_event = (lambda kind, payload: events.append((kind, payload["replica"]))) if events is not None else None
     try:
-        return supervisor.train(handle, plan, job), handle
+        return supervisor.train(handle, plan, job, on_event=on_event), handle
     finally:
         launch.shutdown(handle)
 
@@ -112,7 +113,9 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
         hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01},
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
     )
-    outcome, handle = run(job, job_id, folder, plan)
+    events = []
+    outcome, handle = run(job, job_id, folder, plan, events)
+    assert events == [("replica.failed", 1), ("replica.restarted", 1), ("replica.recovered", 1)]
     assert outcome.stop_reason == "Completed"
     assert len(outcome.failures) == 1 and outcome.failures[0]["replica"] == 1
     assert outcome.failures[0]["exit_code"] == -9

@@ -69,11 +69,14 @@ def train(
     plan: TrainingPlan,
     job: TrainingJob,
     on_progress: Callable[[int, dict | None], None] | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
 ) -> TrainingOutcome:
     """Release the launched groups and supervise them until they finish; raise ``TrainingError`` if none does.
 
-    ``on_progress(epochs_done, last_epoch_metrics)`` is called as epochs complete.
+    ``on_progress(epochs_done, last_epoch_metrics)`` is called as epochs complete; ``on_event(kind,
+    payload)`` for each ``replica.failed``, ``replica.restarted``, ``replica.recovered`` and ``replica.left``.
     """
+    emit = on_event or (lambda kind, payload: None)
     job_dir = Path(handle.job_dir)
     preflight(job, plan)
     plan.write(job_dir)
@@ -102,6 +105,7 @@ def train(
             if proc.pid in silenced:
                 failure["message"] = f"silent for {silenced[proc.pid]:.1f} s (hung): killed and restarted"
             failures.append(failure)
+            emit("replica.failed", failure)
             if failure["user_error"]:
                 launch.shutdown(handle)
                 raise TrainingError(f"replica group {replica}: {failure['message']}")
@@ -120,6 +124,7 @@ def train(
                 time.sleep(RETRY_BACKOFF_SECONDS * 2**proc.attempt)
                 restarted = launch.start_replica(handle, replica, proc.attempt + 1)
                 handle.replicas.append(restarted)
+                emit("replica.restarted", {"replica": replica, "attempt": restarted.attempt, "pid": restarted.pid})
                 live[replica] = restarted
         for replica, proc in live.items():
             silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
@@ -139,7 +144,12 @@ def train(
     if not finished:
         last = failures[-1]["message"] if failures else "no group reported a result"
         raise TrainingError(f"every replica group failed after {job.retries.max_attempts} attempt(s): {last}")
-    return _collect(job_dir, handle, finished, failures)
+    outcome = _collect(job_dir, handle, finished, failures)
+    for recovery in outcome.recoveries:
+        emit("replica.recovered", recovery)
+    for departure in outcome.departures:
+        emit("replica.left", departure)
+    return outcome
 
 
 def _collect(
