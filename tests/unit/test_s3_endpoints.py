@@ -17,7 +17,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
 from tests import s3_endpoints
-from tests.s3_endpoints import CAPABILITIES, FaultProxy, S3Endpoint, environment, probe_capabilities, s3_client
+from tests.fault_proxy import FaultProxy
+from tests.s3_endpoints import CAPABILITIES, S3Endpoint, environment, probe_capabilities, s3_client
 
 # The shared fixtures, bound by assignment so pytest finds them here (an import would trip F811).
 s3_endpoint = s3_endpoints.s3_endpoint
