@@ -311,7 +311,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
         # To a real file: parts land at their offsets as they come. (A non-seekable writer that got
-        # them in order, to digest on the way, deadlocks s3transfer 0.16 past 10 parts.)
+        # them in order, to digest on the way, deadlocks s3transfer 0.19 past 10 parts.)
         client.download_file(obj.bucket, obj.key, str(tmp), Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
     except (ClientError, BotoCoreError, S3TransferFailedError) as exc:
         cause = exc.__cause__ if isinstance(exc, S3TransferFailedError) and exc.__cause__ else exc
