@@ -30,10 +30,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -44,7 +40,8 @@ import pytest
 
 from tests.fault_proxy import FaultProxy
 from trainyard.errors import StorageError
-from trainyard.local_s3 import LocalS3, environment, free_port
+from trainyard.local_s3 import LocalS3, environment
+from trainyard.servers import free_port, stop_process, wait_until_answering
 
 # The pair ``rclone serve s3 --auth-key`` accepts; not secrets, they never leave 127.0.0.1.
 RCLONE_ENV = {
@@ -183,32 +180,16 @@ class RcloneS3:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + timeout_seconds
-        while time.monotonic() < deadline:
-            code = self._proc.poll()
-            if code is not None:
-                tail = log.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise StorageError(f"rclone serve s3 exited at start (code {code}): {tail.strip()}")
-            try:
-                urllib.request.urlopen(f"{self.endpoint_url}/", timeout=1).close()
-                return self
-            except urllib.error.HTTPError:
-                return self  # an unsigned request is refused, but the server is answering
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise StorageError(f"rclone serve s3 did not answer on {self.endpoint_url} within {timeout_seconds} s")
+        problem = wait_until_answering(f"{self.endpoint_url}/", self._proc, timeout_seconds)
+        if problem:
+            tail = log.read_text(errors="replace")[-2000:].strip()
+            self.stop()
+            raise StorageError(f"rclone serve s3 {problem}: {tail}")
+        return self
 
     def stop(self) -> None:
         """Stop the server and delete its directory."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_process(self._proc)
         self._proc = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)

@@ -12,12 +12,11 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainyard.errors import TrainingError
-from trainyard.local_s3 import free_port
+from trainyard.servers import free_port, stop_process, wait_until_answering
 from trainyard.spec import Resources
 from trainyard.training.plan import attempt_dir
 from trainyard.training.replica import THREADS_ENV
@@ -82,7 +81,10 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
     log.close()
     _PROCESSES[lighthouse.pid] = lighthouse
     addr = f"http://127.0.0.1:{port}"
-    _wait_for_port(addr, lighthouse)
+    problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0)
+    if problem:
+        stop_process(lighthouse)
+        raise TrainingError(f"the torchft lighthouse {problem}")
     handle = LaunchHandle(
         job_id=job_id,
         job_dir=str(job_dir),
@@ -154,18 +156,3 @@ def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _wait_for_port(addr: str, proc: subprocess.Popen, timeout_seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise TrainingError(f"the torchft lighthouse exited at start (code {proc.returncode})")
-        try:
-            urllib.request.urlopen(addr, timeout=1).close()
-            return
-        except urllib.error.HTTPError:
-            return  # it answered
-        except OSError:
-            time.sleep(0.05)
-    raise TrainingError(f"the torchft lighthouse did not answer on {addr} within {timeout_seconds} s")

@@ -7,15 +7,13 @@ speaking the S3 API over real HTTP, so the code under test is the same boto3 pat
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from trainyard.errors import StorageError
+from trainyard.servers import free_port, stop_process, wait_until_answering
 
 # The credentials moto accepts; they are not secrets and never leave this machine.
 LOCAL_ENV = {
@@ -23,13 +21,6 @@ LOCAL_ENV = {
     "AWS_SECRET_ACCESS_KEY": "trainyard-local-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalS3:
@@ -48,26 +39,15 @@ class LocalS3:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + timeout_seconds
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise StorageError(f"the local S3 endpoint exited at start (code {self._proc.returncode})")
-            try:
-                urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise StorageError(f"the local S3 endpoint did not answer on {self.endpoint_url} within {timeout_seconds} s")
+        problem = wait_until_answering(f"{self.endpoint_url}/moto-api/", self._proc, timeout_seconds)
+        if problem:
+            self.stop()
+            raise StorageError(f"the local S3 endpoint {problem}")
+        return self
 
     def stop(self) -> None:
         """Stop the server (its data is in memory and goes with it)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
+        stop_process(self._proc)
         self._proc = None
 
 

@@ -15,7 +15,7 @@ import mlflow
 import pytest
 
 from tests.conftest import job_dict, upload_dataset
-from trainyard.local_s3 import free_port
+from trainyard.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))

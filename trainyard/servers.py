@@ -1,0 +1,46 @@
+"""Helper processes Trainyard starts on 127.0.0.1 (the local S3 endpoint, the torchft lighthouse):
+a free port, waiting until one answers HTTP, and stopping it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_answering(url: str, proc: subprocess.Popen, timeout_seconds: float) -> str | None:
+    """Poll ``url`` until the server behind it answers (any HTTP status counts); ``None`` when it does,
+    else what went wrong: the process exited, or it did not answer in time."""
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited at start (code {proc.returncode})"
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return None
+        except urllib.error.HTTPError:
+            return None  # refused (an unsigned request, an unknown path), but answering
+        except OSError:
+            time.sleep(0.05)
+    return f"did not answer on {url} within {timeout_seconds} s"
+
+
+def stop_process(proc: subprocess.Popen | None, timeout_seconds: float = 10.0) -> None:
+    """Terminate a process, and kill it if it has not gone within ``timeout_seconds``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
