@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import threading
 import zlib
 
 from awscrt import checksums as crt
@@ -129,3 +131,83 @@ class _Composite:
 
 def _is_md5_etag(etag: str) -> bool:
     return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+
+
+class FollowingDigest:
+    """A seekable file for the transfer manager to write parts into, at their offsets, in any order,
+    while a thread digests the bytes in order as soon as a contiguous prefix of them has landed.
+
+    This overlaps the digest with the download instead of reading the whole file again after it.
+    (A non-seekable writer that took the parts in order would be simpler, but s3transfer 0.19 holds
+    at most 10 parts in memory for one and deadlocks past that.) A byte range written twice (a part
+    the transfer manager retried) may have been digested in its first form: ``rewritten`` says so,
+    and the caller then digests the finished file in one pass instead.
+    """
+
+    CHUNK = 4 << 20
+
+    def __init__(self, path, update):
+        self._file = open(path, "wb", buffering=0)  # unbuffered: the follower reads what was written  # noqa: SIM115 (closed by close())
+        self._reader = os.open(path, os.O_RDONLY)
+        self._update = update
+        self._pos = self._prefix = self._digested = 0
+        self._extents: dict[int, int] = {}  # start -> end of written ranges past the prefix
+        self._done = False
+        self._error: BaseException | None = None
+        self.rewritten = False
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._follow, name="trainyard-digest", daemon=True)
+        self._thread.start()
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = self._file.seek(offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data) -> int:
+        start, view = self._pos, memoryview(data)
+        while view:
+            view = view[self._file.write(view) :]
+        end = self._pos = start + len(data)
+        with self._cv:
+            if start < self._prefix or any(s < end and start < e for s, e in self._extents.items()):
+                self.rewritten = True
+            self._extents[start] = max(end, self._extents.get(start, end))
+            while self._prefix in self._extents:
+                self._prefix = self._extents.pop(self._prefix)
+            self._cv.notify()
+        return len(data)
+
+    def _follow(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while self._digested >= self._prefix and not self._done:
+                        self._cv.wait()
+                    upto = self._prefix
+                    if self._digested >= upto:
+                        return
+                while self._digested < upto:
+                    chunk = os.pread(self._reader, min(self.CHUNK, upto - self._digested), self._digested)
+                    if not chunk:
+                        raise OSError(f"{self._file.name}: shorter than the bytes written to it")
+                    self._update(chunk)
+                    self._digested += len(chunk)
+        except BaseException as exc:  # handed to close(), in the caller's thread
+            self._error = exc
+
+    def close(self) -> None:
+        """Wait for the digest to catch up with everything written, then close the file."""
+        with self._cv:
+            self._done = True
+            self._cv.notify()
+        self._thread.join()
+        self._file.close()
+        os.close(self._reader)
+        if self._error is not None:
+            raise self._error

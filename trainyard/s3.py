@@ -8,6 +8,7 @@ profile, credentials from the usual chain. ``s3://`` URIs stay strings; they nev
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,9 +66,22 @@ class S3Uri:
         return f"s3://{self.bucket}/{self.key}"
 
 
+_clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
+
+
 def client():
-    """A boto3 S3 client from the standard AWS configuration (env, profile, endpoint variables)."""
-    return boto3.session.Session().client("s3", config=_client_config())
+    """A boto3 S3 client from the standard AWS configuration (env, profile, endpoint variables).
+
+    One client per process and configuration: building one loads botocore's service model (~50 ms)
+    and a client is safe to share between threads. The AWS variables are the key, so a change of
+    endpoint, profile or credentials in the environment gets a new client.
+    """
+    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = boto3.session.Session().client("s3", config=_client_config())
+        return _clients[key]
 
 
 def describe_error(exc: Exception, uri: str) -> StorageError:

@@ -302,24 +302,28 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
 
 
 def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> integrity.Digester:
-    """The transfer manager's ranged, concurrent download, then digested from the file; the checksum
-    (and, for a composite one, the part sizes it needs) come from a HEAD first."""
+    """The transfer manager's ranged, concurrent download, digested while the parts land; the
+    checksum (and, for a composite one, the part sizes it needs) come from a HEAD first."""
     try:
         head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED")
         if head["ETag"].strip('"') != obj.etag:
             raise StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", True)
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
-        # To a real file: parts land at their offsets as they come. (A non-seekable writer that got
-        # them in order, to digest on the way, deadlocks s3transfer 0.19 past 10 parts.)
-        client.download_file(obj.bucket, obj.key, str(tmp), Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
+        digester = integrity.Digester(obj.etag, checksum, parts)
+        target = integrity.FollowingDigest(tmp, digester.update)
+        try:
+            client.download_fileobj(obj.bucket, obj.key, target, Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
+        finally:
+            target.close()
     except (ClientError, BotoCoreError, S3TransferFailedError) as exc:
         cause = exc.__cause__ if isinstance(exc, S3TransferFailedError) and exc.__cause__ else exc
         raise s3.describe_error(cause, obj.uri) from exc
-    digester = integrity.Digester(obj.etag, checksum, parts)
-    with tmp.open("rb") as f:
-        for chunk in iter(lambda: f.read(4 << 20), b""):
-            digester.update(chunk)
+    if target.rewritten:  # a retried part: what was digested on the way may not be what is on disk
+        digester = integrity.Digester(obj.etag, checksum, parts)
+        with tmp.open("rb") as f:
+            for chunk in iter(lambda: f.read(4 << 20), b""):
+                digester.update(chunk)
     return digester
 
 
