@@ -345,7 +345,7 @@ def child_stream(mode: str, uri: str) -> None:
             staged.train_layout,
             streamed=True,
         )
-        x, _ = StreamSampler(job, plan, 0, 1, home / "stream-cache").batch(0, 0)
+        x, _ = StreamSampler(job, plan, home / "stream-cache").slot_batch(0, 0, 1, 0)
         result = {
             "listed_s": staged_s,
             "described_s": described_s,

@@ -136,6 +136,8 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
             "failure_details": outcome.failures if outcome else [],
             "recoveries": outcome.recoveries if outcome else [],
             "departures": outcome.departures if outcome else [],
+            "joins": outcome.joins if outcome else [],
+            "scaling": outcome.scaling if outcome else [],
         },
         "carbon": carbon.rollup(energy, job.carbon),
         "training": {

@@ -29,11 +29,15 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan) -> dict:
             logger.info("epoch %d: %s", epochs, {k: round(v, 5) for k, v in (metrics or {}).items()})
 
         def on_event(kind: str, payload: dict) -> None:
-            # One Prefect event per failure, restart, recovery and departure of a replica group.
-            resource = {
-                "prefect.resource.id": f"trainyard.job.{plan.job_id}.replica.{payload['replica']}",
-                "prefect.resource.name": f"{plan.job_id} replica group {payload['replica']}",
-            }
+            # One Prefect event per failure, restart, recovery, arrival and departure of a replica
+            # group (its resource), and per change of size (the job's).
+            if "replica" in payload:
+                resource = {
+                    "prefect.resource.id": f"trainyard.job.{plan.job_id}.replica.{payload['replica']}",
+                    "prefect.resource.name": f"{plan.job_id} replica group {payload['replica']}",
+                }
+            else:
+                resource = {"prefect.resource.id": f"trainyard.job.{plan.job_id}", "prefect.resource.name": plan.job_id}
             emit_event(event=f"trainyard.{kind}", resource=resource, payload=payload)
             level = logging.WARNING if kind == "replica.failed" else logging.INFO
             logger.log(level, "%s: %s", kind, payload)

@@ -75,6 +75,26 @@ def demo(
     raise typer.Exit(code)
 
 
+@app.command()
+def scale(
+    job_id: Annotated[str, typer.Argument(help="The job's id (its folder under TRAINYARD_HOME/jobs).")],
+    replicas: Annotated[int, typer.Argument(help="Replica groups to run: min_replicas..max_replicas.")],
+) -> None:
+    """Grow or shrink a running job without stopping it.
+
+    New groups heal from a live group and join the next step; removed groups (the newest first) leave
+    at their next step boundary, as on a spot interruption notice. The next epoch's data is dealt to
+    the groups then running.
+    """
+    from trainyard.training import scaling
+
+    try:
+        console.print(scaling.request(job_id, replicas))
+    except TrainyardError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
 def _load(spec: Path, overrides: list[str] | None) -> TrainingJob:
     try:
         return load_job(spec, overrides or [])

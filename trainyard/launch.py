@@ -139,6 +139,13 @@ def kill(pid: int) -> None:
         proc.kill()
 
 
+def terminate(pid: int) -> None:
+    """SIGTERM a process this module started: a replica group leaves at its next step boundary."""
+    proc = _PROCESSES.get(pid)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+
+
 def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
     """Stop every replica group still running, then the lighthouse."""
     pids = [r.pid for r in handle.replicas] + [handle.lighthouse_pid]

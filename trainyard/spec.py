@@ -161,7 +161,7 @@ class Resources(_Model):
 
     replicas: int = Field(default=1, ge=1, le=64, description="Replica groups to start with.")
     min_replicas: int = Field(default=1, ge=1, description="Fewest live groups the job trains with.")
-    max_replicas: int | None = Field(default=None, description="Most groups the job may grow to (default: replicas).")
+    max_replicas: int | None = Field(default=None, description="Most groups the job may grow to with `trainyard scale` (default: replicas).")
     work_pool: str = Field(
         default="local", description="Work pool of the groups; 'local' runs them as local processes."
     )
@@ -350,8 +350,6 @@ def ignored_settings(job: TrainingJob) -> list[str]:
         ignored.append("sifting.enabled: online sifting is not available in this version; every sample is trained on")
     if job.carbon.budget_kg is not None:
         ignored.append("carbon.budget_kg: the budget is reported, not enforced, in this version")
-    if job.resources.max_replicas != job.resources.replicas:
-        ignored.append("resources.max_replicas: groups are not added mid-job in this version")
     return ignored
 
 

@@ -15,7 +15,7 @@ from trainyard import staging, streaming
 from trainyard.errors import DataError
 from trainyard.spec import Channel, parse_job
 from trainyard.training.plan import TrainingPlan
-from trainyard.training.sampling import StreamSampler
+from trainyard.training.sampling import StreamSampler, step_batch
 
 s3_endpoint = s3_endpoints.s3_endpoint
 
@@ -74,15 +74,22 @@ def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):
         staged.train_layout,
         streamed=True,
     )
+    sampler = StreamSampler(job, plan, tmp_path / "cache")
+    assert sampler.steps_per_epoch(2) == 10  # 200 rows a slot, 20 a step
     seen = {0: [], 1: []}
-    samplers = {g: StreamSampler(job, plan, g, 2, tmp_path / "cache") for g in (0, 1)}
-    assert samplers[0].steps_per_epoch == samplers[1].steps_per_epoch == 10  # 200 rows a group, 20 a step
-    for group, sampler in samplers.items():
-        for index in range(sampler.steps_per_epoch):
-            x, _ = sampler.batch(0, index)
-            seen[group] += x[:, 0].int().tolist()
+    for slot in seen:
+        for index in range(sampler.steps_per_epoch(2)):
+            x, _ = sampler.slot_batch(0, index, 2, slot)
+            seen[slot] += x[:, 0].int().tolist()
     assert sorted(seen[0] + seen[1]) == list(range(400))  # disjoint, and together everything
-    assert samplers[0].batch(0, 3)[0].tolist() == samplers[0].batch(0, 3)[0].tolist()  # a function of the step
+    again = StreamSampler(job, plan, tmp_path / "cache")  # another group: the same answer for the same step
+    assert again.slot_batch(0, 3, 2, 0)[0].tolist() == sampler.slot_batch(0, 3, 2, 0)[0].tolist()
+    # three groups in the quorum of an epoch dealt to two: the same rows, split three ways
+    rows = [step_batch(sampler, 0, 3, 2, rank, 3) for rank in range(3)]
+    assert {total for *_, total in rows} == {40}
+    assert sorted(sum((x[:, 0].int().tolist() for x, *_ in rows), [])) == sorted(
+        sampler.slot_batch(0, 3, 2, 0)[0][:, 0].int().tolist() + sampler.slot_batch(0, 3, 2, 1)[0][:, 0].int().tolist()
+    )
 
 
 def test_stream_needs_parquet(s3_endpoint, tmp_path):

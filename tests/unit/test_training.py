@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -58,7 +60,7 @@ def make_job(trainyard_home, **changes):
 def run(job, job_id, folder, plan, events=None):
     handle = launch.launch(job_id, folder, job.resources)
     plan.lighthouse_addr = handle.lighthouse_addr
-    on_event = (lambda kind, payload: events.append((kind, payload["replica"]))) if events is not None else None
+    on_event = (lambda kind, payload: events.append((kind, payload.get("replica")))) if events is not None else None
     try:
         return supervisor.train(handle, plan, job, on_event=on_event), handle
     finally:
@@ -275,3 +277,76 @@ def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch)
     states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 1), (1, 0))]
     for key in states[0]:
         torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
+
+
+def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home):
+    import threading
+    import time
+
+    from trainyard.training import scaling
+    from trainyard.training.plan import attempt_dir
+
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 150, "batch_size": 64, "learning_rate": 0.01},
+        resources={"replicas": 2, "max_replicas": 3},
+    )
+    asked = []
+
+    def wait_for(path, step):
+        while True:
+            try:
+                if json.loads(path.read_text())["step"] >= step:
+                    return
+            except (FileNotFoundError, ValueError):
+                pass
+            time.sleep(0.05)
+
+    def operator():  # what `trainyard scale JOB_ID N` does, from another process
+        wait_for(attempt_dir(folder, 0, 0) / "heartbeat.json", 20)
+        asked.append(scaling.request(job_id, 3))
+        wait_for(attempt_dir(folder, 2, 0) / "progress.json", 0)  # the new group committed a step
+        time.sleep(1.0)
+        asked.append(scaling.request(job_id, 2))
+
+    thread = threading.Thread(target=operator, daemon=True)
+    thread.start()
+    events = []
+    outcome, handle = run(job, job_id, folder, plan, events)
+    thread.join(timeout=5)
+    assert len(asked) == 2 and "asked for 3" in asked[0]
+    assert outcome.stop_reason == "Completed" and outcome.failures == []
+    assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0), (2, 0)]  # nobody restarted
+    assert [(c["from"], c["to"]) for c in outcome.scaling] == [(2, 3), (3, 2)]
+    assert ("replica.added", 2) in events and ("replica.removed", 2) in events
+    (join,) = outcome.joins
+    assert join["replica"] == 2 and join["source"] == "peer" and join["joined_at_step"] > 20
+    assert join["bytes_moved"] > 0
+    (departure,) = outcome.departures
+    assert departure["replica"] == 2 and departure["left_at_step"] > join["joined_at_step"]
+    assert outcome.replicas_finished == [0, 1, 2] and outcome.steps == 150 * 10
+    # every committed step trained its whole global batch once, whoever was in the quorum
+    assert outcome.samples_trained == 150 * 600
+    states = [torch.load(folder / f"replicas/{r}/attempt-0/model.pt", weights_only=True) for r in (0, 1)]
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
+
+
+def test_scale_requests_are_checked(trainyard_home):
+    import os
+
+    from trainyard.home import write_json_atomic
+    from trainyard.training import scaling
+
+    job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 2, "max_replicas": 4})
+    with pytest.raises(TrainingError, match="no job 'nope'"):
+        scaling.request("nope", 2)
+    with pytest.raises(TrainingError, match="is not training now"):
+        scaling.request(job_id, 3)
+    plan.write(folder)
+    write_json_atomic(folder / "supervisor.json", {"pid": os.getpid()})
+    with pytest.raises(TrainingError, match=r"replicas: 5 is outside the job's range 1\.\.4"):
+        scaling.request(job_id, 5)
+    assert "asked for 4" in scaling.request(job_id, 4)
+    assert json.loads((folder / "scale.json").read_text()) == {"replicas": 4}

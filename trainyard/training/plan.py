@@ -1,9 +1,10 @@
 """The files through which the train stage and its replica groups talk, in the job's folder.
 
 ``plan.json`` (written by the train stage) is the go signal: replica processes started by the
-launch stage wait for it. ``stop.json`` asks every group to stop at its next step. Each group
-attempt writes ``replicas/<r>/attempt-<a>/progress.json`` after every epoch and ``result.json``
-plus ``model.pt`` when it finishes. Every write is atomic (temporary name, then rename).
+launch stage wait for it. ``stop.json`` asks every group to stop at its next step; ``scale.json``
+asks the train stage for another number of groups, and ``supervisor.json`` says which process runs
+the train stage. Each group attempt writes ``replicas/<r>/attempt-<a>/progress.json`` after every
+epoch and ``result.json`` plus ``model.pt`` when it finishes. Every write is atomic (temporary name, then rename).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from trainyard.home import write_json_atomic
 PLAN_FILE = "plan.json"
 CHANNEL_ENV_PREFIX = "TRAINYARD_CHANNEL_"
 STOP_FILE = "stop.json"
+SCALE_FILE = "scale.json"
+SUPERVISOR_FILE = "supervisor.json"
 
 
 @dataclass(slots=True)
@@ -64,3 +67,17 @@ def stop_requested(job_dir: Path) -> dict | None:
     """The stop request, if one was made."""
     path = job_dir / STOP_FILE
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def request_scale(job_dir: Path, replicas: int) -> None:
+    """Ask the train stage to run ``replicas`` groups: it starts new ones, or asks some to leave."""
+    write_json_atomic(job_dir / SCALE_FILE, {"replicas": replicas})
+
+
+def scale_requested(job_dir: Path) -> int | None:
+    """The number of groups last asked for, if any."""
+    path = job_dir / SCALE_FILE
+    try:
+        return int(json.loads(path.read_text())["replicas"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return None

@@ -1,8 +1,15 @@
-"""Which training rows a replica group uses at each step.
+"""Which training rows each replica group trains on at each step, as groups come and go.
 
-Both samplers answer ``batch(epoch, index)`` from the step alone, so a group that heals from a peer
-(and jumps to the peer's step) picks up exactly where the others are, and every group agrees on
-``steps_per_epoch`` without talking to the others.
+An epoch is dealt out to the groups that were in the quorum at its first step: ``groups`` slots,
+each with its own rows for the epoch (a slice of a shared permutation for ``replicated``, the
+slot's disjoint share for ``sharded``). Each step's global batch is the slots' batches at that step.
+The groups in the step's quorum split the global batch between them, so a group that leaves or
+joins mid-epoch loses or doubles no sample: while the quorum has as many groups as the epoch has
+slots, group ``rank`` takes slot ``rank`` (its own share: data locality); otherwise the global batch
+is split into near-equal contiguous parts, one per group. The next epoch is dealt to the new quorum.
+
+Every answer is a function of (epoch, step in the epoch, slots, rank, groups in the quorum), so a
+group that heals from a peer picks up exactly where the others are, without talking to them.
 """
 
 from __future__ import annotations
@@ -23,74 +30,138 @@ from trainyard.training.plan import TrainingPlan
 _SEED_STRIDE = 1_000_003
 
 
+def step_batch(sampler, epoch: int, index: int, slots: int, rank: int, members: int) -> tuple:
+    """``(x, y, global_count)``: this group's rows of the step's global batch, and its size.
+
+    ``slots`` groups were dealt the epoch; ``members`` groups are in this step's quorum and this
+    group is number ``rank`` among them.
+    """
+    sizes = sampler.slot_sizes(index, slots)
+    if members == slots:
+        x, y = sampler.slot_batch(epoch, index, slots, rank)
+        return x, y, sum(sizes)
+    total = sum(sizes)
+    bounds = np.linspace(0, total, members + 1).astype(int)
+    lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+    xs, ys, start = [], [], 0
+    for slot, size in enumerate(sizes):
+        a, b = max(lo, start), min(hi, start + size)
+        if a < b:
+            x, y = sampler.slot_batch(epoch, index, slots, slot)
+            xs.append(x[a - start : b - start])
+            ys.append(y[a - start : b - start])
+        start += size
+    if not xs:  # more groups than rows in this step: an empty batch (its gradient counts as zero)
+        x, y = sampler.slot_batch(epoch, index, slots, 0)
+        return x[:0], y[:0], total
+    return torch.cat(xs), torch.cat(ys), total
+
+
 class Sampler:
     """Rows of an in-memory training set.
 
-    replicated: each epoch, one permutation of all rows (the same in every group) dealt out to the
-    groups in turn. sharded: each group permutes only its own share (``sharding``); smaller shares
-    wrap around so that every group takes the same number of steps.
+    replicated: each epoch, one permutation of all rows (the same in every group); a step's global
+    batch is the next ``batch_size`` rows of it, cut into one contiguous part per slot. sharded:
+    each slot permutes only its own share (``sharding``) and takes ``batch_size / slots`` rows a
+    step; smaller shares wrap around so that every slot takes the same number of steps.
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, job: TrainingJob, layout: list[dict], group: int, groups: int):
+    def __init__(self, x: np.ndarray, y: np.ndarray, job: TrainingJob, layout: list[dict]):
         self.x, self.y = torch.as_tensor(x), torch.as_tensor(y)
-        self.seed, self.group, self.groups, self.num_rows = job.hyperparameters.seed, group, groups, len(x)
-        self.batch_size = max(1, math.ceil(job.hyperparameters.batch_size / groups))
-        self.share: np.ndarray | None = None
-        if job.inputs.train.distribution == "sharded":
-            shares = [sharding.share_rows(layout, groups, g) for g in range(groups)]
-            self.share, self.rows_per_group = shares[group], max(len(s) for s in shares)
-            if not len(self.share):
-                raise DataError(f"replica group {group} has no rows of the sharded train channel")
-        else:
-            self.rows_per_group = self.num_rows // groups
-        self.steps_per_epoch = max(1, math.ceil(self.rows_per_group / self.batch_size))
+        self.seed, self.num_rows = job.hyperparameters.seed, len(x)
+        self.batch_size = job.hyperparameters.batch_size
+        self.layout = layout if job.inputs.train.distribution == "sharded" else None
+        self._shares: dict[int, list[np.ndarray]] = {}
+        self._perm: tuple[int, torch.Tensor] | None = None
 
-    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and labels of the batch at ``index`` within ``epoch``."""
-        gen = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + epoch)
-        positions = torch.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.rows_per_group))
-        if self.share is None:
-            rows = torch.randperm(self.num_rows, generator=gen)[self.group :: self.groups][positions]
+    def steps_per_epoch(self, slots: int) -> int:
+        """Steps in an epoch dealt to ``slots`` groups."""
+        if self.layout is None:
+            return max(1, math.ceil(self.num_rows / self.batch_size))
+        return max(1, math.ceil(self._rows_per_slot(slots) / self._slot_batch(slots)))
+
+    def slot_sizes(self, index: int, slots: int) -> list[int]:
+        """Rows of each slot's batch at step ``index`` of the epoch."""
+        if self.layout is None:
+            count = min(self.batch_size, self.num_rows - index * self.batch_size)
+            return [len(part) for part in np.array_split(np.arange(max(count, 0)), slots)]
+        b = self._slot_batch(slots)
+        return [max(0, min(b, self._rows_per_slot(slots) - index * b))] * slots
+
+    def slot_batch(self, epoch: int, index: int, slots: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of slot ``slot``'s batch at step ``index`` of ``epoch``."""
+        if self.layout is None:
+            rows = self._permutation(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
+            rows = torch.tensor_split(rows, slots)[slot]
         else:
-            gen.manual_seed(self.seed * _SEED_STRIDE + epoch * 1009 + self.group)
-            order = torch.from_numpy(self.share)[torch.randperm(len(self.share), generator=gen)]
+            share = self._shares_for(slots)[slot]
+            gen = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + epoch * 1009 + slot)
+            order = torch.from_numpy(share)[torch.randperm(len(share), generator=gen)]
+            b = self._slot_batch(slots)
+            positions = torch.arange(index * b, min((index + 1) * b, self._rows_per_slot(slots)))
             rows = order[positions % len(order)]
         return self.x[rows], self.y[rows]
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if self._perm is None or self._perm[0] != epoch:
+            gen = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + epoch)
+            self._perm = (epoch, torch.randperm(self.num_rows, generator=gen))
+        return self._perm[1]
+
+    def _shares_for(self, slots: int) -> list[np.ndarray]:
+        if slots not in self._shares:
+            shares = [sharding.share_rows(self.layout, slots, g) for g in range(slots)]
+            if any(not len(share) for share in shares):
+                raise DataError(f"the sharded train channel has too few rows for {slots} replica groups")
+            self._shares[slots] = shares
+        return self._shares[slots]
+
+    def _rows_per_slot(self, slots: int) -> int:
+        return max(len(share) for share in self._shares_for(slots))
+
+    def _slot_batch(self, slots: int) -> int:
+        return max(1, math.ceil(self.batch_size / slots))
 
 
 class StreamSampler:
     """Rows of a channel streamed from S3 by parquet row group (``mode: stream``).
 
-    The row groups are dealt to the groups (``sharding.assign``); with ``replicated`` the shares
-    rotate each epoch, so over ``groups`` epochs every group sees the whole channel. Within an epoch
-    a group visits its row groups in a shuffled order and each row group's rows shuffled; the next
+    The row groups are dealt to the slots (``sharding.assign``); with ``replicated`` the shares
+    rotate each epoch, so over ``slots`` epochs every slot sees the whole channel. Within an epoch
+    a slot visits its row groups in a shuffled order and each row group's rows shuffled; the next
     row groups are read ahead in a background thread while the current one trains.
     """
 
     READ_AHEAD = 2
     KEEP_IN_MEMORY = 8
 
-    def __init__(self, job: TrainingJob, plan: TrainingPlan, group: int, groups: int, cache_dir: Path):
-        self.seed, self.group, self.groups = job.hyperparameters.seed, group, groups
+    def __init__(self, job: TrainingJob, plan: TrainingPlan, cache_dir: Path):
+        self.seed, self.batch_size = job.hyperparameters.seed, job.hyperparameters.batch_size
         self.rotate = job.inputs.train.distribution == "replicated"
         # One copy per machine: groups on the same node share what any of them read.
         self.source = streaming.RowGroupSource(plan.train_layout, plan.schema, cache_dir)
-        self.shares = sharding.assign(streaming.units(plan.train_layout), groups)
-        if any(not share for share in self.shares):
-            raise DataError(f"the streamed train channel has fewer row groups than the {groups} replica groups")
-        self.batch_size = max(1, math.ceil(job.hyperparameters.batch_size / groups))
-        self.rows_per_group = max(sum(end - start for _, start, end in share) for share in self.shares)
+        self.units = streaming.units(plan.train_layout)
         self.warm_rows = streaming.SAMPLE_ROWS  # row groups starting below this were read by staging
-        self.steps_per_epoch = max(1, math.ceil(self.rows_per_group / self.batch_size))
+        self._shares: dict[int, list[list[tuple[str, int, int]]]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
         self._loaded: dict[str, Future] = {}
         self._shuffled: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
-    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and labels of the batch at ``index`` within ``epoch``."""
-        units, ends = self._order(epoch)
-        positions = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, self.rows_per_group))
+    def steps_per_epoch(self, slots: int) -> int:
+        """Steps in an epoch dealt to ``slots`` groups."""
+        return max(1, math.ceil(self._rows_per_slot(slots) / self._slot_batch(slots)))
+
+    def slot_sizes(self, index: int, slots: int) -> list[int]:
+        """Rows of each slot's batch at step ``index`` of the epoch."""
+        b = self._slot_batch(slots)
+        return [max(0, min(b, self._rows_per_slot(slots) - index * b))] * slots
+
+    def slot_batch(self, epoch: int, index: int, slots: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of slot ``slot``'s batch at step ``index`` of ``epoch``."""
+        units, ends = self._order(epoch, slots, slot)
+        b = self._slot_batch(slots)
+        positions = np.arange(index * b, min((index + 1) * b, self._rows_per_slot(slots)))
         positions %= ends[-1]  # a smaller share wraps around
         which = np.searchsorted(ends, positions, side="right")
         xs, ys = [], []
@@ -99,13 +170,32 @@ class StreamSampler:
             offsets = positions[which == k] - (ends[k - 1] if k else 0)
             xs.append(x[offsets])
             ys.append(y[offsets])
-        for ahead in range(int(which.max()) + 1, min(int(which.max()) + 1 + self.READ_AHEAD, len(units))):
+        last = int(which.max()) if len(which) else 0
+        for ahead in range(last + 1, min(last + 1 + self.READ_AHEAD, len(units))):
             self._future(units[ahead][0])
+        if not xs:
+            x, y = self._rows(epoch, units[0])
+            return torch.from_numpy(x[:0]), torch.from_numpy(y[:0])
         return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
-    def _order(self, epoch: int) -> tuple[list[tuple[str, int, int]], np.ndarray]:
-        share = self.shares[(self.group + epoch) % self.groups if self.rotate else self.group]
-        gen = np.random.default_rng(self.seed * _SEED_STRIDE + epoch * 1009 + self.group)
+    def _shares_for(self, slots: int) -> list[list[tuple[str, int, int]]]:
+        if slots not in self._shares:
+            shares = sharding.assign(self.units, slots)
+            if any(not share for share in shares):
+                raise DataError(f"the streamed train channel has fewer row groups than the {slots} replica groups")
+            self._shares[slots] = shares
+        return self._shares[slots]
+
+    def _rows_per_slot(self, slots: int) -> int:
+        return max(sum(end - start for _, start, end in share) for share in self._shares_for(slots))
+
+    def _slot_batch(self, slots: int) -> int:
+        return max(1, math.ceil(self.batch_size / slots))
+
+    def _order(self, epoch: int, slots: int, slot: int) -> tuple[list[tuple[str, int, int]], np.ndarray]:
+        shares = self._shares_for(slots)
+        share = shares[(slot + epoch) % slots if self.rotate else slot]
+        gen = np.random.default_rng(self.seed * _SEED_STRIDE + epoch * 1009 + slot)
         units = [share[i] for i in gen.permutation(len(share))]
         if epoch == 0:  # begin with the row groups staging already read (its scaling sample): no wait on S3
             units.sort(key=lambda u: u[1] >= self.warm_rows)
@@ -116,7 +206,10 @@ class StreamSampler:
         if key not in self._shuffled:
             x, y = self._future(unit[0]).result()
             order = np.random.default_rng([self.seed, epoch, unit[1]]).permutation(len(x))
-            self._shuffled = {key: (x[order], y[order])}  # batches walk a row group in order: keep one
+            # Batches walk a row group in order; a group covering other slots walks a few at once.
+            while len(self._shuffled) >= 4:
+                self._shuffled.pop(next(iter(self._shuffled)))
+            self._shuffled[key] = (x[order], y[order])
         return self._shuffled[key]
 
     def _future(self, unit_id: str) -> Future:

@@ -15,9 +15,11 @@ import torch
 
 from trainyard import algorithms, launch
 from trainyard.errors import TrainingError
+from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle
 from trainyard.spec import TrainingJob
-from trainyard.training.plan import TrainingPlan, attempt_dir, request_stop, stop_requested
+from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
+from trainyard.training.scaling import Scaler
 from trainyard.training.trainer import PG_TIMEOUT, load_arrays
 
 POLL_SECONDS = 0.1
@@ -44,6 +46,8 @@ class TrainingOutcome:
     failures: list[dict] = field(default_factory=list)
     recoveries: list[dict] = field(default_factory=list)
     departures: list[dict] = field(default_factory=list)
+    joins: list[dict] = field(default_factory=list)
+    scaling: list[dict] = field(default_factory=list)
     replicas_finished: list[int] = field(default_factory=list)
     first_batch_seconds: float | None = None
     steps_per_epoch: int = 0
@@ -74,12 +78,21 @@ def train(
     """Release the launched groups and supervise them until they finish; raise ``TrainingError`` if none does.
 
     ``on_progress(epochs_done, last_epoch_metrics)`` is called as epochs complete; ``on_event(kind,
-    payload)`` for each ``replica.failed``, ``replica.restarted``, ``replica.recovered`` and ``replica.left``.
+    payload)`` for each ``replica.failed``, ``replica.restarted``, ``replica.recovered``, ``replica.left``,
+    ``job.scaled``, ``replica.added`` and ``replica.removed``.
     """
     emit = on_event or (lambda kind, payload: None)
     job_dir = Path(handle.job_dir)
     preflight(job, plan)
     plan.write(job_dir)
+    write_json_atomic(job_dir / SUPERVISOR_FILE, {"pid": os.getpid()})
+    try:
+        return _supervise(handle, plan, job, job_dir, on_progress, emit)
+    finally:
+        (job_dir / SUPERVISOR_FILE).unlink(missing_ok=True)
+
+
+def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_dir: Path, on_progress, emit):
     deadline = time.monotonic() + job.stopping.max_runtime_seconds
     stop_deadline: float | None = None
     live = {r.replica: r for r in handle.replicas}
@@ -91,6 +104,7 @@ def train(
         float(os.environ.get(SILENT_GROUP_SECONDS_ENV) or SILENT_GROUP_SECONDS), PG_TIMEOUT.total_seconds() + 2
     )
     epochs_seen = 0
+    scaler = Scaler(handle, job, emit)
     while live:
         for replica, proc in list(live.items()):
             code = launch.exit_code(proc.pid)
@@ -126,6 +140,8 @@ def train(
                 handle.replicas.append(restarted)
                 emit("replica.restarted", {"replica": replica, "attempt": restarted.attempt, "pid": restarted.pid})
                 live[replica] = restarted
+        if not stop_requested(job_dir) and all(res["stop_reason"] == "Left" for res in finished.values()):
+            scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
         for replica, proc in live.items():
             silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
             if silent > silent_limit and proc.pid not in silenced:
@@ -145,6 +161,7 @@ def train(
         last = failures[-1]["message"] if failures else "no group reported a result"
         raise TrainingError(f"every replica group failed after {job.retries.max_attempts} attempt(s): {last}")
     outcome = _collect(job_dir, handle, finished, failures)
+    outcome.joins, outcome.scaling = scaler.joins(), scaler.changes
     for recovery in outcome.recoveries:
         emit("replica.recovered", recovery)
     for departure in outcome.departures:
@@ -198,6 +215,13 @@ def _collect(
         first_batch_seconds=result.get("first_batch_seconds"),
         steps_per_epoch=result.get("steps_per_epoch", 0),
     )
+
+
+def _last_step(job_dir: Path, proc) -> int:
+    try:
+        return json.loads((attempt_dir(job_dir, proc.replica, proc.attempt) / "heartbeat.json").read_text())["step"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
 
 
 def _silent_seconds(out: Path) -> float:

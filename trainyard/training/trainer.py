@@ -30,7 +30,7 @@ from trainyard.home import write_json_atomic
 from trainyard.spec import METRICS, TrainingJob
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
-from trainyard.training.sampling import Sampler, StreamSampler
+from trainyard.training.sampling import Sampler, StreamSampler, step_batch
 
 EVAL_BATCH = 4096
 LEAVE = threading.Event()
@@ -39,6 +39,8 @@ LEAVE = threading.Event()
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
+STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
+"""Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
 
 
 @dataclass(slots=True)
@@ -74,15 +76,23 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     optimizer = _optimizer(model, hp)
     history = History()
     meter = FlopMeter(probe, loss_fn)
+    # The epoch in progress: its number, its first step, and how many groups it was dealt to.
+    cursor = {"epoch": 0, "start_step": 0, "slots": 0}
 
     def state_dict() -> dict:
-        return {"model": model.state_dict(), "optim": optimizer.state_dict(), "history": _history_state(history)}
+        return {
+            "model": model.state_dict(),
+            "optim": optimizer.state_dict(),
+            "history": _history_state(history),
+            "cursor": dict(cursor),
+        }
 
     def load_state_dict(state: dict) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
         for key, value in state["history"].items():
             setattr(history, key, value)
+        cursor.update(state["cursor"])
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
@@ -101,20 +111,21 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
         replica_id=f"{plan.job_id}-g{replica}",
         hostname="127.0.0.1",
     )
-    if attempt == 0:
+    joining = replica >= plan.num_replicas  # added while the job runs (trainyard scale)
+    if attempt == 0 and not joining:
         _start_barrier(job_dir, replica, plan.num_replicas)
     ddp = DistributedDataParallel(manager, model)
 
-    group, num_groups = replica % plan.num_replicas, plan.num_replicas
     if plan.streamed:
-        sampler = StreamSampler(job, plan, group, num_groups, job_dir / STREAM_CACHE)
+        sampler = StreamSampler(job, plan, job_dir / STREAM_CACHE)
     else:
-        sampler = Sampler(x_train, y_train, job, plan.train_layout, group, num_groups)
+        sampler = Sampler(x_train, y_train, job, plan.train_layout)
     faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
     first_batch_seconds = None
     heartbeat = Heartbeat(out / "heartbeat.json")
-    recovery: dict | None = {"attempt": attempt} if attempt > 0 else None
+    step_log = StepLog(out / "steps.jsonl") if os.environ.get(STEP_LOG_ENV) == "1" else None
+    recovery: dict | None = {"attempt": attempt, "joined": joining} if attempt > 0 or joining else None
     resume_floor = _last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
     stop = None
     try:
@@ -122,7 +133,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
             stop = stop_requested(job_dir)
             if LEAVE.is_set():
                 stop = {"reason": "Left"}
-            if stop or history.stop_reason or manager.current_step() >= hp.epochs * sampler.steps_per_epoch:
+            if stop or history.stop_reason or len(history.epochs) >= hp.epochs:
                 break
             heartbeat.beat(manager.current_step(), force=manager.current_step() in faults)
             _inject_fault(faults.get(manager.current_step()))
@@ -141,32 +152,43 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
                     "bytes_moved": _state_bytes(state_dict()),
                 }
             optimizer.zero_grad()
-            step = manager.current_step()
-            epoch, index = divmod(step, sampler.steps_per_epoch)
-            xb, yb = sampler.batch(epoch, index)
+            step, members, rank = manager.current_step(), manager.num_participants(), manager.participating_rank()
+            if step == cursor["start_step"]:
+                cursor["slots"] = members  # the epoch is dealt to the groups in its first quorum
+            participating = rank is not None
+            xb, yb, global_count = step_batch(
+                sampler, cursor["epoch"], step - cursor["start_step"], cursor["slots"], rank or 0, members
+            )
             if first_batch_seconds is None:
                 first_batch_seconds = time.monotonic() - started
             losses = loss_fn(ddp(xb), yb)
             algorithms.check_per_sample(losses, len(xb))
-            losses.mean().backward()
-            meter.add_train_step(xb, yb)
+            # torchft averages gradients over the quorum's groups, whose batches may differ in size:
+            # scaled so, the average is the gradient of the mean loss over the whole global batch.
+            (losses.sum() * (members / max(global_count, 1))).backward()
+            if participating:
+                meter.add_train_step(xb, yb)
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
             optimizer.step()
+            if step_log is not None:
+                step_log.add(manager.current_step())
             if recovery is not None and "rejoined_at_step" not in recovery:
                 recovery |= {"rejoined_at_step": manager.current_step(), "first_commit_unix": time.time()}
                 recovery.setdefault("source", "none")  # no peer was ahead: nothing to heal from
                 _write_progress(
                     out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery
                 )
-            samples_trained += len(xb)
-            epoch_loss_sum += float(losses.detach().sum())
-            epoch_loss_count += len(xb)
-            if manager.current_step() % sampler.steps_per_epoch == 0:
+            if participating:
+                samples_trained += len(xb)
+                epoch_loss_sum += float(losses.detach().sum())
+                epoch_loss_count += len(xb)
+            if manager.current_step() - cursor["start_step"] >= sampler.steps_per_epoch(cursor["slots"]):
                 metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)}
                 if val is not None:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
-                _end_epoch(history, epoch + 1, metrics, job, started)
+                _end_epoch(history, cursor["epoch"] + 1, metrics, job, started)
+                cursor.update(epoch=cursor["epoch"] + 1, start_step=manager.current_step(), slots=0)
                 heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
                 _write_progress(
@@ -177,7 +199,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     result = _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery)
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
-        "steps_per_epoch": sampler.steps_per_epoch,
+        "steps_per_epoch": sampler.steps_per_epoch(cursor["slots"] or plan.num_replicas),
         "first_batch_seconds": first_batch_seconds,
         "wall_seconds": time.monotonic() - started,
         "finished": True,
@@ -296,6 +318,16 @@ class Heartbeat:
         if force or now - self._last >= self.interval:
             write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
             self._last = now
+
+
+class StepLog:
+    """``{"step", "unix"}`` per committed step, appended to a JSON-lines file."""
+
+    def __init__(self, path: Path):
+        self._file = path.open("a", buffering=1)  # noqa: SIM115 - open for the attempt's life
+
+    def add(self, step: int) -> None:
+        self._file.write(json.dumps({"step": step, "unix": time.time()}) + "\n")
 
 
 def _state_bytes(state: object) -> int:

@@ -1,0 +1,53 @@
+"""How an epoch's rows are dealt to replica groups as the quorum changes (no processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainyard.spec import parse_job
+from trainyard.training.sampling import Sampler, step_batch
+
+
+def sampler(distribution: str, rows: int = 203, batch_size: int = 24) -> Sampler:
+    job = parse_job(
+        {
+            "name": "s",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "hyperparameters": {"batch_size": batch_size},
+            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y", "distribution": distribution}},
+            "output": {"s3_uri": "s3://bkt/o/"},
+        }
+    )
+    x = np.arange(rows, dtype=np.float32)[:, None]  # a row's feature is its index
+    layout = [
+        {"id": f"o{i}", "start": a, "end": min(a + 50, rows), "row_groups": []}
+        for i, a in enumerate(range(0, rows, 50))
+    ]
+    return Sampler(x, np.zeros(rows, dtype=np.int64), job, layout)
+
+
+@pytest.mark.parametrize("distribution", ["replicated", "sharded"])
+@pytest.mark.parametrize("slots", [1, 2, 3])
+@pytest.mark.parametrize("members", [1, 2, 3, 4])
+def test_every_step_is_split_between_the_quorum_without_loss_or_doubling(distribution, slots, members):
+    s = sampler(distribution)
+    epoch_rows = []
+    for index in range(s.steps_per_epoch(slots)):
+        parts = [step_batch(s, 1, index, slots, rank, members) for rank in range(members)]
+        rows = sorted(int(v) for x, _, _ in parts for v in x[:, 0])
+        dealt = sorted(int(v) for slot in range(slots) for v in s.slot_batch(1, index, slots, slot)[0][:, 0])
+        assert rows == dealt  # the quorum trains exactly the epoch's slots' rows of this step
+        assert {total for *_, total in parts} == {len(dealt)}
+        epoch_rows += rows
+    if distribution == "replicated":
+        assert sorted(epoch_rows) == list(range(203))  # every row once an epoch
+    else:  # every row at least once; smaller shares wrap around to the largest share's length
+        assert set(epoch_rows) == set(range(203))
+
+
+def test_the_epoch_is_a_function_of_the_step():
+    a, b = sampler("replicated"), sampler("replicated")
+    assert a.slot_batch(2, 3, 2, 1)[0].tolist() == b.slot_batch(2, 3, 2, 1)[0].tolist()
+    assert a.slot_batch(2, 3, 2, 1)[0].tolist() != a.slot_batch(3, 3, 2, 1)[0].tolist()  # reshuffled per epoch
+    assert a.steps_per_epoch(1) == a.steps_per_epoch(3) == 9  # ceil(203 / 24): the global batch is fixed

@@ -1,0 +1,103 @@
+"""Elastic size: groups added or asked to leave while the job runs (``trainyard scale JOB_ID N``).
+
+A request is a number of groups, written to the job's folder (``plan.request_scale``). The train
+stage acts on each new request once: it starts new groups, which heal from a live peer and join
+the next quorum, or SIGTERMs the newest groups, which leave at their next step boundary. Either
+way the others never stop; the data of the next epoch is dealt to the groups then in the quorum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainyard import launch
+from trainyard.errors import TrainingError
+from trainyard.home import jobs_dir
+from trainyard.launch import LaunchHandle, ReplicaProcess
+from trainyard.spec import TrainingJob
+from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_scale, scale_requested
+
+
+class Scaler:
+    """Carries out scale requests for one job's train stage."""
+
+    def __init__(self, handle: LaunchHandle, job: TrainingJob, emit: Callable[[str, dict], None]):
+        self.handle, self.job, self.emit = handle, job, emit
+        self.job_dir = Path(handle.job_dir)
+        self.leaving: set[int] = set()
+        self.added: dict[int, float] = {}  # replica -> when it was started (unix)
+        self.changes: list[dict] = []
+        self._next = max(r.replica for r in handle.replicas) + 1
+        self._seen = scale_requested(self.job_dir)  # a request from before this stage is not new
+
+    def tick(self, live: dict[int, ReplicaProcess], step: int) -> None:
+        """Act on a new request, if there is one."""
+        asked = scale_requested(self.job_dir)
+        if asked is None or asked == self._seen:
+            return
+        self._seen = asked
+        resources = self.job.resources
+        target = min(max(asked, resources.min_replicas), resources.max_replicas)
+        active = sorted(r for r in live if r not in self.leaving)
+        change = {"unix": time.time(), "at_step": step, "from": len(active), "to": target, "asked": asked}
+        self.changes.append(change)
+        self.emit("job.scaled", change)
+        for _ in range(target - len(active)):
+            replica, self._next = self._next, self._next + 1
+            proc = launch.start_replica(self.handle, replica, attempt=0)
+            self.handle.replicas.append(proc)
+            live[replica] = proc
+            self.added[replica] = time.time()
+            self.emit("replica.added", {"replica": replica, "pid": proc.pid, "at_step": step})
+        for replica in active[target:][::-1]:  # the newest groups leave first
+            launch.terminate(live[replica].pid)
+            self.leaving.add(replica)
+            self.emit("replica.removed", {"replica": replica, "at_step": step})
+
+    def joins(self) -> list[dict]:
+        """One record per added group that committed a step: when, and what it took from its peer."""
+        records = []
+        for replica, started in sorted(self.added.items()):
+            path = attempt_dir(self.job_dir, replica, 0) / "progress.json"
+            recovery = json.loads(path.read_text()).get("recovery") if path.exists() else None
+            if not recovery or "rejoined_at_step" not in recovery:
+                continue
+            records.append(
+                {
+                    "replica": replica,
+                    "joined_at_step": recovery["rejoined_at_step"],
+                    "seconds_to_first_step": round(recovery["first_commit_unix"] - started, 3),
+                    "source": recovery["source"],
+                    "bytes_moved": recovery.get("bytes_moved", 0),
+                }
+            )
+        return records
+
+
+def request(job_id: str, replicas: int) -> str:
+    """Ask a running job for ``replicas`` groups; returns what was asked, in words.
+
+    Refused, with the reason, when the job is unknown, not training (any more), or ``replicas`` is
+    outside the job's ``resources.min_replicas``..``max_replicas``.
+    """
+    folder = jobs_dir() / job_id
+    if not folder.is_dir():
+        raise TrainingError(f"no job {job_id!r} under {jobs_dir()}; check the job id (and TRAINYARD_HOME)")
+    try:
+        pid = json.loads((folder / SUPERVISOR_FILE).read_text())["pid"]
+        os.kill(pid, 0)
+    except (FileNotFoundError, ProcessLookupError, ValueError, KeyError):
+        raise TrainingError(f"job {job_id!r} is not training now; only a job in its training stage can be scaled") from None
+    resources = TrainingPlan.read(folder).job["resources"]
+    low, high = resources["min_replicas"], resources["max_replicas"]
+    if not low <= replicas <= high:
+        raise TrainingError(
+            f"replicas: {replicas} is outside the job's range {low}..{high} "
+            "(resources.min_replicas..resources.max_replicas); pick a number in it"
+        )
+    request_scale(folder, replicas)
+    return f"job {job_id}: asked for {replicas} replica group(s); the change takes effect within a step"
