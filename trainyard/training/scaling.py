@@ -91,7 +91,7 @@ def request(job_id: str, replicas: int) -> str:
         pid = json.loads((folder / SUPERVISOR_FILE).read_text())["pid"]
         os.kill(pid, 0)
     except (FileNotFoundError, ProcessLookupError, ValueError, KeyError):
-        raise TrainingError(f"job {job_id!r} is not training now; only a job in its training stage can be scaled") from None
+        raise TrainingError(f"job {job_id!r} is not training now; only a job in its training stage scales") from None
     resources = TrainingPlan.read(folder).job["resources"]
     low, high = resources["min_replicas"], resources["max_replicas"]
     if not low <= replicas <= high:
