@@ -35,6 +35,7 @@ class ReplicaProcess:
     attempt: int
     pid: int
     log: str
+    resumed: bool = False
 
 
 @dataclass(slots=True)
@@ -98,8 +99,9 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
     return handle
 
 
-def start_replica(handle: LaunchHandle, replica: int, attempt: int) -> ReplicaProcess:
-    """Start (or restart, with the next attempt number) one replica group process."""
+def start_replica(handle: LaunchHandle, replica: int, attempt: int, resume: bool = False) -> ReplicaProcess:
+    """Start (or restart, with the next attempt number) one replica group process; ``resume``: from
+    the job's latest S3 checkpoint."""
     out = attempt_dir(Path(handle.job_dir), replica, attempt)
     log_path = out / "replica.log"
     env = {**os.environ, THREADS_ENV: str(handle.num_threads), "OMP_NUM_THREADS": str(handle.num_threads)}
@@ -115,13 +117,14 @@ def start_replica(handle: LaunchHandle, replica: int, attempt: int) -> ReplicaPr
                 str(replica),
                 "--attempt",
                 str(attempt),
+                *(["--resume"] if resume else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
         )
     _PROCESSES[proc.pid] = proc
-    return ReplicaProcess(replica=replica, attempt=attempt, pid=proc.pid, log=str(log_path))
+    return ReplicaProcess(replica=replica, attempt=attempt, pid=proc.pid, log=str(log_path), resumed=resume)
 
 
 def exit_code(pid: int) -> int | None:

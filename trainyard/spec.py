@@ -202,6 +202,12 @@ class Elastic(_Model):
     """Elastic training settings."""
 
     fault_injection: list[FaultInjection] = Field(default_factory=list, description="Failure drills.")
+    checkpoint_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Write the training state to output.s3_uri every N committed steps: the fallback used only "
+        "when every replica group is lost (groups otherwise heal from a live peer). Off by default.",
+    )
 
 
 class TargetMetric(_Model):

@@ -350,3 +350,34 @@ def test_scale_requests_are_checked(trainyard_home):
         scaling.request(job_id, 5)
     assert "asked for 4" in scaling.request(job_id, 4)
     assert json.loads((folder / "scale.json").read_text()) == {"replicas": 4}
+
+
+def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home, bucket):
+    from trainyard import s3
+
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        output={"s3_uri": f"s3://{bucket}/out/"},
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},  # the step-20 upload lands before 25
+        resources={"replicas": 1},
+        elastic={"checkpoint_every_steps": 10, "fault_injection": [{"replica": 0, "at_step": 25, "kind": "kill"}]},
+    )
+    events = []
+    outcome, handle = run(job, job_id, folder, plan, events)
+    assert outcome.stop_reason == "Completed" and outcome.steps == 40
+    assert [(r.replica, r.attempt, r.resumed) for r in handle.replicas] == [(0, 0, False), (0, 1, True)]
+    (recovery,) = outcome.recoveries
+    assert recovery["source"] == "checkpoint" and recovery["failed_at_step"] == 25
+    assert recovery["rejoined_at_step"] == 21  # steps 21-25 recomputed from the step-20 checkpoint
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]]
+    assert f"out/{job_id}/checkpoints/step-000000020.pt" in keys
+
+
+def test_without_checkpoints_a_lost_job_fails_and_says_why(trainyard_home):
+    job, *rest = make_job(
+        trainyard_home,
+        resources={"replicas": 1},
+        elastic={"fault_injection": [{"replica": 0, "at_step": 25, "kind": "kill"}]},
+    )
+    with pytest.raises(TrainingError, match=r"no live replica group is left to heal from \(elastic.checkpoint_every"):
+        run(job, *rest)

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-dir", type=Path, required=True)
     parser.add_argument("--replica", type=int, required=True)
     parser.add_argument("--attempt", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="start from the job's latest S3 checkpoint")
     args = parser.parse_args(argv)
     parent = os.getppid()
     import torch  # after argument parsing: a bad command line fails fast
@@ -59,12 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 3
     try:
-        train_replica(args.job_dir, args.replica, args.attempt)
+        train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
         # A TrainyardError is the job's fault (data, algorithm) and would fail again: no retry.
         write_json_atomic(
             out / "error.json",
-            {"message": f"{type(exc).__name__}: {exc}", "user_error": isinstance(exc, TrainyardError)},
+            {
+                "message": f"{type(exc).__name__}: {exc}",
+                "kind": type(exc).__name__,
+                "user_error": isinstance(exc, TrainyardError),
+            },
         )
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         return 1

@@ -124,21 +124,28 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                 launch.shutdown(handle)
                 raise TrainingError(f"replica group {replica}: {failure['message']}")
             job_done = any(res["stop_reason"] != "Left" for res in finished.values())
-            # A restart heals from a live group; with none left, it would start over from step 0
-            # and train the whole job alone (checkpoints are the fallback for that, not yet built).
-            can_heal = bool(live) or failure["step"] == 0
-            if not can_heal and not job_done:
-                failure["message"] += "; no live replica group is left to heal from"
+            # A restart heals from a live group. With none left (or none ahead of a restarted group)
+            # it would start over from step 0 alone; the S3 checkpoint, if the job writes them, is
+            # the fallback for that.
+            lost = (not live and failure["step"] > 0) or failure.get("kind") == "NoPeerToHeal"
+            resume = lost and job.elastic.checkpoint_every_steps is not None
+            if lost and not resume and not job_done:
+                failure["message"] += (
+                    "; no live replica group is left to heal from (elastic.checkpoint_every_steps is off)"
+                )
             if (
                 proc.attempt + 1 < job.retries.max_attempts
                 and not stop_requested(job_dir)
                 and not job_done
-                and can_heal
+                and (resume or not lost)
             ):
                 time.sleep(RETRY_BACKOFF_SECONDS * 2**proc.attempt)
-                restarted = launch.start_replica(handle, replica, proc.attempt + 1)
+                restarted = launch.start_replica(handle, replica, proc.attempt + 1, resume=resume)
                 handle.replicas.append(restarted)
-                emit("replica.restarted", {"replica": replica, "attempt": restarted.attempt, "pid": restarted.pid})
+                emit(
+                    "replica.restarted",
+                    {"replica": replica, "attempt": restarted.attempt, "pid": restarted.pid, "from_checkpoint": resume},
+                )
                 live[replica] = restarted
         if not stop_requested(job_dir) and all(res["stop_reason"] == "Left" for res in finished.values()):
             scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
@@ -258,11 +265,12 @@ def _failure(out: Path, replica: int, attempt: int, code: int) -> dict:
     for name in ("heartbeat.json", "progress.json"):
         if (out / name).exists():
             step = max(step, json.loads((out / name).read_text())["step"])
-    message, user_error = f"exited with code {code}", False
+    message, user_error, kind = f"exited with code {code}", False, None
     if (out / "error.json").exists():
         error = json.loads((out / "error.json").read_text())
-        message, user_error = error["message"], error["user_error"]
+        message, user_error, kind = error["message"], error["user_error"], error.get("kind")
     return {
+        "kind": kind,
         "replica": replica,
         "attempt": attempt,
         "exit_code": code,

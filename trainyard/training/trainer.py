@@ -28,6 +28,7 @@ from trainyard import algorithms
 from trainyard.datasets import STREAM_CACHE
 from trainyard.home import write_json_atomic
 from trainyard.spec import METRICS, TrainingJob
+from trainyard.training import checkpoint
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
 from trainyard.training.sampling import Sampler, StreamSampler, step_batch
@@ -58,8 +59,11 @@ def load_arrays(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(data["x"]), torch.from_numpy(data["y"])
 
 
-def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
-    """Train as replica group ``replica`` until the job's stopping conditions hold; return the result."""
+def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = False) -> dict:
+    """Train as replica group ``replica`` until the job's stopping conditions hold; return the result.
+
+    ``resume``: start from the job's latest S3 checkpoint (every group was lost), not from step 0.
+    """
     from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
     started = time.monotonic()
@@ -127,6 +131,21 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
     step_log = StepLog(out / "steps.jsonl") if os.environ.get(STEP_LOG_ENV) == "1" else None
     recovery: dict | None = {"attempt": attempt, "joined": joining} if attempt > 0 or joining else None
     resume_floor = _last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
+    every = job.elastic.checkpoint_every_steps
+    checkpointer = checkpoint.Checkpointer(job, plan.job_id, every, out) if every else None
+    if resume:
+        found = checkpoint.latest(job, plan.job_id)
+        if found is None:
+            raise NoPeerToHeal(f"replica group {replica}: every group was lost before the first checkpoint")
+        saved, size = checkpoint.load(found[0])
+        load_state_dict(saved["state"])
+        manager.load_state_dict(saved["manager"])
+        recovery = (recovery or {}) | {
+            "source": "checkpoint",
+            "checkpoint": found[0],
+            "healed_to_step": saved["step"],
+            "bytes_moved": size,
+        }
     stop = None
     try:
         while True:
@@ -189,6 +208,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                 _end_epoch(history, cursor["epoch"] + 1, metrics, job, started)
                 cursor.update(epoch=cursor["epoch"] + 1, start_step=manager.current_step(), slots=0)
+            if checkpointer is not None and rank == 0:
+                checkpointer.maybe_save(manager.current_step(), state_dict(), manager.state_dict())
                 heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
                 _write_progress(
@@ -196,6 +217,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int) -> dict:
                 )
     finally:
         manager.shutdown(wait=False)
+        if checkpointer is not None:
+            checkpointer.close()
     result = _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery)
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",

@@ -1,0 +1,93 @@
+"""The disaster fallback: the job's training state in S3 every N committed steps.
+
+While any replica group is alive, a restarted group heals from it and no checkpoint is read. Only
+when every group is lost (or a restarted group finds no peer ahead of it) does a group start from
+the latest checkpoint here. Off by default (``elastic.checkpoint_every_steps``): it costs a
+serialisation per checkpoint on the group that writes it (the upload runs in the background).
+
+Checkpoints are ``<output prefix>/<job id>/checkpoints/step-<step>.pt``; an upload that fails or is
+interrupted leaves no object (the transfer manager aborts it), so every listed one is whole.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+from botocore.exceptions import BotoCoreError, ClientError
+
+from trainyard import outputs, s3
+from trainyard.errors import StorageError
+from trainyard.spec import TrainingJob
+
+log = logging.getLogger(__name__)
+_NAME = re.compile(r"step-(\d+)\.pt$")
+
+
+def prefix(job: TrainingJob, job_id: str) -> s3.S3Uri:
+    """Where the job's checkpoints go."""
+    return outputs.job_prefix(job, job_id).join("checkpoints/")
+
+
+class Checkpointer:
+    """Writes a checkpoint every ``every`` committed steps, uploading it in a background thread."""
+
+    def __init__(self, job: TrainingJob, job_id: str, every: int, scratch: Path):
+        self.every, self.scratch = every, scratch
+        self.prefix = prefix(job, job_id)
+        self._upload: threading.Thread | None = None
+        self.written: list[int] = []
+
+    def maybe_save(self, step: int, state: dict, manager_state: dict) -> None:
+        """Save at every ``every``-th step; skipped while the previous upload is still running."""
+        if not self.every or step % self.every or (self._upload and self._upload.is_alive()):
+            return
+        buffer = io.BytesIO()
+        torch.save({"step": step, "manager": manager_state, "state": state}, buffer)  # a snapshot, now
+        self._upload = threading.Thread(target=self._put, args=(step, buffer.getvalue()), daemon=True)
+        self._upload.start()
+
+    def _put(self, step: int, data: bytes) -> None:
+        with tempfile.NamedTemporaryFile(dir=self.scratch, suffix=".pt") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            try:
+                s3.upload_file(Path(tmp.name), str(self.prefix.join(f"step-{step:09d}.pt")))
+                self.written.append(step)
+            except StorageError as exc:  # the fallback is best effort: training goes on without it
+                log.warning("checkpoint at step %d not written: %s", step, exc)
+
+    def close(self) -> None:
+        """Wait for the upload in flight."""
+        if self._upload is not None:
+            self._upload.join()
+
+
+def latest(job: TrainingJob, job_id: str) -> tuple[str, int] | None:
+    """The newest checkpoint's URI and step, or None."""
+    where = prefix(job, job_id)
+    best: tuple[str, int] | None = None
+    try:
+        for page in s3.client().get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key):
+            for obj in page.get("Contents", []):
+                match = _NAME.search(obj["Key"])
+                if match and (best is None or int(match.group(1)) > best[1]):
+                    best = (f"s3://{where.bucket}/{obj['Key']}", int(match.group(1)))
+    except (ClientError, BotoCoreError) as exc:
+        raise s3.describe_error(exc, str(where)) from exc
+    return best
+
+
+def load(uri: str) -> tuple[dict, int]:
+    """A checkpoint's contents and its size in bytes."""
+    target = s3.S3Uri.parse(uri)
+    try:
+        data = s3.client().get_object(Bucket=target.bucket, Key=target.key)["Body"].read()
+    except (ClientError, BotoCoreError) as exc:
+        raise s3.describe_error(exc, uri) from exc
+    return torch.load(io.BytesIO(data), weights_only=True), len(data)
