@@ -123,12 +123,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
         "secondary_status_transitions": log.transitions,
         "metrics": status.final_metrics(outcome.history) if outcome else {},
         "compute": status.compute_section(outcome, report.scoring_flops if report else 0),
-        "sifting": {
-            "enabled": report.sifting_enabled if report else False,
-            "requested": job.sifting.enabled,
-            "kept_fraction": report.kept_fraction if report else None,
-            "prefilter": report.to_dict() if report else None,
-        },
+        "sifting": status.sifting_section(job, report, outcome),
         "elastic": {
             "replicas_min": job.resources.min_replicas,
             "replicas_max": job.resources.max_replicas,
@@ -175,6 +170,8 @@ def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, mode
 
 def _publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, logger) -> None:
     """Summary to S3, to the flow run as an artifact, and to the MLflow run; failures here are logged."""
+    if summary["sifting"].get("warning"):
+        logger.warning(summary["sifting"]["warning"])
     try:
         summary["summary_uri"] = outputs.upload_summary(job, job_id, summary)
     except TrainyardError as exc:

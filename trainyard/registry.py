@@ -1,9 +1,15 @@
 """Stage 6, registry: log the model with its lineage to MLflow, register a version, gate promotion.
 
-The embedded default is SQLite under ``TRAINYARD_HOME`` (``MLFLOW_TRACKING_URI`` overrides it).
-The model is logged as pt2 with a dynamic batch dimension (the input example has several rows),
-so the registered model predicts on any batch size. Registration is keyed by the job id: running
-it again for the same job returns the version it already made instead of adding one.
+The embedded default is SQLite under ``TRAINYARD_HOME`` (``MLFLOW_TRACKING_URI`` overrides it, for
+example an ``mlflow server`` on a database with artifacts on S3). The model is logged as pt2 with a
+dynamic batch dimension (the input example has several rows), so the registered model predicts on any
+batch size.
+
+Exactly once per job: the version is created in one call that carries the job id tag, and only after
+the model's artifacts are confirmed in the store, so no version points at a missing artifact. Running
+``register`` again for the same job (a Prefect retry, a crash mid-registration) finds that version and
+finishes what is left (the promotion gate) instead of adding one; runs a failed attempt left without a
+version are deleted. Gate decisions are recorded on the version (``trainyard.gate``).
 """
 
 from __future__ import annotations
@@ -11,17 +17,40 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainyard.errors import RegistryError
+from trainyard import model_card
+from trainyard.errors import RegistryError, StorageError, TrainyardError
 from trainyard.home import home
-from trainyard.spec import METRICS, TrainingJob
+from trainyard.spec import METRICS, PromoteIf, TrainingJob
 
 JOB_ID_TAG = "trainyard.job_id"
 APPROVAL_TAG = "approval_status"
+GATE_TAG = "trainyard.gate"
+EMISSIONS_TAG = "carbon.emissions_kg"
+APPROVAL_STATUSES = ("PendingManualApproval", "Approved", "Rejected")  # SageMaker's ModelApprovalStatus
+CHAMPION, CANDIDATE = "champion", "candidate"
+
+# MLflow error codes after which the same request may succeed (the server or its database was away).
+_TRANSIENT_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED"}
+
+
+class RegistryUnavailable(RegistryError, StorageError):
+    """The tracking server or its artifact store did not answer, or failed: trying again may help.
+
+    A ``StorageError`` with ``transient`` True, so the registry task's retry condition retries it.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message, transient=True)
+
+
+class ModelNotFound(RegistryError, LookupError):
+    """No such registered model, version or alias; the message names it."""
 
 
 def tracking_uri() -> str:
@@ -36,8 +65,8 @@ def ensure_store(uri: str | None = None) -> str:
     uri = uri or tracking_uri()
     try:
         mlflow.MlflowClient(uri).search_experiments(max_results=1)
-    except Exception as exc:  # noqa: BLE001 - any failure means the store is unusable
-        raise RegistryError(f"MLflow tracking store {uri} is not usable: {exc}") from exc
+    except _service_errors() as exc:
+        raise _translate(exc, "checking the tracking store", uri) from exc
     return uri
 
 
@@ -51,37 +80,25 @@ def register(
     tags: dict[str, str],
     artifacts: dict[str, Path],
 ) -> dict:
-    """Log ``model`` in an MLflow run of the job's experiment and register it; return the ``model`` summary."""
+    """Log ``model`` in an MLflow run of the job's experiment and register it; return the ``model`` summary.
+
+    ``tags`` is the pipeline's lineage (data, compute, carbon, Prefect run); the version also gets the
+    code version, the job spec and the final metrics, and a model card as its description.
+    """
     import mlflow
-    from mlflow.exceptions import MlflowException
 
     uri = ensure_store()
     client = mlflow.MlflowClient(uri)
     name = job.model_name
     try:
-        existing = client.search_model_versions(f"name='{name}' and tag.`{JOB_ID_TAG}`='{job_id}'")
-        if existing:
-            return _model_summary(client, name, existing[0], uri)
-        mlflow.set_tracking_uri(uri)
-        experiment_id = _experiment(client, job.name, uri)
-        with mlflow.start_run(experiment_id=experiment_id, run_name=job_id, tags={JOB_ID_TAG: job_id, **tags}) as run:
-            mlflow.log_params(params)
-            for entry in history:
-                metrics = {k: v for k, v in entry.items() if k in METRICS and v is not None}
-                mlflow.log_metrics(metrics, step=entry["epoch"])
-            for artifact in artifacts.values():
-                mlflow.log_artifact(str(artifact))
-            info = _log_model(model, example)
-        version = client.create_model_version(
-            name=_ensure_registered(client, name),
-            source=info.model_uri,
-            run_id=run.info.run_id,
-            tags={JOB_ID_TAG: job_id, APPROVAL_TAG: "PendingManualApproval", **tags},
-        )
-        _gate(client, job, name, version, history[-1] if history else {})
-        return _model_summary(client, name, client.get_model_version(name, version.version), uri)
-    except MlflowException as exc:
-        raise RegistryError(f"registering {name!r} in {uri} failed: {exc.message}") from exc
+        version = _version_of_job(client, name, job_id)
+        if version is None:
+            version = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
+        if GATE_TAG not in (version.tags or {}):  # new, or an earlier attempt stopped before the gate
+            _gate(client, job.registry.promote_if, name, version)
+        return model_summary(client, name, client.get_model_version(name, version.version), uri)
+    except _service_errors() as exc:
+        raise _translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
 
 
 def log_summary(run_id: str, summary: dict) -> None:
@@ -93,6 +110,36 @@ def log_summary(run_id: str, summary: dict) -> None:
         path = Path(tmp) / "summary.json"
         path.write_text(json.dumps(summary, indent=2, default=str))
         client.log_artifact(run_id, str(path))
+
+
+def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts):
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    experiment_id = _experiment(client, job.name, uri)
+    _discard_unregistered_runs(client, experiment_id, job_id)
+    final = model_card.final_metrics(history, METRICS)
+    lineage = {JOB_ID_TAG: job_id, **model_card.lineage_tags(job, final), **tags}
+    card = model_card.render(job.model_name, job_id, lineage)
+    run_tags = {k: v for k, v in lineage.items() if k != model_card.JOB_SPEC_TAG}  # run tags hold 8000 chars
+    with mlflow.start_run(experiment_id=experiment_id, run_name=job_id, tags=run_tags) as run:
+        mlflow.log_params(params)
+        for entry in history:
+            metrics = {k: v for k, v in entry.items() if k in METRICS and v is not None}
+            mlflow.log_metrics(metrics, step=entry["epoch"])
+        for artifact in artifacts.values():
+            mlflow.log_artifact(str(artifact))
+        mlflow.log_dict(job.model_dump(mode="json"), "job_spec.json")
+        mlflow.log_text(card, "model_card.md")
+        info = _log_model(model, example)
+        _check_artifacts(info.model_uri)
+    return client.create_model_version(
+        name=_ensure_registered(client, job.model_name),
+        source=info.model_uri,
+        run_id=run.info.run_id,
+        tags={APPROVAL_TAG: "PendingManualApproval", **lineage},
+        description=card,
+    )
 
 
 def _log_model(model: torch.nn.Module, example: np.ndarray):
@@ -112,8 +159,30 @@ def _log_model(model: torch.nn.Module, example: np.ndarray):
     kwargs = {"name": "model", "signature": signature, "input_example": example, "pip_requirements": requirements}
     try:
         return mlflow.pytorch.log_model(model, serialization_format="pt2", **kwargs)
-    except Exception:  # noqa: BLE001 - a model torch.export cannot trace is still logged, pickled
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        # torch.export could not trace the model; it is still logged, pickled. Service failures
+        # (MlflowException, OSError) are not caught here: they fail the attempt.
         return mlflow.pytorch.log_model(model, serialization_format="pickle", **kwargs)
+
+
+def _check_artifacts(model_uri: str) -> None:
+    """The model's files must be in the artifact store before a version may point at them."""
+    import mlflow
+
+    listed = {a.path.rsplit("/", 1)[-1] for a in mlflow.artifacts.list_artifacts(artifact_uri=model_uri)}
+    if "MLmodel" not in listed:
+        raise RegistryUnavailable(f"the model logged at {model_uri} is not in the artifact store (found {listed})")
+
+
+def _version_of_job(client, name: str, job_id: str):
+    found = client.search_model_versions(f"name='{name}' and tag.`{JOB_ID_TAG}`='{job_id}'")
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def _discard_unregistered_runs(client, experiment_id: str, job_id: str) -> None:
+    """Delete the runs of earlier attempts of this job that never became a version."""
+    for run in client.search_runs([experiment_id], f"tags.`{JOB_ID_TAG}` = '{job_id}'"):
+        client.delete_run(run.info.run_id)
 
 
 def _experiment(client, name: str, uri: str) -> str:
@@ -133,32 +202,101 @@ def _ensure_registered(client, name: str) -> str:
 
     try:
         client.get_registered_model(name)
-    except MlflowException:
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
         client.create_registered_model(name, tags={"managed_by": "trainyard"})
     return name
 
 
-def _gate(client, job: TrainingJob, name: str, version, final_metrics: dict) -> None:
-    """Move ``champion`` to the new version when it beats the current one, else mark it ``candidate``."""
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """Whether a new version takes ``champion``, and why (recorded on the version)."""
+
+    wins: bool
+    reason: str
+
+
+def decide(
+    gate: PromoteIf | None, ours: float | None, theirs: float | None, has_champion: bool, emissions_kg: float | None
+) -> GateDecision:
+    """The promotion rule. ``ours`` / ``theirs``: the gate metric of the new version and of the champion."""
+    if gate is not None and gate.max_emissions_kg is not None:
+        if emissions_kg is None:
+            return GateDecision(False, f"emissions unknown; the carbon ceiling is {gate.max_emissions_kg} kgCO2e")
+        if emissions_kg > gate.max_emissions_kg:
+            return GateDecision(False, f"emitted {emissions_kg:g} kgCO2e, over the {gate.max_emissions_kg:g} ceiling")
+    if not has_champion:
+        return GateDecision(True, "no champion yet")
+    if gate is None:
+        return GateDecision(False, "no registry.promote_if gate: the champion moves only by hand")
+    if ours is None:
+        return GateDecision(False, f"this version has no final {gate.metric}")
+    if theirs is None:
+        return GateDecision(True, f"the champion has no {gate.metric}")
+    gain = (ours - theirs) if gate.mode == "max" else (theirs - ours)
+    verdict = "beats" if gain > gate.min_gain else "does not beat"
+    return GateDecision(
+        gain > gate.min_gain,
+        f"{gate.metric} {ours:.6g} {verdict} the champion's {theirs:.6g} by more than {gate.min_gain:g} ({gate.mode})",
+    )
+
+
+def _gate(client, gate: PromoteIf | None, name: str, version) -> GateDecision:
+    """Move ``champion`` to the new version when it wins, else point ``candidate`` at it; record why."""
+    champion = alias_version(client, name, CHAMPION)
+    if champion is not None and champion.version == version.version:
+        decision = GateDecision(True, "already champion")  # an earlier attempt moved the alias, then stopped
+    else:
+        metric = gate.metric if gate else None
+        decision = decide(
+            gate,
+            _version_metric(client, version, metric),
+            _version_metric(client, champion, metric) if champion is not None else None,
+            champion is not None,
+            _float((version.tags or {}).get(EMISSIONS_TAG)),
+        )
+        client.set_registered_model_alias(name, CHAMPION if decision.wins else CANDIDATE, version.version)
+    client.set_model_version_tag(name, version.version, GATE_TAG, f"{_role(decision)}: {decision.reason}")
+    return decision
+
+
+def _role(decision: GateDecision) -> str:
+    return CHAMPION if decision.wins else CANDIDATE
+
+
+def _version_metric(client, version, metric: str | None) -> float | None:
+    """A version's final ``metric``: its tag, else (versions registered before the tag) its run's."""
+    if metric is None:
+        return None
+    tagged = _float((version.tags or {}).get(f"{model_card.METRIC_TAG_PREFIX}{metric}"))
+    if tagged is not None or not version.run_id:
+        return tagged
+    return client.get_run(version.run_id).data.metrics.get(metric)
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def alias_version(client, name: str, alias: str):
+    """The version ``alias`` points at, or None."""
     from mlflow.exceptions import MlflowException
 
-    gate = job.registry.promote_if
-    metric = gate.metric if gate else None
     try:
-        champion = client.get_model_version_by_alias(name, "champion")
-    except MlflowException:
-        champion = None
-    wins = champion is None
-    if not wins and metric is not None and metric in final_metrics:
-        theirs = client.get_run(champion.run_id).data.metrics.get(metric)
-        ours = final_metrics[metric]
-        gain = (ours - theirs) if gate.mode == "max" else (theirs - ours)
-        wins = theirs is None or gain > gate.min_gain
-    client.set_registered_model_alias(name, "champion" if wins else "candidate", version.version)
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise
 
 
-def _model_summary(client, name: str, version, uri: str) -> dict:
-    aliases = list(getattr(version, "aliases", []) or [])
+def model_summary(client, name: str, version, uri: str) -> dict:
+    """The job summary's ``model`` section for one version."""
+    tags = version.tags or {}
     return {
         "name": name,
         "version": int(version.version),
@@ -166,6 +304,36 @@ def _model_summary(client, name: str, version, uri: str) -> dict:
         "source": version.source,
         "run_id": version.run_id,
         "tracking_uri": uri,
-        "aliases": aliases,
-        "approval_status": (version.tags or {}).get(APPROVAL_TAG, "PendingManualApproval"),
+        "aliases": sorted(getattr(version, "aliases", []) or []),
+        "approval_status": tags.get(APPROVAL_TAG, "PendingManualApproval"),
+        "gate": tags.get(GATE_TAG),
+        "job_id": tags.get(JOB_ID_TAG),
     }
+
+
+def _service_errors() -> tuple[type[BaseException], ...]:
+    """What the MLflow client and its artifact stores raise when a request fails."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    from mlflow.exceptions import MlflowException
+
+    return (MlflowException, OSError, BotoCoreError, ClientError)
+
+
+def _translate(exc: BaseException, what: str, uri: str) -> RegistryError:
+    """A ``RegistryError`` naming what failed: unavailable (transient), not found, or refused."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, TrainyardError):
+        return exc if isinstance(exc, RegistryError) else RegistryError(f"{what} in {uri} failed: {exc}")
+    if isinstance(exc, MlflowException):
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return ModelNotFound(f"{what}: {exc.message}")
+        if exc.error_code not in _TRANSIENT_CODES and exc.get_http_status_code() < 500:
+            return RegistryError(f"{what} in {uri} was refused: {exc.message}")
+        detail = exc.message
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    return RegistryUnavailable(
+        f"{what} failed: MLflow at {uri} is unavailable ({detail}). No version was left half-made; "
+        "registering the same job again finishes it without a second version."
+    )

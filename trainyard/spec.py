@@ -182,12 +182,18 @@ class Resources(_Model):
 
 
 class Sifting(_Model):
-    """Online smart sifting (filled in by the filtering stage's later work)."""
+    """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     beta: float = Field(default=1.0, gt=0, description="Keep probability = loss percentile ** beta.")
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
     delay_steps: int = Field(default=10, ge=0, description="Steps trained on everything before sifting starts.")
+    min_class_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Class balance guard: each class keeps at least this fraction of its share of a batch.",
+    )
 
 
 class FaultInjection(_Model):
@@ -256,6 +262,9 @@ class PromoteIf(_Model):
     metric: str = Field(default="val_accuracy", description="Metric compared against the champion's.")
     mode: Literal["max", "min"] = Field(default="max", description="max: bigger wins; min: smaller wins.")
     min_gain: float = Field(default=0.0, ge=0, description="How much better than the champion it must be.")
+    max_emissions_kg: float | None = Field(
+        default=None, gt=0, description="Carbon ceiling: a version whose job emitted more kgCO2e never becomes champion."
+    )
 
 
 class Registry(_Model):
@@ -354,8 +363,6 @@ class TrainingJob(_Model):
 def ignored_settings(job: TrainingJob) -> list[str]:
     """Settings this version accepts but does not act on, each worded for a warning."""
     ignored = []
-    if job.sifting.enabled:
-        ignored.append("sifting.enabled: online sifting is not available in this version; every sample is trained on")
     if job.carbon.budget_kg is not None:
         ignored.append("carbon.budget_kg: the budget is reported, not enforced, in this version")
     return ignored

@@ -56,6 +56,7 @@ def primary_status(stop_reason: str) -> tuple[str, str]:
 def compute_section(outcome, scoring_flops: int = 0) -> dict:
     """The summary's ``compute`` section from a training outcome (FLOPs measured, not estimated)."""
     flops = outcome.flops if outcome else {"forward": 0, "backward": 0, "evaluation": 0}
+    scoring_flops += flops.get("scoring", 0)  # the offline prefilter's and the online sifter's
     return {
         "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring_flops,
         "flops_scoring_forward": scoring_flops,
@@ -66,6 +67,30 @@ def compute_section(outcome, scoring_flops: int = 0) -> dict:
         "samples_trained": outcome.samples_trained if outcome else 0,
         "steps": outcome.steps if outcome else 0,
     }
+
+
+def sifting_section(job, report, outcome) -> dict:
+    """The summary's ``sifting`` section: the offline prefilter's report and the online sifter's totals."""
+    online = outcome.sifting if outcome else None
+    section = {
+        "enabled": job.sifting.enabled,
+        "beta": job.sifting.beta,
+        "kept_fraction": online["kept_fraction"] if online else (report.kept_fraction if report else None),
+        "online": online,
+        "prefilter": report.to_dict() if report else None,
+        "kept_fraction_by_epoch": [e["kept_fraction"] for e in outcome.history if "kept_fraction" in e]
+        if outcome
+        else [],
+    }
+    ratio = (online or {}).get("backward_forward_ratio")
+    if ratio is not None and ratio <= 1 / job.sifting.beta:
+        # Scoring C candidates costs C forwards; it saves the backward of the C * beta / (1 + beta)
+        # dropped ones: a saving only when backward / forward > 1 / beta.
+        section["warning"] = (
+            f"sifting cost more compute than it saved: backward/forward FLOP ratio {ratio:.2f} <= 1/beta "
+            f"{1 / job.sifting.beta:.2f}; raise sifting.beta or turn sifting off for this model"
+        )
+    return section
 
 
 def final_metrics(history: list[dict]) -> dict:

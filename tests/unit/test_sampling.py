@@ -51,3 +51,36 @@ def test_the_epoch_is_a_function_of_the_step():
     assert a.slot_batch(2, 3, 2, 1)[0].tolist() == b.slot_batch(2, 3, 2, 1)[0].tolist()
     assert a.slot_batch(2, 3, 2, 1)[0].tolist() != a.slot_batch(3, 3, 2, 1)[0].tolist()  # reshuffled per epoch
     assert a.steps_per_epoch(1) == a.steps_per_epoch(3) == 9  # ceil(203 / 24): the global batch is fixed
+
+
+def test_the_keep_rule_keeps_one_in_one_plus_beta_in_steady_state():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    rng = np.random.default_rng(0)
+    for beta in (0.5, 1.0, 2.0):
+        # A long history: its empirical distribution is the losses' own to within ~0.5%.
+        sifter = Sifter(Sifting(enabled=True, beta=beta, loss_history_length=50_000), seed=0)
+        sifter.history = rng.exponential(size=50_000).astype(np.float32)
+        kept = rng.random(50_000) < sifter.keep_probability(rng.exponential(size=50_000))
+        assert abs(kept.mean() - 1 / (1 + beta)) < 0.01
+
+
+def test_sifting_keeps_full_batches_of_the_hardest_samples_and_guards_classes():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=1.0, min_class_fraction=0.5), seed=0)
+    assert sifter.candidate_batch(64) == 128 and sifter.keep_count(128) == 64
+    rng = np.random.default_rng(1)
+    sifter.history = rng.random(500).astype(np.float32)
+    losses = rng.random(128)
+    labels = np.array([0] * 120 + [1] * 8)
+    losses[120:] = 0.0  # class 1 is all easy: the rule alone would starve it
+    chosen = sifter.select(losses, labels, 64, step=20, group=0)
+    assert len(chosen) == len(set(chosen.tolist())) == 64  # a full batch, no sample twice
+    assert (labels[chosen] == 1).sum() >= 2  # half of its 4-sample share
+    assert np.median(losses[chosen][labels[chosen] == 0]) > np.median(losses[:120])  # harder ones kept
+    again = Sifter(Sifting(enabled=True, beta=1.0), seed=0)
+    again.history = sifter.history[:-128].copy()
+    assert (again.select(losses, labels, 64, step=20, group=0) == chosen).all()  # a redone step keeps the same

@@ -381,3 +381,33 @@ def test_without_checkpoints_a_lost_job_fails_and_says_why(trainyard_home):
     )
     with pytest.raises(TrainingError, match=r"no live replica group is left to heal from \(elastic.checkpoint_every"):
         run(job, *rest)
+
+
+def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_heal(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01},
+        sifting={"enabled": True, "beta": 1.0, "delay_steps": 5},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 60, "kind": "kill"}]},
+    )
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    # 128 candidates a step (64 * (1 + beta)): 5 steps an epoch over 600 rows, 64 kept a step
+    assert outcome.steps == 40 * 5 and outcome.steps_per_epoch == 5
+    assert outcome.sifting["kept_fraction"] == pytest.approx(0.5, abs=0.02)
+    assert set(outcome.sifting["kept_fraction_by_class"]) == {"0", "1"}
+    assert outcome.flops["scoring"] > 0
+    # One linear layer: its backward needs no input gradient, so it costs what the forward does, and
+    # scoring 2 candidates per kept sample saves nothing. The summary says so.
+    assert outcome.sifting["backward_forward_ratio"] == pytest.approx(1.0)
+    from trainyard.status import sifting_section
+
+    assert "sifting cost more compute than it saved" in sifting_section(job, None, outcome)["warning"]
+    assert all(h["kept_fraction"] == pytest.approx(0.5, abs=0.02) for h in outcome.history)
+    (recovery,) = outcome.recoveries
+    assert recovery["source"] == "peer"
+    assert recovery.get("sifter_history") == 500  # the peer's loss history came with the heal
+    states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 0), (1, 1))]
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)

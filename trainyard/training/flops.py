@@ -25,6 +25,7 @@ class FlopMeter:
         self.forward = 0
         self.backward = 0
         self.evaluation = 0
+        self.scoring = 0
 
     def add_train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Record one training forward and backward pass over batch ``x``."""
@@ -49,5 +50,17 @@ class FlopMeter:
             self._eval_cache[n] = fwd.get_total_flops()
         self.evaluation += self._eval_cache[n]
 
+    def add_scoring(self, x: torch.Tensor) -> None:
+        """Record one no-grad forward pass that scored candidates for sifting."""
+        before = self.evaluation
+        self.add_evaluation(x)
+        self.scoring += self.evaluation - before
+        self.evaluation = before
+
     def as_dict(self) -> dict[str, int]:
-        return {"forward": self.forward, "backward": self.backward, "evaluation": self.evaluation}
+        return {
+            "forward": self.forward,
+            "backward": self.backward,
+            "evaluation": self.evaluation,
+            "scoring": self.scoring,
+        }

@@ -30,6 +30,14 @@ from trainyard.training.plan import TrainingPlan
 _SEED_STRIDE = 1_000_003
 
 
+def member_sizes(sampler, index: int, slots: int, members: int) -> list[int]:
+    """Rows each of the quorum's ``members`` groups takes at step ``index`` (as ``step_batch`` deals them)."""
+    sizes = sampler.slot_sizes(index, slots)
+    if members == slots:
+        return sizes
+    return np.diff(np.linspace(0, sum(sizes), members + 1).astype(int)).tolist()
+
+
 def step_batch(sampler, epoch: int, index: int, slots: int, rank: int, members: int) -> tuple:
     """``(x, y, global_count)``: this group's rows of the step's global batch, and its size.
 
@@ -66,10 +74,12 @@ class Sampler:
     step; smaller shares wrap around so that every slot takes the same number of steps.
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, job: TrainingJob, layout: list[dict]):
+    def __init__(
+        self, x: np.ndarray, y: np.ndarray, job: TrainingJob, layout: list[dict], batch_size: int | None = None
+    ):
         self.x, self.y = torch.as_tensor(x), torch.as_tensor(y)
         self.seed, self.num_rows = job.hyperparameters.seed, len(x)
-        self.batch_size = job.hyperparameters.batch_size
+        self.batch_size = batch_size or job.hyperparameters.batch_size  # the global batch (of candidates)
         self.layout = layout if job.inputs.train.distribution == "sharded" else None
         self._shares: dict[int, list[np.ndarray]] = {}
         self._perm: tuple[int, torch.Tensor] | None = None
@@ -135,8 +145,8 @@ class StreamSampler:
     READ_AHEAD = 2
     KEEP_IN_MEMORY = 8
 
-    def __init__(self, job: TrainingJob, plan: TrainingPlan, cache_dir: Path):
-        self.seed, self.batch_size = job.hyperparameters.seed, job.hyperparameters.batch_size
+    def __init__(self, job: TrainingJob, plan: TrainingPlan, cache_dir: Path, batch_size: int | None = None):
+        self.seed, self.batch_size = job.hyperparameters.seed, batch_size or job.hyperparameters.batch_size
         self.rotate = job.inputs.train.distribution == "replicated"
         # One copy per machine: groups on the same node share what any of them read.
         self.source = streaming.RowGroupSource(plan.train_layout, plan.schema, cache_dir)

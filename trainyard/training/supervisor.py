@@ -51,6 +51,7 @@ class TrainingOutcome:
     replicas_finished: list[int] = field(default_factory=list)
     first_batch_seconds: float | None = None
     steps_per_epoch: int = 0
+    sifting: dict | None = None
 
 
 def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
@@ -198,13 +199,16 @@ def _collect(
                 f"replica groups {first} and {replica} ended with different parameters "
                 f"(max difference {worst:.3g}); the model is not registered"
             )
-    flops = {"forward": 0, "backward": 0, "evaluation": 0}
+    flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
     samples = 0
+    sifted: list[dict] = []
     for progress_file in job_dir.glob("replicas/*/attempt-*/progress.json"):
         progress = json.loads(progress_file.read_text())
         samples += progress["samples_trained"]
         for key in flops:
-            flops[key] += progress["flops"][key]
+            flops[key] += progress["flops"].get(key, 0)
+        if progress.get("sifting"):
+            sifted.append(progress["sifting"])
     recoveries = _recoveries(job_dir, failures)
     return TrainingOutcome(
         model_path=str(model_path),
@@ -221,7 +225,26 @@ def _collect(
         replicas_finished=sorted(finished),
         first_batch_seconds=result.get("first_batch_seconds"),
         steps_per_epoch=result.get("steps_per_epoch", 0),
+        sifting=_sifting_totals(sifted, flops) if sifted else None,
     )
+
+
+def _sifting_totals(reports: list[dict], flops: dict) -> dict:
+    """Every group's sifting, added up: kept fraction overall and per class, and what scoring cost."""
+    scored = sum(r["scored"] for r in reports)
+    kept = sum(r["kept"] for r in reports)
+    by_class: dict[str, list[float]] = {}
+    for report in reports:
+        for cls, fraction in report["kept_fraction_by_class"].items():
+            by_class.setdefault(cls, []).append(fraction)
+    return {
+        "scored": scored,
+        "kept": kept,
+        "kept_fraction": kept / scored if scored else 1.0,
+        "kept_fraction_by_class": {c: sum(v) / len(v) for c, v in sorted(by_class.items())},
+        # Measured, not assumed: sifting saves compute only when this exceeds 1 / beta.
+        "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
+    }
 
 
 def _last_step(job_dir: Path, proc) -> int:
@@ -256,6 +279,7 @@ def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
                 "source": recovery["source"],
                 "bytes_moved": recovery.get("bytes_moved", 0),
             }
+            | ({"sifter_history": recovery["sifter_history"]} if recovery.get("sifter_history") is not None else {})
         )
     return records
 

@@ -11,12 +11,10 @@ and history continue where the others are. Stopping decisions use only values ev
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,13 +25,13 @@ from torch.distributed import TCPStore
 from trainyard import algorithms
 from trainyard.datasets import STREAM_CACHE
 from trainyard.home import write_json_atomic
-from trainyard.spec import METRICS, TrainingJob
+from trainyard.spec import TrainingJob
 from trainyard.training import checkpoint
+from trainyard.training.batches import StepData
+from trainyard.training.epochs import History, end_epoch, evaluate, history_state
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
-from trainyard.training.sampling import Sampler, StreamSampler, step_batch
 
-EVAL_BATCH = 4096
 LEAVE = threading.Event()
 """Set on SIGTERM: the group leaves at its next step boundary, and the others go on."""
 # Failure detection: short enough that survivors stall briefly when a peer dies.
@@ -42,16 +40,6 @@ MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
 """Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
-
-
-@dataclass(slots=True)
-class History:
-    """Per-epoch metrics, shared across groups through the state dict."""
-
-    epochs: list[dict] = field(default_factory=list)
-    best: float | None = None
-    epochs_since_best: int = 0
-    stop_reason: str | None = None
 
 
 def load_arrays(path: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,12 +71,15 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     # The epoch in progress: its number, its first step, and how many groups it was dealt to.
     cursor = {"epoch": 0, "start_step": 0, "slots": 0}
 
+    data = StepData(job, plan, x_train, y_train, job_dir / STREAM_CACHE, loss_fn, meter)
+
     def state_dict() -> dict:
         return {
             "model": model.state_dict(),
             "optim": optimizer.state_dict(),
-            "history": _history_state(history),
+            "history": history_state(history),
             "cursor": dict(cursor),
+            "sifter": data.state_dict(),
         }
 
     def load_state_dict(state: dict) -> None:
@@ -97,6 +88,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         for key, value in state["history"].items():
             setattr(history, key, value)
         cursor.update(state["cursor"])
+        data.load_state_dict(state.get("sifter", {}))
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
@@ -120,10 +112,6 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         _start_barrier(job_dir, replica, plan.num_replicas)
     ddp = DistributedDataParallel(manager, model)
 
-    if plan.streamed:
-        sampler = StreamSampler(job, plan, job_dir / STREAM_CACHE)
-    else:
-        sampler = Sampler(x_train, y_train, job, plan.train_layout)
     faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
     first_batch_seconds = None
@@ -147,6 +135,11 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             "bytes_moved": size,
         }
     stop = None
+
+    def report() -> dict:  # progress.json, read by the train stage
+        step = manager.current_step()
+        return _write_progress(out, replica, attempt, step, history, meter, samples_trained, recovery, data)
+
     try:
         while True:
             stop = stop_requested(job_dir)
@@ -169,14 +162,15 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                     "source": "peer",
                     "healed_to_step": manager.current_step(),
                     "bytes_moved": _state_bytes(state_dict()),
+                    "sifter_history": len(data.sifter.history) if data.sifter else None,
                 }
             optimizer.zero_grad()
             step, members, rank = manager.current_step(), manager.num_participants(), manager.participating_rank()
             if step == cursor["start_step"]:
                 cursor["slots"] = members  # the epoch is dealt to the groups in its first quorum
             participating = rank is not None
-            xb, yb, global_count = step_batch(
-                sampler, cursor["epoch"], step - cursor["start_step"], cursor["slots"], rank or 0, members
+            xb, yb, global_count = data.batch(
+                model, cursor["epoch"], step - cursor["start_step"], step, cursor["slots"], rank or 0, members
             )
             if first_batch_seconds is None:
                 first_batch_seconds = time.monotonic() - started
@@ -195,34 +189,30 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if recovery is not None and "rejoined_at_step" not in recovery:
                 recovery |= {"rejoined_at_step": manager.current_step(), "first_commit_unix": time.time()}
                 recovery.setdefault("source", "none")  # no peer was ahead: nothing to heal from
-                _write_progress(
-                    out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery
-                )
+                report()
             if participating:
                 samples_trained += len(xb)
                 epoch_loss_sum += float(losses.detach().sum())
                 epoch_loss_count += len(xb)
-            if manager.current_step() - cursor["start_step"] >= sampler.steps_per_epoch(cursor["slots"]):
-                metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)}
+            if manager.current_step() - cursor["start_step"] >= data.steps_per_epoch(cursor["slots"]):
+                metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)} | data.epoch_metrics()
                 if val is not None:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
-                _end_epoch(history, cursor["epoch"] + 1, metrics, job, started)
+                end_epoch(history, cursor["epoch"] + 1, metrics, job, started)
                 cursor.update(epoch=cursor["epoch"] + 1, start_step=manager.current_step(), slots=0)
             if checkpointer is not None and rank == 0:
                 checkpointer.maybe_save(manager.current_step(), state_dict(), manager.state_dict())
                 heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
-                _write_progress(
-                    out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery
-                )
+                report()
     finally:
         manager.shutdown(wait=False)
         if checkpointer is not None:
             checkpointer.close()
-    result = _write_progress(out, replica, attempt, manager.current_step(), history, meter, samples_trained, recovery)
+    result = report()
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
-        "steps_per_epoch": sampler.steps_per_epoch(cursor["slots"] or plan.num_replicas),
+        "steps_per_epoch": data.steps_per_epoch(cursor["slots"] or plan.num_replicas),
         "first_batch_seconds": first_batch_seconds,
         "wall_seconds": time.monotonic() - started,
         "finished": True,
@@ -247,50 +237,6 @@ def _start_barrier(job_dir: Path, replica: int, num_replicas: int, timeout_secon
         time.sleep(0.02)
 
 
-def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter: FlopMeter | None = None) -> dict:
-    """Validation metrics: ``val_loss``, plus ``val_accuracy`` (classification) or ``val_rmse``."""
-    model.eval()
-    loss_sum, correct, sq_err = 0.0, 0, 0.0
-    with torch.no_grad():
-        for start in range(0, len(x), EVAL_BATCH):
-            xb, yb = x[start : start + EVAL_BATCH], y[start : start + EVAL_BATCH]
-            out = model(xb)
-            if meter is not None:
-                meter.add_evaluation(xb)
-            loss_sum += float(loss_fn(out, yb).sum())
-            if task == "classification":
-                correct += int((out.argmax(dim=1) == yb).sum())
-            else:
-                sq_err += float(((out - yb) ** 2).sum())
-    model.train()
-    metrics = {"val_loss": loss_sum / len(x)}
-    if task == "classification":
-        metrics["val_accuracy"] = correct / len(x)
-    else:
-        metrics["val_rmse"] = math.sqrt(sq_err / len(x))
-    return metrics
-
-
-def _end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started: float) -> None:
-    history.epochs.append({"epoch": epoch, "elapsed_seconds": time.monotonic() - started, **metrics})
-    target = job.stopping.target_metric
-    if target is not None and target.name in metrics:
-        value = metrics[target.name]
-        if (value >= target.value) if METRICS[target.name] else (value <= target.value):
-            history.stop_reason = "TargetMetricReached"
-            return
-    if job.stopping.patience_epochs is not None:
-        watched = target.name if target is not None else "val_loss"
-        value, bigger_better = metrics.get(watched), METRICS[watched]
-        if value is not None:
-            improved = history.best is None or (value > history.best if bigger_better else value < history.best)
-            history.best, history.epochs_since_best = (
-                (value, 0) if improved else (history.best, history.epochs_since_best + 1)
-            )
-            if history.epochs_since_best >= job.stopping.patience_epochs:
-                history.stop_reason = "NoImprovement"
-
-
 def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
     if hp.optimizer == "sgd":
         return torch.optim.SGD(
@@ -306,15 +252,6 @@ def _inject_fault(kind: str | None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
     elif kind == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
-
-
-def _history_state(history: History) -> dict:
-    return {
-        "epochs": list(history.epochs),
-        "best": history.best,
-        "epochs_since_best": history.epochs_since_best,
-        "stop_reason": history.stop_reason,
-    }
 
 
 class NoPeerToHeal(RuntimeError):
@@ -373,6 +310,7 @@ def _write_progress(
     meter: FlopMeter,
     samples_trained: int,
     recovery: dict | None = None,
+    data: StepData | None = None,
 ) -> dict:
     progress = {
         "replica": replica,
@@ -382,6 +320,7 @@ def _write_progress(
         "flops": meter.as_dict(),
         "samples_trained": samples_trained,
         "recovery": recovery,
+        "sifting": data.report() if data else None,
     }
     write_json_atomic(out / "progress.json", progress)
     return progress

@@ -1,0 +1,101 @@
+"""What a registered model version says about itself: its lineage tags and its model card.
+
+The lineage tags make a version traceable to its data (channel URIs and manifest digests), its code
+(git commit or package version), its job spec, its compute and carbon, and its final metrics. The
+pipeline passes what only it knows (manifests, FLOPs, energy, the Prefect run); this module adds what
+the engine knows. The model card is the same record as Markdown, for people: the version's
+description in MLflow and ``model_card.md`` in its run.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from trainyard.spec import TrainingJob
+
+CODE_VERSION_ENV = "TRAINYARD_CODE_VERSION"
+"""Overrides the detected code version (an image tag, a commit baked into a container without ``.git``)."""
+
+CODE_VERSION_TAG = "trainyard.code_version"
+JOB_SPEC_TAG = "trainyard.job_spec"
+METRIC_TAG_PREFIX = "metrics."
+
+
+def code_version() -> str:
+    """``git:<commit>`` (``+dirty`` with uncommitted changes) of the checkout Trainyard runs from, else
+    ``trainyard==<version>`` of the installed package."""
+    if os.environ.get(CODE_VERSION_ENV):
+        return os.environ[CODE_VERSION_ENV]
+    here = str(Path(__file__).resolve().parent)
+    try:
+        commit = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        return f"git:{commit}{'+dirty' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a checkout (an installed wheel), or no git: the package version is what there is
+    try:
+        return f"trainyard=={importlib.metadata.version('trainyard')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def lineage_tags(job: TrainingJob, final_metrics: dict[str, float]) -> dict[str, str]:
+    """The engine's share of a version's lineage: code version, job spec, final metrics."""
+    tags = {
+        CODE_VERSION_TAG: code_version(),
+        JOB_SPEC_TAG: json.dumps(job.model_dump(mode="json"), sort_keys=True, separators=(",", ":")),
+    }
+    tags |= {f"{METRIC_TAG_PREFIX}{k}": f"{v:.6g}" for k, v in final_metrics.items()}
+    return tags
+
+
+def final_metrics(history: list[dict], names: tuple[str, ...]) -> dict[str, float]:
+    """The last value of each metric in ``names`` over the epochs of ``history``."""
+    final: dict[str, float] = {}
+    for entry in history:
+        final |= {k: float(v) for k, v in entry.items() if k in names and v is not None}
+    return final
+
+
+def render(name: str, job_id: str, tags: dict[str, str]) -> str:
+    """The model card (Markdown) of a version from its lineage tags: data, metrics, carbon, lineage."""
+    channels = sorted({k.split(".")[1] for k in tags if k.startswith("data.") and k.count(".") >= 2})
+    lines = [f"# {name}", "", f"Trained by Trainyard job `{job_id}`.", ""]
+    lines += ["## Data", ""]
+    if channels:
+        lines += ["| channel | URI | manifest digest |", "| --- | --- | --- |"]
+        for ch in channels:
+            uri, digest = tags.get(f"data.{ch}.uri", "?"), tags.get(f"data.{ch}.manifest_digest", "?")
+            lines.append(f"| {ch} | `{uri}` | `{digest}` |")
+    else:
+        lines.append("No data lineage was recorded.")
+    metrics = {k.removeprefix(METRIC_TAG_PREFIX): v for k, v in tags.items() if k.startswith(METRIC_TAG_PREFIX)}
+    lines += ["", "## Metrics", "", "| metric | final value |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(metrics.items())] or ["| (none) | |"]
+    lines += ["", "## Compute and carbon", "", "| what | value |", "| --- | --- |"]
+    for key, label in (
+        ("compute.flops_total", "FLOPs"),
+        ("carbon.energy_kwh", "energy (kWh)"),
+        ("carbon.emissions_kg", "emissions (kgCO2e)"),
+    ):
+        lines.append(f"| {label} | {tags.get(key, 'not recorded')} |")
+    shown = {"data.", METRIC_TAG_PREFIX, "compute.flops_total", "carbon.energy_kwh", "carbon.emissions_kg"}
+    rest = {k: v for k, v in tags.items() if not k.startswith(tuple(shown)) and k != JOB_SPEC_TAG}
+    lines += ["", "## Lineage", "", "| tag | value |", "| --- | --- |"]
+    lines += [f"| {k} | `{v}` |" for k, v in sorted(rest.items())]
+    if JOB_SPEC_TAG in tags:
+        spec = json.dumps(json.loads(tags[JOB_SPEC_TAG]), indent=2)
+        lines += ["", "## Job spec", "", "```json", spec, "```"]
+    return "\n".join(lines) + "\n"

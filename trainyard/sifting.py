@@ -1,0 +1,143 @@
+"""Online sifting: train only on the samples a no-grad forward pass finds informative.
+
+The keep rule is smart sifting's (Selective-Backprop's): a sample whose loss sits at percentile
+``p`` of the recent losses (``loss_history_length`` of them) is kept with probability ``p ** beta``.
+Percentiles of fresh losses against their own recent history are uniform in steady state, so the
+expected kept fraction is ``E[U ** beta] = 1 / (1 + beta)``.
+
+Batches stay full and every group takes the same number of steps: each step draws
+``batch_size * (1 + beta)`` candidates (the sampler's global batch), scores them, and keeps
+``batch_size`` of them, drawn without replacement with weights ``p ** beta`` (Gumbel top-k, seeded by
+the step and group, so a redone step keeps the same samples). That keeps the steady-state kept
+fraction and the rule's preference for high-loss samples, without a variable number of candidates
+per step, which would tie each group's data position to its own history instead of to the step.
+
+A class balance guard keeps every class present among the candidates at no less than
+``min_class_fraction`` of its proportional share of the kept batch. The loss history is part of
+the replica group's torchft state, so a group that heals from a peer sifts as its peer does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from trainyard.spec import Sifting
+
+
+class Sifter:
+    """The keep rule and its loss history, for one replica group."""
+
+    def __init__(self, config: Sifting, seed: int):
+        self.config, self.seed = config, seed
+        self.history = np.empty(0, dtype=np.float32)
+        self.scored = 0
+        self.kept = 0
+        self.kept_by_class: dict[str, int] = {}
+        self.scored_by_class: dict[str, int] = {}
+
+    @property
+    def candidates_per_kept(self) -> float:
+        """Candidates drawn for each kept sample."""
+        return 1.0 + self.config.beta
+
+    def candidate_batch(self, batch_size: int) -> int:
+        """The global batch of candidates to draw for ``batch_size`` kept samples."""
+        return max(batch_size, round(batch_size * self.candidates_per_kept))
+
+    def keep_count(self, candidates: int) -> int:
+        """How many of ``candidates`` a group keeps (0 only when it has none)."""
+        return 0 if candidates <= 0 else max(1, round(candidates / self.candidates_per_kept))
+
+    def active(self, step: int) -> bool:
+        """Sifting starts after ``delay_steps``; before, the kept samples are a uniform draw."""
+        return step >= self.config.delay_steps
+
+    def keep_probability(self, losses: np.ndarray) -> np.ndarray:
+        """``percentile(loss) ** beta`` against the history (1 while the history is empty)."""
+        if not len(self.history):
+            return np.ones(len(losses))
+        ranked = np.sort(self.history)
+        below = np.searchsorted(ranked, losses, side="left")
+        through = np.searchsorted(ranked, losses, side="right")
+        percentile = (below + through) / (2.0 * len(ranked))  # ties count half
+        return percentile**self.config.beta
+
+    def select(self, losses: np.ndarray, labels: np.ndarray | None, keep: int, step: int, group: int) -> np.ndarray:
+        """Indices of the ``keep`` candidates to train on; the losses then join the history."""
+        weights = self.keep_probability(losses)
+        rng = np.random.default_rng([self.seed, step, group])
+        keys = np.log(np.maximum(weights, 1e-12)) + rng.gumbel(size=len(losses))
+        order = np.argsort(-keys, kind="stable")
+        chosen = order[:keep]
+        if labels is not None:
+            chosen = self._balance(chosen, order, labels, keep)
+        self._remember(losses, labels, chosen)
+        return np.sort(chosen)
+
+    def record_uniform(self, labels: np.ndarray | None, candidates: int, keep: int) -> None:
+        """Count a step before sifting starts (its first ``keep`` candidates are trained on)."""
+        self.scored += candidates
+        self.kept += keep
+        if labels is not None:
+            self._count(self.scored_by_class, labels)
+            self._count(self.kept_by_class, labels[:keep])
+
+    def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
+        """Swap in each starved class's best candidates for the weakest kept ones of the others."""
+        floor = self.config.min_class_fraction
+        classes, counts = np.unique(labels, return_counts=True)
+        need = {c: math.floor(floor * keep * n / len(labels)) for c, n in zip(classes.tolist(), counts, strict=True)}
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        kept = set(chosen.tolist())
+        for cls, minimum in need.items():
+            have = sum(1 for i in kept if labels[i] == cls)
+            spare = [i for i in order if labels[i] == cls and i not in kept]
+            while have < minimum and spare:
+                donors = [i for i in kept if labels[i] != cls and self._surplus(labels, kept, labels[i], need)]
+                if not donors:
+                    break
+                kept.remove(max(donors, key=lambda i: rank[i]))  # the weakest of a class with some to spare
+                kept.add(spare.pop(0))
+                have += 1
+        return np.fromiter(kept, dtype=np.int64, count=len(kept))
+
+    @staticmethod
+    def _surplus(labels: np.ndarray, kept: set[int], cls, need: dict) -> bool:
+        return sum(1 for i in kept if labels[i] == cls) > need.get(cls, 0)
+
+    def _remember(self, losses: np.ndarray, labels: np.ndarray | None, chosen: np.ndarray) -> None:
+        length = self.config.loss_history_length
+        self.history = np.concatenate([self.history, losses.astype(np.float32)])[-length:]
+        self.scored += len(losses)
+        self.kept += len(chosen)
+        if labels is not None:
+            self._count(self.scored_by_class, labels)
+            self._count(self.kept_by_class, labels[chosen])
+
+    @staticmethod
+    def _count(table: dict[str, int], labels: np.ndarray) -> None:
+        values, counts = np.unique(labels, return_counts=True)
+        for value, count in zip(values.tolist(), counts.tolist(), strict=True):
+            table[str(value)] = table.get(str(value), 0) + count
+
+    def state_dict(self) -> dict:
+        """What a healing group takes from its peer."""
+        return {"history": torch.from_numpy(self.history.copy())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = state["history"].numpy().astype(np.float32)
+
+    def report(self) -> dict:
+        """Kept fraction overall and per class (of the samples this group scored)."""
+        return {
+            "scored": self.scored,
+            "kept": self.kept,
+            "kept_fraction": self.kept / self.scored if self.scored else 1.0,
+            "kept_fraction_by_class": {
+                c: self.kept_by_class.get(c, 0) / n for c, n in sorted(self.scored_by_class.items()) if n
+            },
+        }

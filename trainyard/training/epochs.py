@@ -1,0 +1,81 @@
+"""Epoch bookkeeping shared by every replica group: validation metrics and the stopping rules.
+
+Decisions use only values every group shares (validation metrics of identical parameters, the
+epoch count), so the groups agree on when to stop without talking to each other.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from trainyard.spec import METRICS, TrainingJob
+from trainyard.training.flops import FlopMeter
+
+EVAL_BATCH = 4096
+
+
+@dataclass(slots=True)
+class History:
+    """Per-epoch metrics, shared across groups through the state dict."""
+
+    epochs: list[dict] = field(default_factory=list)
+    best: float | None = None
+    epochs_since_best: int = 0
+    stop_reason: str | None = None
+
+
+def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter: FlopMeter | None = None) -> dict:
+    """Validation metrics: ``val_loss``, plus ``val_accuracy`` (classification) or ``val_rmse``."""
+    model.eval()
+    loss_sum, correct, sq_err = 0.0, 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(x), EVAL_BATCH):
+            xb, yb = x[start : start + EVAL_BATCH], y[start : start + EVAL_BATCH]
+            out = model(xb)
+            if meter is not None:
+                meter.add_evaluation(xb)
+            loss_sum += float(loss_fn(out, yb).sum())
+            if task == "classification":
+                correct += int((out.argmax(dim=1) == yb).sum())
+            else:
+                sq_err += float(((out - yb) ** 2).sum())
+    model.train()
+    metrics = {"val_loss": loss_sum / len(x)}
+    if task == "classification":
+        metrics["val_accuracy"] = correct / len(x)
+    else:
+        metrics["val_rmse"] = math.sqrt(sq_err / len(x))
+    return metrics
+
+
+def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started: float) -> None:
+    history.epochs.append({"epoch": epoch, "elapsed_seconds": time.monotonic() - started, **metrics})
+    target = job.stopping.target_metric
+    if target is not None and target.name in metrics:
+        value = metrics[target.name]
+        if (value >= target.value) if METRICS[target.name] else (value <= target.value):
+            history.stop_reason = "TargetMetricReached"
+            return
+    if job.stopping.patience_epochs is not None:
+        watched = target.name if target is not None else "val_loss"
+        value, bigger_better = metrics.get(watched), METRICS[watched]
+        if value is not None:
+            improved = history.best is None or (value > history.best if bigger_better else value < history.best)
+            history.best, history.epochs_since_best = (
+                (value, 0) if improved else (history.best, history.epochs_since_best + 1)
+            )
+            if history.epochs_since_best >= job.stopping.patience_epochs:
+                history.stop_reason = "NoImprovement"
+
+
+def history_state(history: History) -> dict:
+    return {
+        "epochs": list(history.epochs),
+        "best": history.best,
+        "epochs_since_best": history.epochs_since_best,
+        "stop_reason": history.stop_reason,
+    }
