@@ -68,7 +68,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
             schema=staged.schema,
             num_replicas=job.resources.replicas,
             lighthouse_addr=handle.lighthouse_addr,
-            train_layout=staged.train_layout,
+            train_layout=report.train_layout if report.train_layout is not None else staged.train_layout,
             streamed=staged.streamed,
             extra_channels=staged.extra_channels,
         )

@@ -16,7 +16,13 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
     """Filter the staged training set; return the report and the data the groups will train on."""
     logger = get_run_logger()
     with stage_meter("filtering", job) as record:
-        record["report"] = filtering.filter_samples(staged, job.sifting)
+        record["report"] = filtering.filter_samples(staged, job.sifting, job.algorithm.task)
     report = record["report"]
-    logger.info("filtering kept %d of %d samples (%.1f%%)", report.kept, report.total, 100 * report.kept_fraction)
+    logger.info(
+        "filtering kept %d of %d samples (%.1f%%); dropped %s",
+        report.kept,
+        report.total,
+        100 * report.kept_fraction,
+        report.dropped or "nothing",
+    )
     return record

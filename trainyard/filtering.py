@@ -1,16 +1,35 @@
-"""Stage 3, filtering: decide which training samples are worth their compute.
+"""Stage 3, filtering: decide which training samples are worth their compute, before training.
 
-In this version the offline prefilter keeps every sample and reports so; the online sifter's
-settings are validated and passed to the replica groups. The stage's contract (a filtered training
-set and a report of what was dropped and why) is what later work fills in.
+The offline prefilter (``sifting.prefilter``) drops three kinds of rows, RHO-LOSS style:
+
+- **duplicate**: an exact copy (features and label) of an earlier row;
+- **learnt**: rows a reference model that never saw them already predicts best (the lowest
+  held-out losses): training on them teaches little;
+- **unlearnable**: rows with the highest held-out losses, beyond what the model class can fit:
+  most often wrong labels, which training would only memorise.
+
+The held-out losses come from cross-fitting: the rows are split in two halves, a small reference
+model is trained briefly on each half and scores the other, so every row is scored by a model
+that did not train on it. What is dropped is written as a filtered training file the replica groups
+read, and reported with its reasons and the FLOPs the scoring cost. The online sifter (``sifting``)
+then runs inside each group's training loop (``trainyard.sifting``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainyard import algorithms
 from trainyard.datasets import StagedData
-from trainyard.spec import Sifting
+from trainyard.spec import Algorithm, Hyperparameters, Prefilter, Sifting
+
+REFERENCE_BATCH = 256
 
 
 @dataclass(slots=True)
@@ -23,16 +42,102 @@ class FilterReport:
     dropped: dict[str, int] = field(default_factory=dict)
     scoring_flops: int = 0
     sifting_enabled: bool = False
+    train_layout: list[dict] | None = None
+    """The layout of the filtered rows by object (for sharding), when rows were dropped."""
 
     @property
     def kept_fraction(self) -> float:
         return self.kept / self.total if self.total else 1.0
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"kept_fraction": self.kept_fraction}
+        return {k: v for k, v in asdict(self).items() if k != "train_layout"} | {"kept_fraction": self.kept_fraction}
 
 
-def filter_samples(staged: StagedData, sifting: Sifting) -> FilterReport:
-    """Choose the training samples; in this version every sample is kept."""
+def filter_samples(staged: StagedData, sifting: Sifting, task: str = "classification") -> FilterReport:
+    """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row."""
     total = staged.rows["train"]
-    return FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=False)
+    report = FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=sifting.enabled)
+    if not sifting.prefilter.enabled or staged.streamed:
+        return report  # a streamed channel is never read whole before training: nothing to prefilter
+    data = np.load(staged.train_data)
+    x, y = data["x"], data["y"]
+    keep, dropped, flops = prefilter(x, y, sifting.prefilter, task, staged.schema.get("num_outputs", 1))
+    path = Path(staged.train_data).with_name("train.filtered.npz")
+    np.savez(path, x=x[keep], y=y[keep])
+    report.train_data, report.kept, report.dropped, report.scoring_flops = str(path), int(keep.sum()), dropped, flops
+    report.train_layout = filtered_layout(staged.train_layout, keep)
+    return report
+
+
+def prefilter(
+    x: np.ndarray, y: np.ndarray, config: Prefilter, task: str, num_outputs: int
+) -> tuple[np.ndarray, dict[str, int], int]:
+    """``(keep mask, dropped count by reason, FLOPs spent)`` for the rows ``x``, ``y``."""
+    keep = ~duplicates(x, y)
+    dropped = {"duplicate": int((~keep).sum())}
+    losses, flops = held_out_losses(x, y, keep, config, task, num_outputs)
+    candidates = np.flatnonzero(keep)
+    order = candidates[np.argsort(losses[candidates], kind="stable")]
+    n_learnt = math.floor(config.drop_learnt_fraction * len(order))
+    n_unlearnable = math.floor(config.drop_unlearnable_fraction * len(order))
+    keep[order[:n_learnt]] = False
+    keep[order[len(order) - n_unlearnable :]] = False
+    dropped |= {"learnt": n_learnt, "unlearnable": n_unlearnable}
+    return keep, dropped, flops
+
+
+def duplicates(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """True for each row that repeats an earlier one exactly (features and label)."""
+    rows = np.concatenate([np.ascontiguousarray(x).view(np.uint8).reshape(len(x), -1), _label_bytes(y)], axis=1)
+    _, first = np.unique(rows, axis=0, return_index=True)
+    repeated = np.ones(len(x), dtype=bool)
+    repeated[first] = False
+    return repeated
+
+
+def held_out_losses(
+    x: np.ndarray, y: np.ndarray, rows: np.ndarray, config: Prefilter, task: str, num_outputs: int
+) -> tuple[np.ndarray, int]:
+    """Each selected row's loss under a reference model trained on the other half; NaN elsewhere."""
+    losses = np.full(len(x), np.nan)
+    chosen = np.flatnonzero(rows)
+    halves = np.array_split(np.random.default_rng(config.seed).permutation(chosen), 2)
+    flops = 0
+    for train_rows, score_rows in ((halves[0], halves[1]), (halves[1], halves[0])):
+        model, loss_fn, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            scored = model(torch.from_numpy(x[score_rows]))
+            losses[score_rows] = loss_fn(scored, torch.from_numpy(y[score_rows])).numpy()
+        flops += spent + counter.get_total_flops()
+    return losses, flops
+
+
+def _reference(x: np.ndarray, y: np.ndarray, config: Prefilter, task: str, num_outputs: int):
+    """A small model of the job's task, trained briefly: ``(model, per-sample loss, FLOPs spent)``."""
+    builtin = "mlp-classifier" if task == "classification" else "linear-regression"
+    hp = Hyperparameters(hidden_sizes=list(config.reference_hidden_sizes), seed=config.seed)
+    model, loss_fn = algorithms.build(Algorithm(builtin=builtin), hp, x, y, num_outputs)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.reference_learning_rate)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    gen = torch.Generator().manual_seed(config.seed)
+    with FlopCounterMode(display=False) as counter:
+        for _ in range(config.reference_epochs):
+            for batch in torch.randperm(len(xt), generator=gen).split(REFERENCE_BATCH):
+                optimizer.zero_grad()
+                loss_fn(model(xt[batch]), yt[batch]).mean().backward()
+                optimizer.step()
+    return model.eval(), loss_fn, counter.get_total_flops()
+
+
+def filtered_layout(layout: list[dict], keep: np.ndarray) -> list[dict]:
+    """The objects' row ranges after filtering (row groups are gone: each object is one unit)."""
+    out, start = [], 0
+    for obj in layout:
+        kept = int(keep[obj["start"] : obj["end"]].sum())
+        out.append({"id": obj["id"], "start": start, "end": start + kept, "row_groups": [kept]})
+        start += kept
+    return out
+
+
+def _label_bytes(y: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(y.reshape(len(y), -1)).view(np.uint8).reshape(len(y), -1)

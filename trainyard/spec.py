@@ -181,6 +181,23 @@ class Resources(_Model):
         return self
 
 
+class Prefilter(_Model):
+    """The offline prefilter: before training, drop duplicates and rows a reference model finds
+    already learnt or unlearnable (RHO-LOSS style)."""
+
+    enabled: bool = Field(default=False, description="Prefilter the training set before training.")
+    drop_learnt_fraction: float = Field(
+        default=0.2, ge=0, lt=1, description="Share of rows with the lowest held-out loss to drop (already learnt)."
+    )
+    drop_unlearnable_fraction: float = Field(
+        default=0.05, ge=0, lt=1, description="Share of rows with the highest held-out loss to drop (likely noise)."
+    )
+    reference_epochs: int = Field(default=3, ge=1, description="Epochs the reference models train for.")
+    reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")
+    reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
+    seed: int = Field(default=0, description="Seed of the cross-fitting split and the reference models.")
+
+
 class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
 
@@ -188,6 +205,7 @@ class Sifting(_Model):
     beta: float = Field(default=1.0, gt=0, description="Keep probability = loss percentile ** beta.")
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
     delay_steps: int = Field(default=10, ge=0, description="Steps trained on everything before sifting starts.")
+    prefilter: Prefilter = Field(default_factory=Prefilter, description="The offline prefilter, before training.")
     min_class_fraction: float = Field(
         default=0.5,
         ge=0,
@@ -263,7 +281,9 @@ class PromoteIf(_Model):
     mode: Literal["max", "min"] = Field(default="max", description="max: bigger wins; min: smaller wins.")
     min_gain: float = Field(default=0.0, ge=0, description="How much better than the champion it must be.")
     max_emissions_kg: float | None = Field(
-        default=None, gt=0, description="Carbon ceiling: a version whose job emitted more kgCO2e never becomes champion."
+        default=None,
+        gt=0,
+        description="Carbon ceiling: a version whose job emitted more kgCO2e never becomes the champion.",
     )
 
 

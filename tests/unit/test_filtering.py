@@ -1,0 +1,49 @@
+"""The offline prefilter: planted duplicates and wrong labels go, clean rows mostly stay."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainyard import filtering
+from trainyard.datasets import StagedData
+from trainyard.spec import Prefilter, Sifting
+
+
+def noisy_blobs(rows: int = 2000, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, rows)
+    x = (rng.normal(size=(rows, 6)) + 2.5 * np.eye(3, 6)[y]).astype(np.float32)
+    dup_of = rng.choice(rows, 100, replace=False)
+    x, y = np.concatenate([x, x[dup_of]]), np.concatenate([y, y[dup_of]])  # 100 planted duplicates at the end
+    flipped = rng.choice(np.setdiff1d(np.arange(rows), dup_of), 100, replace=False)  # originals stay exact
+    y[flipped] = (y[flipped] + rng.integers(1, 3, 100)) % 3  # 100 planted wrong labels
+    return x, y.astype(np.int64), flipped
+
+
+def test_duplicates_and_wrong_labels_are_dropped_far_more_often_than_clean_rows():
+    x, y, flipped = noisy_blobs()
+    keep, dropped, flops = filtering.prefilter(x, y, Prefilter(enabled=True), "classification", 3)
+    duplicates = np.arange(2000, 2100)
+    clean = np.setdiff1d(np.arange(2000), flipped)
+    assert dropped["duplicate"] >= 100 and not keep[duplicates].any()
+    mislabelled_dropped = 1 - keep[flipped].mean()
+    clean_dropped = 1 - keep[clean].mean()
+    assert mislabelled_dropped > 0.6 and clean_dropped < 0.25
+    assert mislabelled_dropped > 3 * clean_dropped
+    assert dropped["learnt"] + dropped["unlearnable"] + dropped["duplicate"] == (~keep).sum()
+    assert flops > 0  # the reference models' training and scoring are counted
+
+
+def test_the_stage_writes_a_filtered_training_file_and_its_layout(tmp_path):
+    x, y, _ = noisy_blobs(rows=400)
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    layout = [{"id": "s3://bkt/a", "start": 0, "end": 250, "row_groups": [250]}]
+    layout.append({"id": "s3://bkt/b", "start": 250, "end": 500, "row_groups": [250]})
+    staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 500}, layout)
+    off = filtering.filter_samples(staged, Sifting(), "classification")
+    assert off.train_data == staged.train_data and off.kept == 500 and off.train_layout is None
+    report = filtering.filter_samples(staged, Sifting(prefilter={"enabled": True}), "classification")
+    kept = np.load(report.train_data)
+    assert len(kept["x"]) == report.kept == 500 - sum(report.dropped.values())
+    assert report.train_layout[-1]["end"] == report.kept and report.train_layout[0]["start"] == 0
+    assert report.to_dict()["kept_fraction"] == report.kept / 500
