@@ -72,6 +72,13 @@ class Hyperparameters(BaseModel):
     optimizer: Literal["adam", "sgd"] = Field(default="adam", description="adam or sgd (with momentum).")
     momentum: float = Field(default=0.9, ge=0, lt=1, description="Momentum, for sgd only.")
     weight_decay: float = Field(default=0.0, ge=0, description="L2 penalty (decoupled for adam: AdamW).")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="Learning-rate decay over the epochs: constant, cosine or linear."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear learning-rate warm-up from zero.")
+    min_lr_fraction: float = Field(
+        default=0.0, ge=0, le=1, description="Where cosine or linear decay ends, as a fraction of learning_rate."
+    )
     hidden_sizes: list[int] = Field(default=[128, 128], description="Hidden layer widths of mlp-classifier.")
     seed: int = Field(default=0, ge=0, description="Seed for initialisation and shuffling.")
 

@@ -84,3 +84,18 @@ def test_sifting_keeps_full_batches_of_the_hardest_samples_and_guards_classes():
     again = Sifter(Sifting(enabled=True, beta=1.0), seed=0)
     again.history = sifter.history[:-128].copy()
     assert (again.select(losses, labels, 64, step=20, group=0) == chosen).all()  # a redone step keeps the same
+
+
+def test_learning_rate_schedules():
+    from trainyard.spec import Hyperparameters
+    from trainyard.training.epochs import learning_rate
+
+    constant = Hyperparameters(learning_rate=0.1)
+    assert learning_rate(constant, 500, 0.5) == 0.1
+    cosine = Hyperparameters(learning_rate=0.1, lr_schedule="cosine", warmup_steps=10, min_lr_fraction=0.1)
+    assert learning_rate(cosine, 0, 0.0) == pytest.approx(0.01)  # warm-up from near zero
+    assert learning_rate(cosine, 50, 0.0) == pytest.approx(0.1)
+    assert learning_rate(cosine, 50, 0.5) == pytest.approx(0.055)
+    assert learning_rate(cosine, 50, 1.0) == pytest.approx(0.01)
+    linear = Hyperparameters(learning_rate=0.1, lr_schedule="linear")
+    assert learning_rate(linear, 50, 0.25) == pytest.approx(0.075)

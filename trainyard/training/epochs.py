@@ -79,3 +79,20 @@ def history_state(history: History) -> dict:
         "epochs_since_best": history.epochs_since_best,
         "stop_reason": history.stop_reason,
     }
+
+
+def learning_rate(hp, step: int, progress: float) -> float:
+    """The learning rate at ``step``, ``progress`` (0..1) of the way through the epochs.
+
+    A function of the committed step and the epoch position only, which every group shares, so
+    the schedule needs no state of its own and a healed group is on it at once.
+    """
+    lr = hp.learning_rate
+    if hp.lr_schedule != "constant":
+        floor = hp.min_lr_fraction
+        t = min(max(progress, 0.0), 1.0)
+        decay = 0.5 * (1 + math.cos(math.pi * t)) if hp.lr_schedule == "cosine" else 1 - t
+        lr *= floor + (1 - floor) * decay
+    if step < hp.warmup_steps:
+        lr *= (step + 1) / hp.warmup_steps
+    return lr

@@ -28,7 +28,7 @@ from trainyard.home import write_json_atomic
 from trainyard.spec import TrainingJob
 from trainyard.training import checkpoint
 from trainyard.training.batches import StepData
-from trainyard.training.epochs import History, end_epoch, evaluate, history_state
+from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
 
@@ -183,6 +183,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 meter.add_train_step(xb, yb)
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
+            index, spe = step - cursor["start_step"], data.steps_per_epoch(cursor["slots"])
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = learning_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs)
             optimizer.step()
             if step_log is not None:
                 step_log.add(manager.current_step())
