@@ -21,7 +21,7 @@ from tasks.launch import launch_groups
 from tasks.registry import register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
-from trainyard import STAGES, carbon, launch, outputs, registry, status
+from trainyard import STAGES, carbon, esg, launch, outputs, registry, status
 from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
 from trainyard.home import new_job_id, write_json_atomic
@@ -73,12 +73,15 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
             extra_channels=staged.extra_channels,
         )
         log.enter("Training", "Training in progress")
-        stages["training"] = train(job, handle, plan)
+        spent = [s["energy"] for s in stages.values()]
+        stages["training"] = train(
+            job, handle, plan, (sum(e["energy_kwh"] for e in spent), sum(e["emissions_kg"] for e in spent))
+        )
         outcome = stages["training"]["outcome"]
         primary, secondary = status.primary_status(outcome.stop_reason)
         log.enter("Uploading", "Uploading the trained model")
         model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
-        stages["carbon"] = account(job, [s["energy"] for s in stages.values()])
+        stages["carbon"] = account(job, [s["energy"] for s in stages.values()], outcome, report)
         carbon_section = stages["carbon"]["carbon"]
         if primary == "Completed":
             tags = _lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
@@ -134,7 +137,13 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
             "joins": outcome.joins if outcome else [],
             "scaling": outcome.scaling if outcome else [],
         },
-        "carbon": carbon.rollup(energy, job.carbon),
+        "carbon": esg.report(
+            carbon.rollup(energy, job.carbon),
+            job.carbon,
+            outcome,
+            report,
+            status.final_metrics(outcome.history) if outcome else {},
+        ),
         "training": {
             "stop_reason": outcome.stop_reason,
             "steps_per_epoch": outcome.steps_per_epoch,
@@ -174,8 +183,10 @@ def _publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, l
         logger.warning(summary["sifting"]["warning"])
     try:
         summary["summary_uri"] = outputs.upload_summary(job, job_id, summary)
+        summary["carbon"]["ledger_uri"] = esg.write_ledger_row(job.output.s3_uri, esg.ledger_row(summary))
     except TrainyardError as exc:
-        logger.warning("could not upload the summary: %s", exc)
+        logger.warning("could not upload the summary or the carbon ledger row: %s", exc)
+    create_markdown_artifact(key=f"carbon-{job.name.lower()}", markdown=esg.markdown(job_id, summary["carbon"]))
     if model is not None:
         registry.log_summary(model["run_id"], summary)
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())

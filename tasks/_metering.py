@@ -17,10 +17,12 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
     record: dict = {"stage": stage}
     started = time.monotonic()
     with carbon.meter(stage, job.carbon) as energy:
+        record["meter"] = energy  # live readings while the stage runs
         try:
             yield record
         finally:
             record["seconds"] = time.monotonic() - started
+            del record["meter"]
     record["energy"] = energy.to_dict()
 
 

@@ -6,18 +6,20 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import stage_meter
-from trainyard import carbon
+from trainyard import carbon, esg, status
 from trainyard.spec import TrainingJob
 
 
 @task(name="carbon", cache_policy=NO_CACHE)
-def account(job: TrainingJob, stage_energy: list[dict]) -> dict:
-    """Sum the stages measured so far (this one included) into the summary's ``carbon`` section."""
+def account(job: TrainingJob, stage_energy: list[dict], outcome=None, prefilter=None) -> dict:
+    """Sum the stages measured so far (this one included) into the summary's ``carbon`` section: the
+    job's ESG report (``trainyard.esg``)."""
     logger = get_run_logger()
     with stage_meter("carbon", job) as record:
         pass  # the roll-up itself is instant; the meter records this stage's share for completeness
     records = [carbon.StageEnergy(**e) for e in [*stage_energy, record["energy"]]]
-    record["carbon"] = carbon.rollup(records, job.carbon)
+    metrics = status.final_metrics(outcome.history) if outcome else {}
+    record["carbon"] = esg.report(carbon.rollup(records, job.carbon), job.carbon, outcome, prefilter, metrics)
     c = record["carbon"]
     logger.info(
         "energy %.3g kWh, emissions %.3g kgCO2e (%s)", c["energy_kwh"], c["emissions_kg"], c["measurement_mode"]

@@ -1,4 +1,8 @@
-"""Registry task: log the model with its lineage to MLflow and register a version."""
+"""Registry task: log the model with its lineage to MLflow and register a version (exactly once per job).
+
+An unreachable tracking server is a ``RegistryUnavailable`` (a transient ``StorageError``): the task
+retries it; registering again for the same job never adds a second version.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ from pathlib import Path
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import deployment, flow_run
 
 from tasks._metering import retry_transient, stage_meter
-from trainyard import plots, registry
+from trainyard import model_card, plots, registry
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.supervisor import TrainingOutcome, load_model
@@ -17,7 +22,15 @@ from trainyard.training.supervisor import TrainingOutcome, load_model
 
 @task(name="registry", retries=2, retry_delay_seconds=3, retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
 def register_model(job: TrainingJob, job_id: str, plan: TrainingPlan, outcome: TrainingOutcome, tags: dict) -> dict:
-    """Register the trained model (idempotent per job id); return the summary's ``model`` section."""
+    """Register the trained model (idempotent per job id); return the summary's ``model`` section.
+
+    Args:
+        job: the job spec.
+        job_id: the job's id; the version is keyed by it.
+        plan: where the training and validation arrays are (the input example comes from them).
+        outcome: the training stage's result (model file, history, recoveries).
+        tags: the pipeline's lineage tags (data, compute, carbon); Prefect's run and deployment are added.
+    """
     logger = get_run_logger()
     with stage_meter("registry", job) as record:
         model = load_model(outcome, job, plan)
@@ -25,9 +38,19 @@ def register_model(job: TrainingJob, job_id: str, plan: TrainingPlan, outcome: T
         plot = plots.plot_history(outcome.history, Path(plan.train_data).parent / "training_curves.png", job_id)
         params = {f"hp.{k}": v for k, v in job.hyperparameters.model_dump().items()}
         params |= {"algorithm": job.algorithm.builtin or job.algorithm.entrypoint, "replicas": job.resources.replicas}
+        lineage = {**model_card.training_tags(outcome, job.sifting.enabled), **_prefect_tags(), **tags}
         record["model"] = registry.register(
-            model, job, job_id, example, outcome.history, params, tags, {"training_curves": plot}
+            model, job, job_id, example, outcome.history, params, lineage, {"training_curves": plot}
         )
     m = record["model"]
-    logger.info("registered %s version %s (aliases %s)", m["name"], m["version"], m["aliases"])
+    logger.info("registered %s version %s (aliases %s; %s)", m["name"], m["version"], m["aliases"], m["gate"])
     return record
+
+
+def _prefect_tags() -> dict[str, str]:
+    """The Prefect flow run and deployment this registration ran under ("none" when run in-process)."""
+    return {
+        "prefect.flow_run_id": str(flow_run.get_id() or "none"),
+        "prefect.deployment_id": str(deployment.get_id() or "none"),
+        "prefect.deployment_name": str(deployment.name or "none"),
+    }

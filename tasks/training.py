@@ -3,29 +3,52 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from tasks._metering import stage_meter
-from trainyard import progress
+from trainyard import carbon, progress
 from trainyard.launch import LaunchHandle
 from trainyard.spec import TrainingJob
 from trainyard.training import supervisor
-from trainyard.training.plan import TrainingPlan
+from trainyard.training.plan import TrainingPlan, request_stop
 
 
 @task(name="training", cache_policy=NO_CACHE)
-def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan) -> dict:
-    """Run the replica groups to the job's stopping condition; return the outcome (model path, history)."""
+def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """Run the replica groups to the job's stopping condition; return the outcome (model path, history).
+
+    ``spent``: (kWh, kgCO2e) of the earlier stages, so the live figures and the budget are the job's.
+    """
     logger = get_run_logger()
     with stage_meter("training", job) as record, progress.bar("training epochs", job.hyperparameters.epochs) as advance:
+        artifact = create_progress_artifact(0.0, description=f"{plan.job_id}: training")
+        shown = {"percent": 0.0, "last": None}
+
+        def on_sample(sample: dict) -> None:
+            last, shown["last"] = shown["last"], sample
+            rate = 0.0
+            if last is not None and sample["seconds"] > last["seconds"]:
+                rate = (sample["emissions_kg"] - last["emissions_kg"]) * 3.6e6 / (sample["seconds"] - last["seconds"])
+            text = f"{sample['energy_kwh']:.4g} kWh, {sample['emissions_kg']:.4g} kgCO2e so far ({rate:.3g} g/h)"
+            update_progress_artifact(artifact, shown["percent"], description=f"{plan.job_id}: {text}")
+
+        def on_budget(kg: float) -> None:
+            message = f"emissions {kg:.4g} kgCO2e passed carbon.budget_kg={job.carbon.budget_kg}"
+            logger.warning("%s: stopping every replica group", message)
+            request_stop(Path(handle.job_dir), "CarbonBudgetExceeded", message)
+
         done = [0]
 
         def on_progress(epochs: int, metrics: dict | None) -> None:
             advance(epochs - done[0])
             done[0] = epochs
+            shown["percent"] = 100.0 * epochs / job.hyperparameters.epochs
+            update_progress_artifact(artifact, shown["percent"])
             logger.info("epoch %d: %s", epochs, {k: round(v, 5) for k, v in (metrics or {}).items()})
 
         def on_event(kind: str, payload: dict) -> None:
@@ -42,7 +65,12 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan) -> dict:
             level = logging.WARNING if kind == "replica.failed" else logging.INFO
             logger.log(level, "%s: %s", kind, payload)
 
-        record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
+        # A live reading (and budget check) at every power reading, at most once a second.
+        interval = max(1.0, job.carbon.measure_power_secs)
+        watch = carbon.LiveWatch(record["meter"], interval, *spent, job.carbon.budget_kg, on_sample, on_budget)
+        with watch:
+            record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
+        record["carbon_live"] = watch.samples
     outcome = record["outcome"]
     logger.info(
         "training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps, len(outcome.failures)

@@ -9,6 +9,7 @@ twice. ``rollup`` turns the per-stage records into the summary's ``carbon`` sect
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,10 +17,8 @@ from dataclasses import asdict, dataclass
 
 from trainyard.spec import Carbon
 
-MEASURE_POWER_SECONDS = 1.0
 
-
-@dataclass(slots=True)
+@dataclass  # not slotted: a running meter puts a live ``reading`` on the record
 class StageEnergy:
     """What one stage drew and emitted."""
 
@@ -28,14 +27,25 @@ class StageEnergy:
     emissions_kg: float = 0.0
     duration_seconds: float = 0.0
     measurement_mode: str = "unknown"
+    cpu_energy_kwh: float = 0.0
+    gpu_energy_kwh: float = 0.0
+    ram_energy_kwh: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def reading(self) -> tuple[float, float]:
+        """``(kWh, kgCO2e)`` so far, while the meter runs (the final figures after it stops)."""
+        return self.energy_kwh, self.emissions_kg
+
 
 @contextmanager
-def meter(stage: str, settings: Carbon) -> Iterator[StageEnergy]:
-    """Measure the enclosed work with codecarbon's offline tracker; fill the yielded record on exit."""
+def meter(stage: str, settings: Carbon, tracking_mode: str = "machine") -> Iterator[StageEnergy]:
+    """Measure the enclosed work with codecarbon's offline tracker; fill the yielded record on exit.
+
+    ``machine`` measures the whole machine (the orchestrating stages); ``process`` only this process
+    and its children (a replica group's share). ``record.reading()`` gives the figures so far.
+    """
     from codecarbon import OfflineEmissionsTracker
 
     # codecarbon logs a warning per tracker about concurrent instances; they are ours and expected.
@@ -45,8 +55,8 @@ def meter(stage: str, settings: Carbon) -> Iterator[StageEnergy]:
     tracker = OfflineEmissionsTracker(
         country_iso_code=settings.country_iso_code,
         pue=settings.pue,
-        measure_power_secs=MEASURE_POWER_SECONDS,
-        tracking_mode="machine",
+        measure_power_secs=settings.measure_power_secs,
+        tracking_mode=tracking_mode,
         save_to_file=False,
         log_level="error",
         project_name=f"trainyard-{stage}",
@@ -54,13 +64,23 @@ def meter(stage: str, settings: Carbon) -> Iterator[StageEnergy]:
     )
     started = time.monotonic()
     tracker.start()
+
+    def live() -> tuple[float, float]:
+        emissions = tracker.flush()  # measures now; with no output configured it writes nothing
+        return float(tracker._total_energy.kWh), float(emissions or 0.0)  # codecarbon has no public getter
+
+    record.reading = live
     try:
         yield record
     finally:
         tracker.stop()
+        del record.reading  # back to the final figures
         data = tracker.final_emissions_data
         record.energy_kwh = float(data.energy_consumed)
         record.emissions_kg = float(data.emissions)
+        record.cpu_energy_kwh = float(data.cpu_energy or 0.0)
+        record.gpu_energy_kwh = float(data.gpu_energy or 0.0)
+        record.ram_energy_kwh = float(data.ram_energy or 0.0)
         record.duration_seconds = time.monotonic() - started
         record.measurement_mode = measurement_mode(tracker)
 
@@ -93,11 +113,85 @@ def rollup(records: list[StageEnergy], settings: Carbon) -> dict:
         "country_iso_code": settings.country_iso_code,
         "region": settings.region,
         "intensity_g_per_kwh": intensity,
-        "intensity_source": "codecarbon offline energy-mix data",
+        "intensity_source": f"codecarbon offline energy mix for {settings.country_iso_code}"
+        + (f"/{settings.region}" if settings.region else ""),
         "pue": settings.pue,
         "scope2_location_based_kg": emissions,
-        "scope2_market_based_kg": None,  # no supplier emission factor in the spec: not invented
         "budget_kg": settings.budget_kg,
         "by_stage": {r.stage: {"energy_kwh": r.energy_kwh, "emissions_kg": r.emissions_kg} for r in records},
+        "by_device_kwh": {
+            "cpu": sum(r.cpu_energy_kwh for r in records),
+            "gpu": sum(r.gpu_energy_kwh for r in records),
+            "ram": sum(r.ram_energy_kwh for r in records),
+        },
         "merge": "one machine-wide tracker per stage in the orchestrating process; stages never overlap",
     }
+
+
+class BackgroundMeter:
+    """A replica group's own tracker, in process mode (this process and its children), started in
+    a thread: codecarbon's first start in a process probes the hardware for ~1.5 s, which a restarted
+    group must not spend before it heals. Only energy is kept; emissions follow from the job's grid
+    intensity when the job is rolled up."""
+
+    def __init__(self, name: str):
+        self._context = meter(name, Carbon(), tracking_mode="process")
+        self._record: StageEnergy | None = None
+        self._thread = threading.Thread(target=self._start, name="trainyard-carbon", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._record = self._context.__enter__()
+        except Exception:  # noqa: BLE001 - metering must never stop training
+            logging.getLogger(__name__).warning("carbon meter did not start", exc_info=True)
+
+    def stop(self) -> dict | None:
+        """Stop the tracker; the energy record, or None if it never started."""
+        self._thread.join()
+        if self._record is None:
+            return None
+        self._context.__exit__(None, None, None)
+        return self._record.to_dict()
+
+
+class LiveWatch:
+    """Samples a running meter every ``interval`` seconds in a thread: ``on_sample(seconds, kWh,
+    kgCO2e)`` with the job's totals so far (``spent_kg`` from earlier stages included), and
+    ``on_budget(kg)`` once when they pass ``budget_kg``."""
+
+    def __init__(self, record: StageEnergy, interval: float, spent_kwh: float, spent_kg: float,
+                 budget_kg: float | None, on_sample, on_budget):  # fmt: skip
+        self.record, self.interval, self.budget_kg = record, interval, budget_kg
+        self.spent_kwh, self.spent_kg = spent_kwh, spent_kg
+        self.on_sample, self.on_budget = on_sample, on_budget
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="trainyard-carbon-live", daemon=True)
+
+    def __enter__(self) -> LiveWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        over = False
+        while not self._stop.wait(self.interval):
+            kwh, kg = self.record.reading()
+            sample = {
+                "seconds": time.monotonic() - self._started,
+                "energy_kwh": self.spent_kwh + kwh,
+                "emissions_kg": self.spent_kg + kg,
+            }
+            self.samples.append(sample)
+            try:
+                self.on_sample(sample)
+                if not over and self.budget_kg is not None and sample["emissions_kg"] > self.budget_kg:
+                    over = True
+                    self.on_budget(sample["emissions_kg"])
+            except Exception:  # noqa: BLE001 - a failing reporter must not stop the watch
+                logging.getLogger(__name__).warning("carbon live reporting failed", exc_info=True)

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainyard.cli_models import models_app
 from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import home, new_job_id
 from trainyard.spec import TrainingJob, load_job, parse_job
@@ -27,6 +28,7 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True)
+app.add_typer(models_app, name="models")
 
 SetOption = Annotated[
     list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (YAML value).")

@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import os
 import subprocess
+from collections.abc import Collection
 from pathlib import Path
 
 from trainyard.spec import TrainingJob
@@ -61,7 +62,21 @@ def lineage_tags(job: TrainingJob, final_metrics: dict[str, float]) -> dict[str,
     return tags
 
 
-def final_metrics(history: list[dict], names: tuple[str, ...]) -> dict[str, float]:
+def training_tags(outcome, sifting_enabled: bool) -> dict[str, str]:
+    """Recovery and training stats of a ``TrainingOutcome`` as lineage tags."""
+    seconds = [r.get("recovery_seconds") for r in outcome.recoveries if r.get("recovery_seconds") is not None]
+    return {
+        "training.stop_reason": str(outcome.stop_reason),
+        "training.steps": str(outcome.steps),
+        "training.samples_trained": str(outcome.samples_trained),
+        "elastic.failures": str(len(outcome.failures)),
+        "elastic.recoveries": str(len(outcome.recoveries)),
+        "elastic.recovery_seconds_max": f"{max(seconds):.3g}" if seconds else "0",
+        "sifting.enabled": str(sifting_enabled).lower(),
+    }
+
+
+def final_metrics(history: list[dict], names: Collection[str]) -> dict[str, float]:
     """The last value of each metric in ``names`` over the epochs of ``history``."""
     final: dict[str, float] = {}
     for entry in history:

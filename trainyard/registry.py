@@ -17,23 +17,19 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainyard import model_card
+from trainyard import model_card, promotion
 from trainyard.errors import RegistryError, StorageError, TrainyardError
 from trainyard.home import home
-from trainyard.spec import METRICS, PromoteIf, TrainingJob
+from trainyard.spec import METRICS, TrainingJob
 
 JOB_ID_TAG = "trainyard.job_id"
 APPROVAL_TAG = "approval_status"
-GATE_TAG = "trainyard.gate"
-EMISSIONS_TAG = "carbon.emissions_kg"
 APPROVAL_STATUSES = ("PendingManualApproval", "Approved", "Rejected")  # SageMaker's ModelApprovalStatus
-CHAMPION, CANDIDATE = "champion", "candidate"
 
 # MLflow error codes after which the same request may succeed (the server or its database was away).
 _TRANSIENT_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED"}
@@ -94,8 +90,8 @@ def register(
         version = _version_of_job(client, name, job_id)
         if version is None:
             version = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
-        if GATE_TAG not in (version.tags or {}):  # new, or an earlier attempt stopped before the gate
-            _gate(client, job.registry.promote_if, name, version)
+        if promotion.GATE_TAG not in (version.tags or {}):  # new, or an earlier attempt stopped before the gate
+            promotion.gate(client, job.registry.promote_if, name, version)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except _service_errors() as exc:
         raise _translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
@@ -110,6 +106,69 @@ def log_summary(run_id: str, summary: dict) -> None:
         path = Path(tmp) / "summary.json"
         path.write_text(json.dumps(summary, indent=2, default=str))
         client.log_artifact(run_id, str(path))
+
+
+def list_versions(name: str | None = None) -> list[dict]:
+    """Every registered version (of ``name``, or of every model), newest first, as ``model`` summaries."""
+    import mlflow
+
+    uri = tracking_uri()
+    client = mlflow.MlflowClient(uri)
+    try:
+        if name is not None:
+            client.get_registered_model(name)  # an unknown name is a mistake, not an empty list
+        found = client.search_model_versions(f"name='{name}'" if name else None)
+        rows = [model_summary(client, v.name, v, uri) for v in found]
+    except _service_errors() as exc:
+        raise _translate(exc, f"listing {name or 'registered models'}", uri) from exc
+    return sorted(rows, key=lambda r: (r["name"], -r["version"]))
+
+
+def describe(name: str, ref: str) -> dict:
+    """One version (``ref``: a number or an alias): its summary, every tag and its model card."""
+    return _with_version(name, ref, "reading", lambda client, v: None)
+
+
+def set_approval(name: str, ref: str, status: str) -> dict:
+    """Set a version's ``approval_status`` (SageMaker's values); return its summary."""
+    if status not in APPROVAL_STATUSES:
+        raise ValueError(f"approval status must be one of {APPROVAL_STATUSES}, not {status!r}")
+    return _with_version(
+        name,
+        ref,
+        f"setting {APPROVAL_TAG} of",
+        lambda c, v: c.set_model_version_tag(name, v.version, APPROVAL_TAG, status),
+    )
+
+
+def promote(name: str, ref: str) -> dict:
+    """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
+
+    def move(client, version) -> None:
+        client.set_registered_model_alias(name, promotion.CHAMPION, version.version)
+        candidate = promotion.alias_version(client, name, promotion.CANDIDATE)
+        if candidate is not None and str(candidate.version) == str(version.version):
+            client.delete_registered_model_alias(name, promotion.CANDIDATE)
+        client.set_model_version_tag(name, version.version, promotion.GATE_TAG, "champion: promoted by hand")
+
+    return _with_version(name, ref, "promoting", move)
+
+
+def _with_version(name: str, ref: str, what: str, action) -> dict:
+    import mlflow
+
+    uri = tracking_uri()
+    client = mlflow.MlflowClient(uri)
+    label = f"{name} version {ref}" if ref.isdigit() else f"{name}@{ref}"
+    try:
+        version = client.get_model_version(name, ref) if ref.isdigit() else promotion.alias_version(client, name, ref)
+        if version is None:
+            raise ModelNotFound(f"{label}: no such registered model or alias")
+        action(client, version)
+        version = client.get_model_version(name, version.version)
+    except _service_errors() as exc:
+        raise _translate(exc, f"{what} {label}", uri) from exc
+    return {**model_summary(client, name, version, uri), "tags": dict(version.tags or {}), "card": version.description}
 
 
 def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts):
@@ -136,6 +195,7 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
     return client.create_model_version(
         name=_ensure_registered(client, job.model_name),
         source=info.model_uri,
+        model_id=info.model_id,  # a tracking server refuses a models:/ source without it
         run_id=run.info.run_id,
         tags={APPROVAL_TAG: "PendingManualApproval", **lineage},
         description=card,
@@ -209,91 +269,6 @@ def _ensure_registered(client, name: str) -> str:
     return name
 
 
-@dataclass(frozen=True, slots=True)
-class GateDecision:
-    """Whether a new version takes ``champion``, and why (recorded on the version)."""
-
-    wins: bool
-    reason: str
-
-
-def decide(
-    gate: PromoteIf | None, ours: float | None, theirs: float | None, has_champion: bool, emissions_kg: float | None
-) -> GateDecision:
-    """The promotion rule. ``ours`` / ``theirs``: the gate metric of the new version and of the champion."""
-    if gate is not None and gate.max_emissions_kg is not None:
-        if emissions_kg is None:
-            return GateDecision(False, f"emissions unknown; the carbon ceiling is {gate.max_emissions_kg} kgCO2e")
-        if emissions_kg > gate.max_emissions_kg:
-            return GateDecision(False, f"emitted {emissions_kg:g} kgCO2e, over the {gate.max_emissions_kg:g} ceiling")
-    if not has_champion:
-        return GateDecision(True, "no champion yet")
-    if gate is None:
-        return GateDecision(False, "no registry.promote_if gate: the champion moves only by hand")
-    if ours is None:
-        return GateDecision(False, f"this version has no final {gate.metric}")
-    if theirs is None:
-        return GateDecision(True, f"the champion has no {gate.metric}")
-    gain = (ours - theirs) if gate.mode == "max" else (theirs - ours)
-    verdict = "beats" if gain > gate.min_gain else "does not beat"
-    return GateDecision(
-        gain > gate.min_gain,
-        f"{gate.metric} {ours:.6g} {verdict} the champion's {theirs:.6g} by more than {gate.min_gain:g} ({gate.mode})",
-    )
-
-
-def _gate(client, gate: PromoteIf | None, name: str, version) -> GateDecision:
-    """Move ``champion`` to the new version when it wins, else point ``candidate`` at it; record why."""
-    champion = alias_version(client, name, CHAMPION)
-    if champion is not None and champion.version == version.version:
-        decision = GateDecision(True, "already champion")  # an earlier attempt moved the alias, then stopped
-    else:
-        metric = gate.metric if gate else None
-        decision = decide(
-            gate,
-            _version_metric(client, version, metric),
-            _version_metric(client, champion, metric) if champion is not None else None,
-            champion is not None,
-            _float((version.tags or {}).get(EMISSIONS_TAG)),
-        )
-        client.set_registered_model_alias(name, CHAMPION if decision.wins else CANDIDATE, version.version)
-    client.set_model_version_tag(name, version.version, GATE_TAG, f"{_role(decision)}: {decision.reason}")
-    return decision
-
-
-def _role(decision: GateDecision) -> str:
-    return CHAMPION if decision.wins else CANDIDATE
-
-
-def _version_metric(client, version, metric: str | None) -> float | None:
-    """A version's final ``metric``: its tag, else (versions registered before the tag) its run's."""
-    if metric is None:
-        return None
-    tagged = _float((version.tags or {}).get(f"{model_card.METRIC_TAG_PREFIX}{metric}"))
-    if tagged is not None or not version.run_id:
-        return tagged
-    return client.get_run(version.run_id).data.metrics.get(metric)
-
-
-def _float(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def alias_version(client, name: str, alias: str):
-    """The version ``alias`` points at, or None."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_model_version_by_alias(name, alias)
-    except MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return None
-        raise
-
-
 def model_summary(client, name: str, version, uri: str) -> dict:
     """The job summary's ``model`` section for one version."""
     tags = version.tags or {}
@@ -306,7 +281,7 @@ def model_summary(client, name: str, version, uri: str) -> dict:
         "tracking_uri": uri,
         "aliases": sorted(getattr(version, "aliases", []) or []),
         "approval_status": tags.get(APPROVAL_TAG, "PendingManualApproval"),
-        "gate": tags.get(GATE_TAG),
+        "gate": tags.get(promotion.GATE_TAG),
         "job_id": tags.get(JOB_ID_TAG),
     }
 

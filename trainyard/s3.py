@@ -118,3 +118,13 @@ def upload_file(path: Path, uri: str) -> str:
     except (ClientError, BotoCoreError) as exc:
         raise describe_error(exc, str(target)) from exc
     return str(target)
+
+
+def put_bytes(uri: str, data: bytes) -> str:
+    """Put a small object in one request, with a SHA-256 checksum S3 verifies; returns its URI."""
+    target = S3Uri.parse(uri)
+    try:
+        client().put_object(Bucket=target.bucket, Key=target.key, Body=data, ChecksumAlgorithm="SHA256")
+    except (ClientError, BotoCoreError) as exc:
+        raise describe_error(exc, uri) from exc
+    return uri

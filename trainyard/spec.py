@@ -271,7 +271,20 @@ class Carbon(_Model):
     country_iso_code: str = Field(default="USA", description="ISO 3166-1 alpha-3 code of the grid, e.g. IRL.")
     region: str | None = Field(default=None, description="Grid region within the country, where codecarbon knows it.")
     pue: float = Field(default=1.0, ge=1.0, le=3.0, description="Data-centre power usage effectiveness.")
-    budget_kg: float | None = Field(default=None, gt=0, description="Emissions budget of the job, kgCO2e.")
+    budget_kg: float | None = Field(
+        default=None, gt=0, description="Emissions budget of the job, kgCO2e: training stops (Stopped) past it."
+    )
+    measure_power_secs: float = Field(default=1.0, ge=0.1, le=60, description="Seconds between power readings.")
+    supplier_g_per_kwh: float | None = Field(
+        default=None, ge=0, description="Market-based Scope 2: the electricity supplier's emission factor, gCO2e/kWh."
+    )
+    renewable_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Market-based Scope 2: share of the energy covered by renewable contracts (used without a "
+        "supplier factor).",
+    )
 
     @field_validator("country_iso_code")
     @classmethod
@@ -390,8 +403,6 @@ class TrainingJob(_Model):
 def ignored_settings(job: TrainingJob) -> list[str]:
     """Settings this version accepts but does not act on, each worded for a warning."""
     ignored = []
-    if job.carbon.budget_kg is not None:
-        ignored.append("carbon.budget_kg: the budget is reported, not enforced, in this version")
     return ignored
 
 

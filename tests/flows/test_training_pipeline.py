@@ -84,6 +84,32 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
         f"output/{job_id}/model/model.json",
         f"output/{job_id}/summary.json",
     }
+    # the ESG report: consistent, each group metered on its own, and the job's line in the ledger
+    c = summary["carbon"]
+    assert c["emissions_kg"] == pytest.approx(c["it_energy_kwh"] * c["intensity_g_per_kwh"] * c["pue"] / 1000)
+    assert c["energy_kwh"] == pytest.approx(sum(s["energy_kwh"] for s in c["by_stage"].values()))
+    assert c["energy_kwh"] == pytest.approx(sum(c["by_device_kwh"].values()))
+    assert set(c["by_replica"]) == {"0", "1"}
+    # two groups on one machine: attributed shares of the training stage, not added to the total
+    assert sum(r["energy_kwh"] for r in c["by_replica"].values()) <= c["by_stage"]["training"]["energy_kwh"]
+    assert c["scope2_market_based_kg"] is None and c["scope2_market_basis"] == "not provided"
+    assert c["g_per_1k_samples_trained"] == pytest.approx(c["emissions_kg"] * 1e6 / compute["samples_trained"])
+    ledger = s3.client().get_object(Bucket=bucket, Key=f"output/carbon-ledger/{job_id}.csv")["Body"].read().decode()
+    header, row = ledger.strip().splitlines()
+    assert header.startswith("job_id,") and row.startswith(f"{job_id},")
+
+
+def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlflow_uri):
+    uris = upload_dataset(bucket, rows=800)
+    spec = job_dict(uris, carbon={"country_iso_code": "IRL", "budget_kg": 1e-9, "renewable_share": 0.25})
+    spec["hyperparameters"]["epochs"] = 2000
+    summary, _ = run_pipeline(spec)
+    assert summary["status"] == "Stopped" and summary["failure_reason"] == "CarbonBudgetExceeded"
+    assert summary["metrics"].get("epochs", 0) < 2000  # stopped at the first reading past the budget
+    assert summary["model"] is None  # a stopped job registers nothing
+    c = summary["carbon"]
+    assert c["budget_exceeded"] and c["emissions_kg"] > c["budget_kg"]
+    assert c["scope2_market_based_kg"] == pytest.approx(0.75 * c["scope2_location_based_kg"])
 
 
 def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflow_uri):

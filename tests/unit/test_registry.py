@@ -1,14 +1,20 @@
-"""Registration in a real MLflow store (SQLite): any batch size, exactly once per job, the champion gate."""
+"""Registration in a real MLflow store (SQLite): any batch size, exactly once per job, the champion gate,
+the model card, and ``trainyard models``."""
 
 from __future__ import annotations
+
+import json
 
 import mlflow
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from trainyard import algorithms, registry
-from trainyard.spec import parse_job
+from trainyard import algorithms, model_card, promotion, registry
+from trainyard.cli import app
+from trainyard.promotion import decide
+from trainyard.spec import PromoteIf, parse_job
 
 
 @pytest.fixture
@@ -80,3 +86,85 @@ def test_champion_moves_only_to_a_better_model(tracking, tmp_path):
     assert register(job, model, x, "c", 0.85, tmp_path)["aliases"] == ["champion"]
     client = mlflow.MlflowClient(tracking)
     assert int(client.get_model_version_by_alias("reg-test", "champion").version) == 3
+
+
+def test_gate_rule_gain_direction_and_carbon_ceiling():
+    rule = PromoteIf(metric="val_loss", mode="min", min_gain=0.05, max_emissions_kg=1.0)
+    assert decide(rule, 0.5, None, has_champion=False, emissions_kg=0.1).wins
+    assert decide(rule, 0.40, 0.50, has_champion=True, emissions_kg=0.1).wins
+    assert not decide(rule, 0.48, 0.50, has_champion=True, emissions_kg=0.1).wins  # gain 0.02 < min_gain
+    assert not decide(rule, 0.60, 0.50, has_champion=True, emissions_kg=0.1).wins  # worse
+    over = decide(rule, 0.10, 0.50, has_champion=True, emissions_kg=2.0)
+    assert not over.wins and "ceiling" in over.reason
+    assert not decide(rule, 0.10, None, has_champion=False, emissions_kg=None).wins  # a ceiling needs a figure
+    assert not decide(None, 0.9, 0.1, has_champion=True, emissions_kg=None).wins  # no gate: only by hand
+
+
+def test_model_card_has_data_metrics_carbon_and_lineage():
+    job, _, _ = trained()
+    tags = {
+        "data.train.uri": "s3://b/train/",
+        "data.train.manifest_digest": "sha256:abc",
+        "carbon.emissions_kg": "0.0012",
+        "carbon.energy_kwh": "0.004",
+        "compute.flops_total": "123",
+        "prefect.flow_run_id": "f-1",
+        **model_card.lineage_tags(job, {"val_accuracy": 0.91}),
+    }
+    card = model_card.render("reg-test", "job-1", tags)
+    for expected in ("## Data", "s3://b/train/", "sha256:abc", "| val_accuracy | 0.91 |", "0.0012", "f-1"):
+        assert expected in card
+    assert "## Job spec" in card
+    assert tags[model_card.CODE_VERSION_TAG].startswith(("git:", "trainyard=="))
+
+
+def test_version_has_lineage_card_and_a_gate_decision(tracking, tmp_path):
+    job, model, x = trained()
+    info = register(job, model, x, "job-1", 0.9, tmp_path)
+    assert info["gate"] == "champion: no champion yet"
+    version = mlflow.MlflowClient(tracking).get_model_version("reg-test", "1")
+    assert version.tags["metrics.val_accuracy"] == "0.9"
+    assert json.loads(version.tags["trainyard.job_spec"])["name"] == "reg-test"
+    assert version.description.startswith("# reg-test") and "| train | `?` | `d` |" in version.description
+
+
+def test_a_crash_after_the_version_is_made_is_finished_by_the_retry(tracking, tmp_path, monkeypatch):
+    job, model, x = trained()
+    real_gate = promotion.gate
+
+    def crash(*args, **kwargs):
+        raise registry.RegistryUnavailable("the process died here")
+
+    monkeypatch.setattr(promotion, "gate", crash)
+    with pytest.raises(registry.RegistryUnavailable):
+        register(job, model, x, "job-9", 0.9, tmp_path)
+    monkeypatch.setattr(promotion, "gate", real_gate)
+    info = register(job, model, x, "job-9", 0.9, tmp_path)
+    assert info["version"] == 1 and info["aliases"] == ["champion"]
+    assert len(mlflow.MlflowClient(tracking).search_model_versions("name='reg-test'")) == 1
+
+
+def test_models_cli_lists_shows_approves_rejects_and_promotes(tracking, tmp_path):
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    register(job, model, x, "b", 0.70, tmp_path)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["models", "list"])
+    assert listed.exit_code == 0 and "reg-test" in listed.output and "candidate" in listed.output
+    shown = runner.invoke(app, ["models", "show", "reg-test", "candidate"])
+    assert shown.exit_code == 0 and "trainyard.job_id" in shown.output and "## Metrics" in shown.output
+    assert runner.invoke(app, ["models", "approve", "reg-test", "2"]).exit_code == 0
+    assert runner.invoke(app, ["models", "promote", "reg-test", "2"]).exit_code == 0
+    client = mlflow.MlflowClient(tracking)
+    champion = client.get_model_version_by_alias("reg-test", "champion")
+    assert str(champion.version) == "2" and champion.tags["approval_status"] == "Approved"
+    assert runner.invoke(app, ["models", "reject", "reg-test", "1"]).exit_code == 0
+    assert client.get_model_version("reg-test", "1").tags["approval_status"] == "Rejected"
+    refused = runner.invoke(app, ["models", "promote", "reg-test", "1"])
+    assert refused.exit_code == 2 and "Rejected" in refused.output
+    for args in (["show", "reg-test", "9"], ["approve", "nope", "1"], ["list", "nope"], ["promote", "reg-test", "x"]):
+        result = runner.invoke(app, ["models", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        assert "Traceback" not in result.output
+    assert "approval" in runner.invoke(app, ["models", "--help"]).output

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             out / "error.json", {"message": "the plan never came: the train stage is gone", "user_error": False}
         )
         return 3
+    from trainyard.carbon import BackgroundMeter
+
+    energy = BackgroundMeter(f"replica-{args.replica}")
     try:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
@@ -73,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         return 1
+    finally:
+        record = energy.stop()
+        if record is not None:  # this group's share of the machine, for the job's carbon by replica
+            write_json_atomic(out / "energy.json", record)
     return 0
 
 

@@ -52,6 +52,8 @@ class TrainingOutcome:
     first_batch_seconds: float | None = None
     steps_per_epoch: int = 0
     sifting: dict | None = None
+    energy_by_replica: dict[str, float] = field(default_factory=dict)
+    """kWh each group's processes drew (codecarbon process mode), all its attempts together."""
 
 
 def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
@@ -226,7 +228,16 @@ def _collect(
         first_batch_seconds=result.get("first_batch_seconds"),
         steps_per_epoch=result.get("steps_per_epoch", 0),
         sifting=_sifting_totals(sifted, flops) if sifted else None,
+        energy_by_replica=_energy_by_replica(job_dir),
     )
+
+
+def _energy_by_replica(job_dir: Path) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for path in job_dir.glob("replicas/*/attempt-*/energy.json"):
+        replica = path.parent.parent.name
+        totals[replica] = totals.get(replica, 0.0) + json.loads(path.read_text())["energy_kwh"]
+    return dict(sorted(totals.items()))
 
 
 def _sifting_totals(reports: list[dict], flops: dict) -> dict:

@@ -1,0 +1,106 @@
+"""``trainyard models``: the registered models, for people (list, show, approve, reject, promote).
+
+Works on the MLflow store the environment names (``MLFLOW_TRACKING_URI``; unset, the embedded SQLite
+store under ``TRAINYARD_HOME``). An unknown model, version or alias exits 2 with a message; an
+unreachable server exits 1; neither prints a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainyard import registry
+from trainyard.errors import TrainyardError
+
+models_app = typer.Typer(
+    help="Registered models: list versions, show one's lineage, approve or reject it, promote it to champion.\n\n"
+    "A version is named by its number (3) or an alias (champion, candidate). New versions start as "
+    "PendingManualApproval; the promotion gate (registry.promote_if) moves champion automatically, "
+    "'promote' moves it by hand.",
+    no_args_is_help=True,
+)
+out = Console()
+err = Console(stderr=True)
+
+Name = Annotated[str, typer.Argument(help="Registered model name (registry.model_name, default the job name).")]
+Ref = Annotated[str, typer.Argument(help="Version number, or an alias such as champion or candidate.")]
+
+
+@models_app.command("list")
+def list_(
+    name: Annotated[str | None, typer.Argument(help="Only this registered model (default: all).")] = None,
+) -> None:
+    """List registered versions, newest first: aliases, approval status and the gate's decision."""
+    rows = _call(registry.list_versions, name)
+    if not rows:
+        out.print("no registered models")
+        return
+    table = Table(title=f"registered models ({registry.tracking_uri()})")
+    for column in ("model", "version", "aliases", "approval", "job", "gate"):
+        table.add_column(column, justify="right" if column == "version" else "left")
+    for r in rows:
+        aliases = ", ".join(r["aliases"])
+        table.add_row(r["name"], str(r["version"]), aliases, r["approval_status"], r["job_id"] or "", r["gate"] or "")
+    out.print(table)
+
+
+@models_app.command()
+def show(name: Name, version: Ref) -> None:
+    """Show one version: its lineage tags (data, code, job spec, compute, carbon, metrics) and model card."""
+    info = _call(registry.describe, name, version)
+    table = Table(title=f"{name} version {info['version']} {info['aliases']}: {info['approval_status']}")
+    table.add_column("tag")
+    table.add_column("value", overflow="fold")
+    for key, value in sorted(info["tags"].items()):
+        table.add_row(key, value if len(value) <= 300 else value[:300] + "...")
+    out.print(table)
+    out.print(f"source: {info['source']}  run: {info['run_id']}")
+    if info["card"]:
+        out.print(info["card"], markup=False, highlight=False)
+
+
+@models_app.command()
+def approve(name: Name, version: Ref) -> None:
+    """Mark a version Approved (approval_status tag, SageMaker's value)."""
+    info = _call(registry.set_approval, name, version, "Approved")
+    out.print(f"{name} version {info['version']}: Approved")
+
+
+@models_app.command()
+def reject(name: Name, version: Ref) -> None:
+    """Mark a version Rejected. A rejected champion stays champion until another version is promoted."""
+    info = _call(registry.set_approval, name, version, "Rejected")
+    out.print(f"{name} version {info['version']}: Rejected")
+    if "champion" in info["aliases"]:
+        err.print(f"[yellow]note: version {info['version']} is still the champion; promote another version[/yellow]")
+
+
+@models_app.command()
+def promote(
+    name: Name,
+    version: Ref,
+    force: Annotated[bool, typer.Option("--force", help="Promote even a Rejected version.")] = False,
+) -> None:
+    """Move the champion alias to a version by hand, whatever the gate decided."""
+    current = _call(registry.describe, name, version)
+    if current["approval_status"] == "Rejected" and not force:
+        err.print(f"[red]{name} version {current['version']} is Rejected; approve it first, or use --force[/red]")
+        raise typer.Exit(2)
+    info = _call(registry.promote, name, str(current["version"]))
+    out.print(f"{name}@champion -> version {info['version']} ({info['approval_status']})")
+
+
+def _call(fn, *args):
+    """Run a registry function; a mistake exits 2, a service failure exits 1, without a traceback."""
+    try:
+        return fn(*args)
+    except registry.ModelNotFound as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    except TrainyardError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None

@@ -1,0 +1,181 @@
+"""The job's ESG report: energy and emissions as a sustainability team files them.
+
+``report`` extends the carbon roll-up with what GHG Protocol Scope 2 reporting asks for (location-
+and market-based; market-based only from a supplier factor or a renewable share the spec gives,
+never invented), energy by device kind and by replica group, emissions per sample trained and per
+point of the validation metric, and the energy sifting saved. ``markdown`` renders it for the
+Prefect artifact; ``ledger_row`` is its line in the CSV ledger kept in ``output.s3_uri``
+(``carbon-ledger/<job id>.csv``: one object per job, so concurrent jobs never race on one file).
+
+Energy: codecarbon's figures include the PUE (facility energy), so ``it_energy_kwh = energy_kwh /
+pue`` and ``emissions_kg = it_energy_kwh * intensity * pue``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from trainyard import s3
+from trainyard.spec import Carbon
+
+LEDGER_FIELDS = (
+    "job_id",
+    "job_name",
+    "finished_at",
+    "status",
+    "energy_kwh",
+    "it_energy_kwh",
+    "emissions_kg",
+    "scope2_location_based_kg",
+    "scope2_market_based_kg",
+    "intensity_g_per_kwh",
+    "pue",
+    "country_iso_code",
+    "region",
+    "measurement_mode",
+    "samples_trained",
+    "g_per_1k_samples",
+    "sifting_saved_kwh",
+)
+
+
+def report(carbon: dict, settings: Carbon, outcome=None, prefilter=None, metrics: dict | None = None) -> dict:
+    """The carbon roll-up plus the ESG fields (``outcome``: the training outcome, when there is one)."""
+    out = dict(carbon)
+    energy, emissions = carbon["energy_kwh"], carbon["emissions_kg"]
+    intensity = carbon.get("intensity_g_per_kwh")
+    out["it_energy_kwh"] = energy / settings.pue
+    out |= _market_based(energy, emissions, settings)
+    out["budget_exceeded"] = settings.budget_kg is not None and emissions > settings.budget_kg
+    samples = outcome.samples_trained if outcome else 0
+    out["g_per_1k_samples_trained"] = emissions * 1e6 / samples if samples else None
+    accuracy = (metrics or {}).get("val_accuracy")
+    out["g_per_val_accuracy_point"] = emissions * 1000 / (accuracy * 100) if accuracy else None
+    out["by_replica"] = {
+        r: {"energy_kwh": kwh, "emissions_kg": kwh * intensity / 1000 if intensity else None}
+        for r, kwh in (outcome.energy_by_replica if outcome else {}).items()
+    }
+    out["sifting_saved"] = _sifting_saved(carbon, outcome, prefilter)
+    out["merge"] = (
+        "job total = one machine-wide tracker per stage in the orchestrating process (stages never overlap); "
+        "by_replica = each group's own process-mode tracker: its share of the training stage on this machine, "
+        "shown for attribution and not added to the total"
+    )
+    return out
+
+
+def _market_based(energy_kwh: float, location_kg: float, settings: Carbon) -> dict:
+    if settings.supplier_g_per_kwh is not None:
+        return {
+            "scope2_market_based_kg": energy_kwh * settings.supplier_g_per_kwh / 1000,
+            "scope2_market_basis": f"supplier emission factor {settings.supplier_g_per_kwh} gCO2e/kWh",
+        }
+    if settings.renewable_share is not None:
+        return {
+            "scope2_market_based_kg": location_kg * (1 - settings.renewable_share),
+            "scope2_market_basis": f"renewable share {settings.renewable_share:.0%} of the energy (contracts)",
+        }
+    return {"scope2_market_based_kg": None, "scope2_market_basis": "not provided"}
+
+
+def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
+    """Energy of the training FLOPs sifting did not spend, net of what scoring cost (at the training
+    stage's measured energy per FLOP)."""
+    sifting = outcome.sifting if outcome else None
+    dropped_rows = sum((prefilter.dropped or {}).values()) if prefilter else 0
+    if not outcome or (not sifting and not dropped_rows) or not outcome.samples_trained:
+        return None
+    flops = outcome.flops
+    per_sample = (flops["forward"] + flops["backward"]) / outcome.samples_trained
+    epochs = len(outcome.history) or 1
+    skipped = (sifting["scored"] - sifting["kept"]) if sifting else 0
+    saved = (skipped + dropped_rows * epochs) * per_sample
+    spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
+    train_kwh = carbon["by_stage"].get("training", {}).get("energy_kwh", 0.0)
+    train_flops = flops["forward"] + flops["backward"] + flops.get("evaluation", 0) + flops.get("scoring", 0)
+    kwh_per_flop = train_kwh / train_flops if train_flops else 0.0
+    intensity = carbon.get("intensity_g_per_kwh") or 0.0
+    net = (saved - spent) * kwh_per_flop
+    return {
+        "flops_not_spent": saved,
+        "flops_spent_scoring": spent,
+        "energy_kwh": net,
+        "emissions_kg": net * intensity / 1000,
+    }
+
+
+def markdown(job_id: str, esg: dict) -> str:
+    """The report as Markdown, for the Prefect artifact."""
+    lines = [
+        f"# Carbon and energy: {job_id}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| energy (facility, incl. PUE) | {esg['energy_kwh']:.6g} kWh |",
+        f"| energy (IT) | {esg['it_energy_kwh']:.6g} kWh |",
+        f"| emissions | {esg['emissions_kg']:.6g} kgCO2e |",
+        f"| grid intensity | {_fmt(esg.get('intensity_g_per_kwh'))} gCO2e/kWh ({esg.get('intensity_source')}) |",
+        f"| PUE | {esg['pue']} |",
+        f"| Scope 2, location-based | {esg['scope2_location_based_kg']:.6g} kgCO2e |",
+        f"| Scope 2, market-based | {_fmt(esg.get('scope2_market_based_kg'))} ({esg['scope2_market_basis']}) |",
+        f"| measurement | {esg['measurement_mode']} |",
+        f"| per 1,000 samples trained | {_fmt(esg.get('g_per_1k_samples_trained'))} gCO2e |",
+        f"| per point of val_accuracy | {_fmt(esg.get('g_per_val_accuracy_point'))} gCO2e |",
+        f"| budget | {_fmt(esg.get('budget_kg'))} kgCO2e{' (exceeded)' if esg.get('budget_exceeded') else ''} |",
+        "",
+        "| stage | kWh | kgCO2e |",
+        "|---|---|---|",
+        *(f"| {s} | {v['energy_kwh']:.6g} | {v['emissions_kg']:.6g} |" for s, v in esg["by_stage"].items()),
+        "",
+        "| device | kWh |",
+        "|---|---|",
+        *(f"| {d} | {kwh:.6g} |" for d, kwh in esg.get("by_device_kwh", {}).items()),
+    ]
+    if esg.get("by_replica"):
+        lines += ["", "| replica group (attribution) | kWh |", "|---|---|"]
+        lines += [f"| {r} | {v['energy_kwh']:.6g} |" for r, v in esg["by_replica"].items()]
+    if esg.get("sifting_saved"):
+        saved = esg["sifting_saved"]
+        lines += ["", f"Sifting saved {saved['energy_kwh']:.6g} kWh net ({saved['emissions_kg']:.6g} kgCO2e)."]
+    lines += ["", f"How figures were merged: {esg['merge']}."]
+    return "\n".join(lines) + "\n"
+
+
+def ledger_row(summary: dict) -> dict:
+    """The job's line in the carbon ledger."""
+    esg = summary["carbon"]
+    transitions = summary.get("secondary_status_transitions") or [{}]
+    return {
+        "job_id": summary["job_id"],
+        "job_name": summary.get("job_name"),
+        "finished_at": transitions[-1].get("start_time"),
+        "status": summary["status"],
+        "energy_kwh": esg["energy_kwh"],
+        "it_energy_kwh": esg.get("it_energy_kwh"),
+        "emissions_kg": esg["emissions_kg"],
+        "scope2_location_based_kg": esg.get("scope2_location_based_kg"),
+        "scope2_market_based_kg": esg.get("scope2_market_based_kg"),
+        "intensity_g_per_kwh": esg.get("intensity_g_per_kwh"),
+        "pue": esg.get("pue"),
+        "country_iso_code": esg.get("country_iso_code"),
+        "region": esg.get("region"),
+        "measurement_mode": esg.get("measurement_mode"),
+        "samples_trained": summary.get("compute", {}).get("samples_trained"),
+        "g_per_1k_samples": esg.get("g_per_1k_samples_trained"),
+        "sifting_saved_kwh": (esg.get("sifting_saved") or {}).get("energy_kwh"),
+    }
+
+
+def write_ledger_row(output_uri: str, row: dict) -> str:
+    """Put the job's ledger line at ``<output>/carbon-ledger/<job id>.csv``; returns its URI."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=LEDGER_FIELDS)
+    writer.writeheader()
+    writer.writerow({k: "" if row.get(k) is None else row[k] for k in LEDGER_FIELDS})
+    target = s3.S3Uri.parse(output_uri).join("carbon-ledger", f"{row['job_id']}.csv")
+    return s3.put_bytes(str(target), buffer.getvalue().encode())
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,104 @@
+"""The promotion gate: whether a new version takes the ``champion`` alias, by the job's rule.
+
+``registry.promote_if`` names a metric, a direction (``max`` / ``min``), the gain over the champion a
+version must exceed (``min_gain``) and an optional carbon ceiling (``max_emissions_kg``): a version whose
+job emitted more never becomes champion, even the first. A version that does not win is pointed at by
+``candidate``. The decision and its reason are recorded on the version (``trainyard.gate``), which
+also marks the gate as done, so a registration finished after a crash does not judge a version twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainyard.model_card import METRIC_TAG_PREFIX
+from trainyard.spec import PromoteIf
+
+GATE_TAG = "trainyard.gate"
+EMISSIONS_TAG = "carbon.emissions_kg"
+CHAMPION, CANDIDATE = "champion", "candidate"
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """Whether a new version takes ``champion``, and why (recorded on the version)."""
+
+    wins: bool
+    reason: str
+
+
+def decide(
+    rule: PromoteIf | None, ours: float | None, theirs: float | None, has_champion: bool, emissions_kg: float | None
+) -> GateDecision:
+    """The promotion rule. ``ours`` / ``theirs``: the gate metric of the new version and of the champion."""
+    if rule is not None and rule.max_emissions_kg is not None:
+        if emissions_kg is None:
+            return GateDecision(False, f"emissions unknown; the carbon ceiling is {rule.max_emissions_kg} kgCO2e")
+        if emissions_kg > rule.max_emissions_kg:
+            return GateDecision(False, f"emitted {emissions_kg:g} kgCO2e, over the {rule.max_emissions_kg:g} ceiling")
+    if not has_champion:
+        return GateDecision(True, "no champion yet")
+    if rule is None:
+        return GateDecision(False, "no registry.promote_if gate: the champion moves only by hand")
+    if ours is None:
+        return GateDecision(False, f"this version has no final {rule.metric}")
+    if theirs is None:
+        return GateDecision(True, f"the champion has no {rule.metric}")
+    gain = (ours - theirs) if rule.mode == "max" else (theirs - ours)
+    verdict = "beats" if gain > rule.min_gain else "does not beat"
+    return GateDecision(
+        gain > rule.min_gain,
+        f"{rule.metric} {ours:.6g} {verdict} the champion's {theirs:.6g} by more than {rule.min_gain:g} ({rule.mode})",
+    )
+
+
+def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
+    """Move ``champion`` to the new version when it wins, else point ``candidate`` at it; record why."""
+    champion = alias_version(client, name, CHAMPION)
+    if champion is not None and str(champion.version) == str(version.version):
+        decision = GateDecision(True, "already champion")  # an earlier attempt moved the alias, then stopped
+    else:
+        metric = rule.metric if rule else None
+        decision = decide(
+            rule,
+            _version_metric(client, version, metric),
+            _version_metric(client, champion, metric) if champion is not None else None,
+            champion is not None,
+            _float((version.tags or {}).get(EMISSIONS_TAG)),
+        )
+        client.set_registered_model_alias(name, CHAMPION if decision.wins else CANDIDATE, version.version)
+    client.set_model_version_tag(name, version.version, GATE_TAG, f"{_role(decision)}: {decision.reason}")
+    return decision
+
+
+def _role(decision: GateDecision) -> str:
+    return CHAMPION if decision.wins else CANDIDATE
+
+
+def _version_metric(client, version, metric: str | None) -> float | None:
+    """A version's final ``metric``: its tag, else (versions registered before the tag) its run's."""
+    if metric is None:
+        return None
+    tagged = _float((version.tags or {}).get(f"{METRIC_TAG_PREFIX}{metric}"))
+    if tagged is not None or not version.run_id:
+        return tagged
+    return client.get_run(version.run_id).data.metrics.get(metric)
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def alias_version(client, name: str, alias: str):
+    """The version ``alias`` points at, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise
