@@ -13,6 +13,7 @@ from prefect.events import emit_event
 from tasks._metering import stage_meter
 from trainyard import carbon, progress
 from trainyard.launch import LaunchHandle
+from trainyard.live_metrics import LiveRun
 from trainyard.spec import TrainingJob
 from trainyard.training import supervisor
 from trainyard.training.plan import TrainingPlan, request_stop
@@ -28,6 +29,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
     with stage_meter("training", job) as record, progress.bar("training epochs", job.hyperparameters.epochs) as advance:
         artifact = create_progress_artifact(0.0, description=f"{plan.job_id}: training")
         shown = {"percent": 0.0, "last": None}
+        live = LiveRun(job, plan.job_id)
 
         def on_sample(sample: dict) -> None:
             last, shown["last"] = shown["last"], sample
@@ -36,6 +38,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
                 rate = (sample["emissions_kg"] - last["emissions_kg"]) * 3.6e6 / (sample["seconds"] - last["seconds"])
             text = f"{sample['energy_kwh']:.4g} kWh, {sample['emissions_kg']:.4g} kgCO2e so far ({rate:.3g} g/h)"
             update_progress_artifact(artifact, shown["percent"], description=f"{plan.job_id}: {text}")
+            metrics = {"energy_kwh": sample["energy_kwh"], "emissions_kg": sample["emissions_kg"]}
+            live.log(metrics | {"emissions_rate_g_per_h": rate}, step=round(sample["seconds"]))
 
         def on_budget(kg: float) -> None:
             message = f"emissions {kg:.4g} kgCO2e passed carbon.budget_kg={job.carbon.budget_kg}"
@@ -68,8 +72,11 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         # A live reading (and budget check) at every power reading, at most once a second.
         interval = max(1.0, job.carbon.measure_power_secs)
         watch = carbon.LiveWatch(record["meter"], interval, *spent, job.carbon.budget_kg, on_sample, on_budget)
-        with watch:
-            record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
+        try:
+            with watch:
+                record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
+        finally:
+            live.close()
         record["carbon_live"] = watch.samples
     outcome = record["outcome"]
     logger.info(

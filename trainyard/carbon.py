@@ -167,6 +167,7 @@ class LiveWatch:
         self.on_sample, self.on_budget = on_sample, on_budget
         self.samples: list[dict] = []
         self._stop = threading.Event()
+        self._over = False
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="trainyard-carbon-live", daemon=True)
 
@@ -177,21 +178,24 @@ class LiveWatch:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        self._sample()  # the stage's last figures, however short it was
 
     def _run(self) -> None:
-        over = False
         while not self._stop.wait(self.interval):
-            kwh, kg = self.record.reading()
-            sample = {
-                "seconds": time.monotonic() - self._started,
-                "energy_kwh": self.spent_kwh + kwh,
-                "emissions_kg": self.spent_kg + kg,
-            }
-            self.samples.append(sample)
-            try:
-                self.on_sample(sample)
-                if not over and self.budget_kg is not None and sample["emissions_kg"] > self.budget_kg:
-                    over = True
-                    self.on_budget(sample["emissions_kg"])
-            except Exception:  # noqa: BLE001 - a failing reporter must not stop the watch
-                logging.getLogger(__name__).warning("carbon live reporting failed", exc_info=True)
+            self._sample()
+
+    def _sample(self) -> None:
+        kwh, kg = self.record.reading()
+        sample = {
+            "seconds": time.monotonic() - self._started,
+            "energy_kwh": self.spent_kwh + kwh,
+            "emissions_kg": self.spent_kg + kg,
+        }
+        self.samples.append(sample)
+        try:
+            self.on_sample(sample)
+            if not self._over and self.budget_kg is not None and sample["emissions_kg"] > self.budget_kg:
+                self._over = True
+                self.on_budget(sample["emissions_kg"])
+        except Exception:  # noqa: BLE001 - a failing reporter must not stop the watch
+            logging.getLogger(__name__).warning("carbon live reporting failed", exc_info=True)

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainyard.cli_models import models_app
+from trainyard.cli_report import report_app
 from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import home, new_job_id
 from trainyard.spec import TrainingJob, load_job, parse_job
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 app.add_typer(models_app, name="models")
+app.add_typer(report_app, name="report")
 
 SetOption = Annotated[
     list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (YAML value).")

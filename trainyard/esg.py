@@ -179,3 +179,47 @@ def write_ledger_row(output_uri: str, row: dict) -> str:
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def read_ledger(output_uri: str, since: str | None = None) -> list[dict]:
+    """Every job's ledger line under ``<output>/carbon-ledger/``, oldest first (``since``: an ISO date)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    where = s3.S3Uri.parse(output_uri).join("carbon-ledger/")
+    client, rows = s3.client(), []
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key):
+            for obj in page.get("Contents", []):
+                if obj["Key"].endswith(".csv"):
+                    body = client.get_object(Bucket=where.bucket, Key=obj["Key"])["Body"].read().decode()
+                    rows += list(csv.DictReader(io.StringIO(body)))
+    except (ClientError, BotoCoreError) as exc:
+        raise s3.describe_error(exc, str(where)) from exc
+    rows = [r for r in rows if not since or (r.get("finished_at") or "") >= since]
+    return sorted(rows, key=lambda r: r.get("finished_at") or "")
+
+
+def write_csv(rows: list[dict], path) -> None:
+    """The ledger lines as one CSV file."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=LEDGER_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_ledger(rows: list[dict], path) -> None:
+    """Emissions per job over time, and the running total (PNG)."""
+    from trainyard.plots import plt
+
+    kg = [float(r["emissions_kg"] or 0) for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.bar(range(len(rows)), [v * 1000 for v in kg], color="tab:green", label="per job (g)")
+    ax.set(xlabel="job (oldest first)", ylabel="gCO2e", title="Training emissions by job")
+    total = ax.twinx()
+    running = [sum(kg[: i + 1]) * 1000 for i in range(len(kg))]
+    total.plot(range(len(rows)), running, color="black", marker=".", label="running total (g)")
+    total.set_ylabel("running total, gCO2e")
+    fig.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -94,6 +94,10 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert sum(r["energy_kwh"] for r in c["by_replica"].values()) <= c["by_stage"]["training"]["energy_kwh"]
     assert c["scope2_market_based_kg"] is None and c["scope2_market_basis"] == "not provided"
     assert c["g_per_1k_samples_trained"] == pytest.approx(c["emissions_kg"] * 1e6 / compute["samples_trained"])
+    live = mlflow.search_runs(experiment_names=["test-job"], filter_string=f"tags.`trainyard.live_job_id` = '{job_id}'")
+    assert len(live) == 1  # energy and emissions logged while the groups trained
+    history = mlflow.MlflowClient(mlflow_uri).get_metric_history(live.run_id[0], "emissions_kg")
+    assert history and history[-1].value > 0
     ledger = s3.client().get_object(Bucket=bucket, Key=f"output/carbon-ledger/{job_id}.csv")["Body"].read().decode()
     header, row = ledger.strip().splitlines()
     assert header.startswith("job_id,") and row.startswith(f"{job_id},")

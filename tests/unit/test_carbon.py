@@ -8,7 +8,7 @@ import time
 import pytest
 from codecarbon.input import DataSource
 
-from trainyard import carbon
+from trainyard import carbon, esg
 from trainyard.spec import Carbon
 
 
@@ -55,5 +55,40 @@ def test_rollup_adds_up_and_uses_the_grid_intensity():
     assert report["intensity_g_per_kwh"] == pytest.approx(grid, rel=1e-6)
     assert report["emissions_kg"] == pytest.approx(report["energy_kwh"] * grid / 1000, rel=1e-6)
     assert report["pue"] == 1.2
-    assert report["scope2_market_based_kg"] is None
     assert set(report["by_stage"]) == {"staging", "training"}
+    assert report["energy_kwh"] == pytest.approx(sum(report["by_device_kwh"].values()))
+    esg_report = esg.report(report, settings)
+    assert esg_report["scope2_market_based_kg"] is None and esg_report["scope2_market_basis"] == "not provided"
+    assert esg_report["emissions_kg"] == pytest.approx(
+        esg_report["it_energy_kwh"] * esg_report["intensity_g_per_kwh"] * esg_report["pue"] / 1000
+    )
+    supplier = esg.report(report, Carbon(country_iso_code="IRL", pue=1.2, supplier_g_per_kwh=100.0), None)
+    assert supplier["scope2_market_based_kg"] == pytest.approx(report["energy_kwh"] * 0.1)
+    assert "| emissions |" in esg.markdown("job-1", esg_report)
+
+
+def test_live_watch_reports_and_stops_once_past_the_budget():
+    samples, over = [], []
+    with carbon.meter("training", Carbon(country_iso_code="IRL")) as record:
+        watch = carbon.LiveWatch(record, 0.3, 0.0, 1e-9, 1e-9, samples.append, over.append)
+        with watch:
+            busy(1.0)
+    assert len(samples) >= 3 and samples[-1]["emissions_kg"] >= samples[0]["emissions_kg"] > 1e-9
+    assert len(over) == 1  # the budget callback fires once, not at every reading
+
+
+def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
+    from typer.testing import CliRunner
+
+    from trainyard.cli import app
+
+    for i, day in enumerate(("2026-11-01", "2026-11-20")):
+        row = {"job_id": f"job-{i}", "finished_at": f"{day}T10:00:00", "status": "Completed"}
+        row |= {"energy_kwh": 0.5, "emissions_kg": 0.1 * (i + 1), "measurement_mode": "cpu:cpu_load"}
+        esg.write_ledger_row(f"s3://{bucket}/out/", row)
+    assert [r["job_id"] for r in esg.read_ledger(f"s3://{bucket}/out/", since="2026-11-10")] == ["job-1"]
+    files = ["--csv", str(tmp_path / "l.csv"), "--png", str(tmp_path / "l.png")]
+    result = CliRunner().invoke(app, ["report", "carbon", f"s3://{bucket}/out/", *files])
+    assert result.exit_code == 0, result.output
+    assert "job-0" in result.output and "2 job(s)" in result.output
+    assert (tmp_path / "l.csv").read_text().count("\n") == 3 and (tmp_path / "l.png").stat().st_size > 1000

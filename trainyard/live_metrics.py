@@ -1,0 +1,37 @@
+"""Metrics logged to MLflow while a job trains (its carbon: energy, emissions, emissions rate).
+
+They go to a run of their own in the model's experiment, ``<job id>-live``, tagged with the job id
+(``trainyard.live_job_id``): the registration run is made only once a model exists, and a job that
+fails or is stopped still leaves its live record.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trainyard.registry import _experiment, tracking_uri
+from trainyard.spec import TrainingJob
+
+LIVE_JOB_TAG = "trainyard.live_job_id"
+
+
+class LiveRun:
+    """An MLflow run for one job's live metrics."""
+
+    def __init__(self, job: TrainingJob, job_id: str):
+        from mlflow import MlflowClient
+
+        uri = tracking_uri()
+        self.client = MlflowClient(uri)
+        experiment = _experiment(self.client, job.model_name, uri)
+        run = self.client.create_run(experiment, run_name=f"{job_id}-live", tags={LIVE_JOB_TAG: job_id})
+        self.run_id = run.info.run_id
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status)
