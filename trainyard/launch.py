@@ -1,8 +1,11 @@
-"""Stage 2, launch: start the job's torchft lighthouse and its replica groups as local processes.
+"""Stage 2, launch: start the job's torchft lighthouse and its replica groups.
 
-This is the embedded default launcher (work pool ``local``). Groups start before the filtering
-stage so that their start-up overlaps it; each waits for the train stage's plan. The handle
-returned is plain data (pids and addresses); the ``Popen`` objects stay in this process's table.
+The lighthouse always runs beside the train stage. The groups are started by a launcher chosen by
+``resources.work_pool``: ``local`` is the embedded default, local processes (``LocalProcesses``);
+any other name is a Prefect work pool, whose launcher the Prefect layer registers with
+``register`` (the engine itself never talks to Prefect). Groups start before the filtering stage so
+that their start-up overlaps it; each waits for the train stage's plan. The handle returned is
+plain data (ids and addresses); the ``Popen`` objects stay in this process's table.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from trainyard.errors import TrainingError
 from trainyard.servers import free_port, stop_process, wait_until_answering
@@ -36,6 +40,8 @@ class ReplicaProcess:
     pid: int
     log: str
     resumed: bool = False
+    run_id: str | None = None
+    """The flow run, when the group runs on a work pool (``pid`` is then 0)."""
 
 
 @dataclass(slots=True)
@@ -54,12 +60,40 @@ class LaunchHandle:
         return asdict(self)
 
 
-def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
-    """Start the lighthouse and ``resources.replicas`` replica group processes."""
-    if resources.work_pool != "local":
+class Launcher(Protocol):
+    """Starts, watches and stops replica groups somewhere."""
+
+    def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess: ...
+    def exit_code(self, proc: ReplicaProcess) -> int | None: ...
+    def kill(self, proc: ReplicaProcess) -> None: ...
+    def terminate(self, proc: ReplicaProcess) -> None: ...
+
+
+_LAUNCHERS: dict[str, Launcher] = {}
+
+
+def register(work_pool: str, launcher: Launcher) -> None:
+    """Use ``launcher`` for the groups of jobs whose ``resources.work_pool`` is ``work_pool``."""
+    _LAUNCHERS[work_pool] = launcher
+
+
+def launcher_for(handle: LaunchHandle) -> Launcher:
+    if handle.work_pool == "local":
+        return LOCAL
+    if handle.work_pool not in _LAUNCHERS:
         raise TrainingError(
-            f"work pool {resources.work_pool!r}: only the embedded 'local' pool is available in this version; "
-            "set resources.work_pool to local"
+            f"work pool {handle.work_pool!r}: no launcher for it in this process; work pools other than 'local' "
+            "are reached through the Prefect pipeline (trainyard run, or a deployment)"
+        )
+    return _LAUNCHERS[handle.work_pool]
+
+
+def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
+    """Start the lighthouse and ``resources.replicas`` replica groups."""
+    if resources.work_pool != "local" and resources.work_pool not in _LAUNCHERS:
+        raise TrainingError(
+            f"work pool {resources.work_pool!r}: no launcher for it in this process; work pools other than 'local' "
+            "are reached through the Prefect pipeline (trainyard run, or a deployment)"
         )
     port = free_port()
     binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).with_name("torchft_lighthouse"))
@@ -100,8 +134,46 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
 
 
 def start_replica(handle: LaunchHandle, replica: int, attempt: int, resume: bool = False) -> ReplicaProcess:
-    """Start (or restart, with the next attempt number) one replica group process; ``resume``: from
-    the job's latest S3 checkpoint."""
+    """Start (or restart, with the next attempt number) one replica group; ``resume``: from the job's
+    latest S3 checkpoint."""
+    return launcher_for(handle).start(handle, replica, attempt, resume)
+
+
+def exit_code(handle: LaunchHandle, proc: ReplicaProcess) -> int | None:
+    """A group's exit code, or None while it runs."""
+    return launcher_for(handle).exit_code(proc)
+
+
+def kill(handle: LaunchHandle, proc: ReplicaProcess) -> None:
+    """Stop a group at once (it may be stopped or wedged)."""
+    launcher_for(handle).kill(proc)
+
+
+def terminate(handle: LaunchHandle, proc: ReplicaProcess) -> None:
+    """Ask a group to leave at its next step boundary (SIGTERM, as a spot interruption notice)."""
+    launcher_for(handle).terminate(proc)
+
+
+class LocalProcesses:
+    """The embedded default: each group a process on this machine."""
+
+    def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
+        return _start_process(handle, replica, attempt, resume)
+
+    def exit_code(self, proc: ReplicaProcess) -> int | None:
+        return _exit_code(proc.pid)
+
+    def kill(self, proc: ReplicaProcess) -> None:
+        _signal(proc.pid, kill=True)
+
+    def terminate(self, proc: ReplicaProcess) -> None:
+        _signal(proc.pid, kill=False)
+
+
+LOCAL = LocalProcesses()
+
+
+def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
     out = attempt_dir(Path(handle.job_dir), replica, attempt)
     log_path = out / "replica.log"
     env = {**os.environ, THREADS_ENV: str(handle.num_threads), "OMP_NUM_THREADS": str(handle.num_threads)}
@@ -127,31 +199,25 @@ def start_replica(handle: LaunchHandle, replica: int, attempt: int, resume: bool
     return ReplicaProcess(replica=replica, attempt=attempt, pid=proc.pid, log=str(log_path), resumed=resume)
 
 
-def exit_code(pid: int) -> int | None:
-    """The exit code of a process this module started, or None while it runs."""
+def _exit_code(pid: int) -> int | None:
     proc = _PROCESSES.get(pid)
     if proc is None:
         raise TrainingError(f"process {pid} was not started by this launcher")
     return proc.poll()
 
 
-def kill(pid: int) -> None:
-    """Kill a process this module started (SIGKILL: it may be stopped or wedged)."""
+def _signal(pid: int, kill: bool) -> None:
     proc = _PROCESSES.get(pid)
     if proc is not None and proc.poll() is None:
-        proc.kill()
-
-
-def terminate(pid: int) -> None:
-    """SIGTERM a process this module started: a replica group leaves at its next step boundary."""
-    proc = _PROCESSES.get(pid)
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
+        proc.kill() if kill else proc.terminate()
 
 
 def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
     """Stop every replica group still running, then the lighthouse."""
-    pids = [r.pid for r in handle.replicas] + [handle.lighthouse_pid]
+    if handle.work_pool != "local":
+        for proc in handle.replicas:
+            launcher_for(handle).kill(proc)
+    pids = [r.pid for r in handle.replicas if r.pid] + [handle.lighthouse_pid]
     for pid in pids:
         proc = _PROCESSES.get(pid)
         if proc is not None and proc.poll() is None:

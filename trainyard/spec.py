@@ -172,9 +172,16 @@ class Resources(_Model):
         default=None, description="Most groups the job may grow to (`trainyard scale`); default: replicas."
     )
     work_pool: str = Field(
-        default="local", description="Work pool of the groups; 'local' runs them as local processes."
+        default="local",
+        description="Where the groups run: 'local' (processes beside the pipeline) or the name of a Prefect work "
+        "pool, whose 'train-replica' deployment of the same name runs each group as a flow run.",
     )
     gpus_per_replica: int = Field(default=0, ge=0, description="GPUs each group asks for (0 on CPU machines).")
+    job_variables: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Work-pool job variables for each group's flow run: image, cpu, memory, node_selector, "
+        "tolerations, shm_size, env (see infra/).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Resources:

@@ -54,7 +54,7 @@ class Scaler:
             self.added[replica] = time.time()
             self.emit("replica.added", {"replica": replica, "pid": proc.pid, "at_step": step})
         for replica in active[target:][::-1]:  # the newest groups leave first
-            launch.terminate(live[replica].pid)
+            launch.terminate(self.handle, live[replica])
             self.leaving.add(replica)
             self.emit("replica.removed", {"replica": replica, "at_step": step})
 

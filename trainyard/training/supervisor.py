@@ -101,7 +101,7 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     live = {r.replica: r for r in handle.replicas}
     failures: list[dict] = []
     finished: dict[int, dict] = {}
-    silenced: dict[int, float] = {}
+    silenced: dict[tuple[int, int], float] = {}  # (replica, attempt) -> seconds silent
     # Below the collective timeout a group waiting on a dead peer would be taken for hung.
     silent_limit = max(
         float(os.environ.get(SILENT_GROUP_SECONDS_ENV) or SILENT_GROUP_SECONDS), PG_TIMEOUT.total_seconds() + 2
@@ -110,7 +110,7 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     scaler = Scaler(handle, job, emit)
     while live:
         for replica, proc in list(live.items()):
-            code = launch.exit_code(proc.pid)
+            code = launch.exit_code(handle, proc)
             if code is None:
                 continue
             del live[replica]
@@ -119,8 +119,8 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                 finished[replica] = json.loads((out / "result.json").read_text())
                 continue
             failure = _failure(out, replica, proc.attempt, code)
-            if proc.pid in silenced:
-                failure["message"] = f"silent for {silenced[proc.pid]:.1f} s (hung): killed and restarted"
+            if (replica, proc.attempt) in silenced:
+                failure["message"] = f"silent for {silenced[replica, proc.attempt]:.1f} s (hung): killed and restarted"
             failures.append(failure)
             emit("replica.failed", failure)
             if failure["user_error"]:
@@ -154,9 +154,9 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
         for replica, proc in live.items():
             silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
-            if silent > silent_limit and proc.pid not in silenced:
-                silenced[proc.pid] = silent  # hung (SIGSTOP, a wedged collective): its peers went on
-                launch.kill(proc.pid)
+            if silent > silent_limit and (replica, proc.attempt) not in silenced:
+                silenced[replica, proc.attempt] = silent  # hung (SIGSTOP, a wedged collective): its peers went on
+                launch.kill(handle, proc)
         epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
         now = time.monotonic()
         if now > deadline and not stop_requested(job_dir):

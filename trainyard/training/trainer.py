@@ -38,6 +38,7 @@ LEAVE = threading.Event()
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
+LIGHTHOUSE_ENV = "TRAINYARD_LIGHTHOUSE"  # set by the train-replica flow from its parameter
 STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
 """Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
 
@@ -103,7 +104,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         world_size=1,
         store_addr="127.0.0.1",
         store_port=store.port,
-        lighthouse_addr=plan.lighthouse_addr,
+        lighthouse_addr=os.environ.get(LIGHTHOUSE_ENV) or plan.lighthouse_addr,
         replica_id=f"{plan.job_id}-g{replica}",
         hostname="127.0.0.1",
     )

@@ -1,0 +1,37 @@
+"""The ``train-replica`` flow: one replica group of a job, run by a worker of a (GPU) work pool.
+
+The launch stage submits one run of this flow per group (``tasks/pool_launcher.py``) and watches
+it; the train stage's supervisor reads the group's heartbeat, progress and result from the job's
+folder as it does for a local group, and resubmits a crashed or failed run (the elastic retry:
+Prefect's own flow retries never cover a Crashed run). Inside, it is the same entrypoint a local
+group runs (``trainyard.training.replica``): it waits for the plan, trains under torchft, and heals
+from a live peer when it is a restart. SIGTERM (a cancelled run, a scale-down) is a graceful leave.
+
+The job's folder must be reachable from the worker at the same path (a process pool on the train
+stage's machine, or a shared volume).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prefect import flow, get_run_logger
+
+from trainyard.errors import TrainingError
+from trainyard.training import replica as entrypoint
+from trainyard.training.trainer import LIGHTHOUSE_ENV
+
+
+@flow(name="train-replica", log_prints=True)
+def train_replica(job_dir: str, replica: int, attempt: int = 0, resume: bool = False, lighthouse_addr: str = "") -> int:
+    """Run replica group ``replica`` (attempt ``attempt``) of the job in ``job_dir``; fail if it does."""
+    logger = get_run_logger()
+    if lighthouse_addr:
+        os.environ[LIGHTHOUSE_ENV] = lighthouse_addr  # the trainer's torchft Manager finds its peers there
+    logger.info("replica group %d, attempt %d, lighthouse %s", replica, attempt, lighthouse_addr or "from the plan")
+    argv = ["--job-dir", job_dir, "--replica", str(replica), "--attempt", str(attempt)]
+    argv += ["--resume"] if resume else []
+    code = entrypoint.main(argv)
+    if code != 0:
+        raise TrainingError(f"replica group {replica} attempt {attempt} exited with code {code}; see its error.json")
+    return code

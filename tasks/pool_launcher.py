@@ -1,0 +1,77 @@
+"""Replica groups as flow runs on a Prefect work pool: the launcher the engine's supervisor drives
+when ``resources.work_pool`` is not ``local``.
+
+Each group attempt is a run of the ``train-replica`` deployment on the pool, submitted with an
+idempotency key (job, group, attempt), so a retried launch never doubles a group. The run's state
+stands in for a process's exit code; the group's heartbeat, progress and result still come through
+the job's folder. Killing a group cancels its run (the worker stops its process).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.states import Cancelling
+
+from trainyard.launch import LaunchHandle, ReplicaProcess
+from trainyard.spec import Resources
+
+REPLICA_FLOW = "train-replica"
+# States are read at most this often per group: the supervisor polls ten times a second.
+STATE_CACHE_SECONDS = 1.0
+_EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2, StateType.CANCELLED: -15}
+
+
+def job_variables(resources: Resources, replica: int) -> dict:
+    """The pool's job variables for one group, from the job's ``resources``."""
+    variables = dict(resources.job_variables)
+    if resources.gpus_per_replica:
+        variables["gpus"] = resources.gpus_per_replica
+    return variables
+
+
+class WorkPoolLauncher:
+    """Starts each replica group as a run of ``train-replica/<deployment>`` on a work pool."""
+
+    def __init__(self, deployment: str, resources: Resources):
+        self.deployment, self.resources = deployment, resources
+        self._states: dict[str, tuple[float, int | None]] = {}
+
+    def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
+        run = run_deployment(
+            f"{REPLICA_FLOW}/{self.deployment}",
+            parameters={
+                "job_dir": handle.job_dir,
+                "replica": replica,
+                "attempt": attempt,
+                "resume": resume,
+                "lighthouse_addr": handle.lighthouse_addr,
+            },
+            job_variables=job_variables(self.resources, replica),
+            timeout=0,  # submit and return: the supervisor watches
+            idempotency_key=f"{handle.job_id}-g{replica}-a{attempt}",
+            tags=[f"trainyard-job:{handle.job_id}", "trainyard-replica"],
+            as_subflow=False,
+        )
+        return ReplicaProcess(replica=replica, attempt=attempt, pid=0, log="", resumed=resume, run_id=str(run.id))
+
+    def exit_code(self, proc: ReplicaProcess) -> int | None:
+        seen, code = self._states.get(proc.run_id, (0.0, None))
+        if time.monotonic() - seen < STATE_CACHE_SECONDS:
+            return code
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(proc.run_id).state
+        code = _EXIT_CODES.get(state.type) if state else None
+        self._states[proc.run_id] = (time.monotonic(), code)
+        return code
+
+    def kill(self, proc: ReplicaProcess) -> None:
+        if self.exit_code(proc) is None:
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(proc.run_id, Cancelling(), force=True)
+
+    def terminate(self, proc: ReplicaProcess) -> None:
+        self.kill(proc)  # a cancelled run's process gets SIGTERM first: the group leaves at a step boundary
