@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
@@ -42,7 +43,9 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
         job_id: the id to run under; a new one is made when empty.
     """
     logger = get_run_logger()
-    job_id = job_id or new_job_id(job.name)
+    if not job_id:  # started from the UI or a schedule: the run takes the job's id as its name
+        job_id = new_job_id(job.name)
+        _name_run(job_id)
     job_dir = make_job_dir(job_id)
     log = status.StatusLog(on_transition=lambda t: _emit_status(job_id, t))
     log.enter("Starting", "Job spec validated; preparing the job")
@@ -105,6 +108,13 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
     if error is not None:
         raise JobFailed(f"job {job_id} failed: {error}") from error
     return summary
+
+
+def _name_run(job_id: str) -> None:
+    run_id = flow_run.get_id()
+    if run_id:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(run_id, name=job_id)
 
 
 def _emit_status(job_id: str, transition: dict) -> None:

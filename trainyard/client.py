@@ -1,0 +1,141 @@
+"""Submit and follow training jobs from another service: ``submit``, ``status``, ``wait``, ``stop``, ``jobs``.
+
+This is the client side of the orchestrator, not part of the engine: it talks to the Prefect API
+named by ``PREFECT_API_URL`` (Prefect is imported inside each function, so importing ``trainyard``
+never needs an orchestrator). A job is a run of a ``training-pipeline`` deployment; its run is
+named after its job id. Statuses are SageMaker's: primary ``InProgress | Completed | Failed |
+Stopped`` and the secondary status transitions the pipeline publishes as ``trainyard.job.*`` events.
+
+    from trainyard import client
+    run_id = client.submit({"name": "churn", ...})          # or a TrainingJob
+    print(client.wait(run_id)["status"])                     # Completed
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from trainyard.errors import TrainyardError
+from trainyard.home import new_job_id
+from trainyard.spec import TrainingJob, parse_job
+
+DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
+PIPELINE_FLOW = "training-pipeline"
+_PRIMARY = {"COMPLETED": "Completed", "FAILED": "Failed", "CRASHED": "Failed", "CANCELLED": "Stopped"}
+_FINAL = {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped"}
+
+
+def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempotency_key: str | None = None) -> str:
+    """Validate the job here (a bad spec fails before anything is queued) and start it; returns the
+    flow run id. The same ``idempotency_key`` twice starts one run."""
+    from prefect.deployments import run_deployment
+
+    spec = job if isinstance(job, TrainingJob) else parse_job(job)
+    job_id = new_job_id(spec.name)
+    run = run_deployment(
+        deployment,
+        parameters={"job": spec.model_dump(mode="json"), "job_id": job_id},
+        timeout=0,
+        idempotency_key=idempotency_key,
+        flow_run_name=job_id,
+        tags=[f"trainyard-job:{job_id}"],
+        as_subflow=False,
+    )
+    return str(run.id)
+
+
+def status(run_id: str) -> dict[str, Any]:
+    """The job's primary status, its secondary status transitions and, once it ended, its summary."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as api:
+        run = api.read_flow_run(run_id)
+        job_id = run.parameters.get("job_id") or run.name
+        transitions = _transitions(api, job_id, run.created)
+    state = run.state.type.value if run.state else "PENDING"
+    primary = _PRIMARY.get(state, "InProgress")
+    if state == "COMPLETED" and transitions:  # the run completes for a Stopped job too: its last status says
+        primary = _FINAL.get(transitions[-1]["status"], primary)
+    return {
+        "flow_run_id": str(run.id),
+        "job_id": job_id,
+        "status": primary,
+        "secondary_status": transitions[-1]["status"] if transitions else "Starting",
+        "secondary_status_transitions": transitions,
+        "prefect_state": run.state.name if run.state else None,
+    }
+
+
+def wait(run_id: str, timeout_seconds: float | None = None, poll_seconds: float = 2.0) -> dict[str, Any]:
+    """Block until the job ends (or ``timeout_seconds`` pass: ``TrainyardError``); returns ``status``."""
+    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    while True:
+        current = status(run_id)
+        if current["status"] != "InProgress":
+            return current
+        if deadline is not None and time.monotonic() > deadline:
+            raise TrainyardError(f"job run {run_id} still {current['secondary_status']} after {timeout_seconds} s")
+        time.sleep(poll_seconds)
+
+
+def stop(run_id: str) -> list[str]:
+    """Cancel the job's pipeline run and every replica group run of the job; returns the runs cancelled.
+
+    Groups get SIGTERM from their workers and leave at a step boundary; the job ends Stopped."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as api:
+        run = api.read_flow_run(run_id)
+        job_id = run.parameters.get("job_id") or run.name
+        groups = api.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"trainyard-job:{job_id}", "trainyard-replica"]))
+        )
+        cancelled = []
+        for target in [run, *groups]:
+            if target.state is not None and not target.state.is_final():
+                api.set_flow_run_state(target.id, Cancelling(message="trainyard stop"), force=True)
+                cancelled.append(str(target.id))
+    return cancelled
+
+
+def jobs(limit: int = 20) -> list[dict[str, Any]]:
+    """The most recent training-pipeline runs, newest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as api:
+        runs = api.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[PIPELINE_FLOW])),
+            sort=FlowRunSort.START_TIME_DESC,
+            limit=limit,
+        )
+    return [
+        {
+            "flow_run_id": str(r.id),
+            "job_id": r.parameters.get("job_id") or r.name,
+            "job_name": (r.parameters.get("job") or {}).get("name"),
+            "status": _PRIMARY.get(r.state.type.value, "InProgress") if r.state else "InProgress",
+            "prefect_state": r.state.name if r.state else None,
+            "started": r.start_time.isoformat() if r.start_time else None,
+        }
+        for r in runs
+    ]
+
+
+def _transitions(api, job_id: str, since) -> list[dict]:
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+    page = api.read_events(
+        EventFilter(
+            occurred=EventOccurredFilter(since=since),
+            event=EventNameFilter(prefix=["trainyard.job."]),
+            resource=EventResourceFilter(id=[f"trainyard.job.{job_id}"]),
+        ),
+        limit=100,
+    )
+    events = sorted(page.events, key=lambda e: e.occurred)
+    return [dict(e.payload) for e in events if "status" in e.payload]
