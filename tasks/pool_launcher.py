@@ -16,6 +16,8 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
+from infra.apply import LAUNCHER_JOB_VARIABLES
+from trainyard.errors import SpecError
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import Resources
 
@@ -26,7 +28,13 @@ _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2
 
 
 def job_variables(resources: Resources, replica: int) -> dict:
-    """The pool's job variables for one group, from the job's ``resources``."""
+    """The pool's job variables for one group, from the job's ``resources``; only those every
+    Trainyard pool template declares (``infra.apply.LAUNCHER_JOB_VARIABLES``) are accepted."""
+    unknown = sorted(set(resources.job_variables) - set(LAUNCHER_JOB_VARIABLES))
+    if unknown:
+        raise SpecError(
+            [f"resources.job_variables: {', '.join(unknown)} unknown; use {', '.join(LAUNCHER_JOB_VARIABLES)}"]
+        )
     variables = dict(resources.job_variables)
     if resources.gpus_per_replica:
         variables["gpus"] = resources.gpus_per_replica

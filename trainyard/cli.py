@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainyard.cli_infra import infra_app
 from trainyard.cli_jobs import jobs_app
 from trainyard.cli_models import models_app
 from trainyard.cli_report import report_app
@@ -32,6 +33,7 @@ app = typer.Typer(
 console = Console(stderr=True)
 app.add_typer(models_app, name="models")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(infra_app, name="infra")
 app.add_typer(report_app, name="report")
 
 SetOption = Annotated[

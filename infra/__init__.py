@@ -1,0 +1,1 @@
+"""Work-pool base job templates, the worker image and ``trainyard infra apply`` (``infra.apply``)."""
