@@ -73,6 +73,11 @@ def wait(run_id: str, timeout_seconds: float | None = None, poll_seconds: float 
     while True:
         current = status(run_id)
         if current["status"] != "InProgress":
+            # The run's state can land before the job's last status event: give the event a moment.
+            settle = time.monotonic() + 10
+            while current["secondary_status"] not in _FINAL and time.monotonic() < settle:
+                time.sleep(0.5)
+                current = status(run_id)
             return current
         if deadline is not None and time.monotonic() > deadline:
             raise TrainyardError(f"job run {run_id} still {current['secondary_status']} after {timeout_seconds} s")
@@ -135,7 +140,7 @@ def _transitions(api, job_id: str, since) -> list[dict]:
             event=EventNameFilter(prefix=["trainyard.job."]),
             resource=EventResourceFilter(id=[f"trainyard.job.{job_id}"]),
         ),
-        limit=100,
+        limit=50,  # the API's most per page; a job has under ten transitions
     )
     events = sorted(page.events, key=lambda e: e.occurred)
     return [dict(e.payload) for e in events if "status" in e.payload]

@@ -5,11 +5,9 @@ heartbeats stop is marked Crashed."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +18,6 @@ from typer.testing import CliRunner
 
 from infra import apply as infra
 from trainyard.cli_infra import infra_app
-from trainyard.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -30,46 +27,6 @@ cli = typer.Typer()
 cli.add_typer(infra_app, name="infra")  # as trainyard/cli.py mounts it
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout_seconds: float = 90) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "prefect server exited at start"
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"prefect server not healthy at {url}")
-
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-infra")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_API_URL": url,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
-        "PREFECT_UI_ENABLED": "false",
-    }
-    with open(home / "server.log", "wb") as log:
-        server = subprocess.Popen(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_healthy(url, server)
-        yield url, env
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 def _apply(url: str, *args: str):
     return CliRunner().invoke(cli, ["infra", "apply", "--api-url", url, *args])
 
@@ -77,7 +34,7 @@ def _apply(url: str, *args: str):
 @pytest.fixture(scope="module")
 def applied(prefect_server):
     """Two applies of the default set-up: 2 GPUs in the pool, 2 per group (a limit of one group)."""
-    url, _ = prefect_server
+    url, _, _ = prefect_server
     first, second = (_apply(url, "--gpus-per-pool", "2", "--gpus-per-group", "2") for _ in range(2))
     return first, second
 
@@ -115,7 +72,7 @@ def test_apply_creates_everything_once_and_the_second_apply_changes_nothing(pref
 def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server, applied, client):
     from prefect.exceptions import PrefectHTTPStatusError
 
-    url, _ = prefect_server
+    url, _, _ = prefect_server
     values = {
         "env": {"CUDA_VISIBLE_DEVICES": "0"},
         "gpus": 2,
@@ -147,7 +104,7 @@ def test_deployments_land_on_the_pools_a_group_beyond_the_limit_waits_and_a_zomb
     from prefect.client.schemas.objects import StateType
     from prefect.states import Running
 
-    url, env = prefect_server
+    url, env, _ = prefect_server
     deploy = subprocess.run(
         [PREFECT, "--no-prompt", "deploy", "--name", "on-new-data", "--name", "trainyard-gpu"],
         env=env,
