@@ -25,8 +25,13 @@ from trainyard.spec import Resources
 from trainyard.training.plan import attempt_dir
 from trainyard.training.replica import THREADS_ENV
 
-# Lighthouse failure detection: a silent group is dropped from the quorum after this long.
-HEARTBEAT_TIMEOUT_MS = 3000
+# Lighthouse failure detection. A group's Manager heartbeats every 100 ms; a group silent for
+# HEARTBEAT_TIMEOUT_MS is dropped from the next quorum. Until then the survivors' quorum waits for it,
+# so this is their stall when a group dies (3 s measured with 3000). 500 ms is five missed beats:
+# short enough that a survivor stalls about half a second, long enough that a busy but live group is
+# not dropped (if one were, it would rejoin at the next step and heal: slower, never wrong).
+# JOIN_TIMEOUT_MS bounds how long a quorum waits for a heartbeating group that has not asked to join.
+HEARTBEAT_TIMEOUT_MS = 500
 JOIN_TIMEOUT_MS = 3000
 _PROCESSES: dict[int, subprocess.Popen] = {}
 
@@ -112,6 +117,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env={"RUST_LOG": "warn", **os.environ},  # its INFO is a few lines per step
     )
     log.close()
     _PROCESSES[lighthouse.pid] = lighthouse

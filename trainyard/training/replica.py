@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="start from the job's latest S3 checkpoint")
     args = parser.parse_args(argv)
     parent = os.getppid()
+    # torchft's Rust side logs several lines per step at INFO: megabytes a minute, and time per step.
+    os.environ.setdefault("RUST_LOG", "warn")
     import torch  # after argument parsing: a bad command line fails fast
 
     torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))

@@ -119,6 +119,9 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                 finished[replica] = json.loads((out / "result.json").read_text())
                 continue
             failure = _failure(out, replica, proc.attempt, code)
+            job_done = any(res["stop_reason"] != "Left" for res in finished.values())
+            if job_done and failure["kind"] == "NoPeerToHeal":
+                continue  # a restart that came back after the others finished the job: nothing failed
             if (replica, proc.attempt) in silenced:
                 failure["message"] = f"silent for {silenced[replica, proc.attempt]:.1f} s (hung): killed and restarted"
             failures.append(failure)
@@ -126,7 +129,6 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             if failure["user_error"]:
                 launch.shutdown(handle)
                 raise TrainingError(f"replica group {replica}: {failure['message']}")
-            job_done = any(res["stop_reason"] != "Left" for res in finished.values())
             # A restart heals from a live group. With none left (or none ahead of a restarted group)
             # it would start over from step 0 alone; the S3 checkpoint, if the job writes them, is
             # the fallback for that.
@@ -277,7 +279,9 @@ def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
     """One record per restarted attempt: from the failure to the first step it committed."""
     records = []
     for failure in failures:
-        progress_path = attempt_dir(job_dir, failure["replica"], failure["attempt"] + 1) / "progress.json"
+        # (not attempt_dir: that would create the folder of a restart that never happened)
+        progress_path = job_dir / "replicas" / str(failure["replica"]) / f"attempt-{failure['attempt'] + 1}"
+        progress_path /= "progress.json"
         recovery = json.loads(progress_path.read_text()).get("recovery") if progress_path.exists() else None
         if not recovery or "rejoined_at_step" not in recovery:
             continue  # the restart never committed a step (it failed again, or the job ended first)
