@@ -20,6 +20,7 @@ from trainyard.home import write_json_atomic
 from trainyard.training.plan import PLAN_FILE, attempt_dir
 
 THREADS_ENV = "TRAINYARD_TORCH_THREADS"
+METER_ENV = "TRAINYARD_CARBON_METER"
 PLAN_WAIT_SECONDS = 6 * 3600
 
 
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     from trainyard.carbon import BackgroundMeter
 
-    energy = BackgroundMeter(f"replica-{args.replica}")
+    # The group's own share of the machine (carbon.by_replica); off only to measure what metering costs.
+    energy = BackgroundMeter(f"replica-{args.replica}") if os.environ.get(METER_ENV) != "off" else None
     try:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         return 1
     finally:
-        record = energy.stop()
+        record = energy.stop() if energy else None
         if record is not None:  # this group's share of the machine, for the job's carbon by replica
             write_json_atomic(out / "energy.json", record)
     return 0
