@@ -78,15 +78,27 @@ def run_ddp(config: dict, out: Path, env: dict[str, str], world_size: int = 2, m
             )
             log.close()
         failed = _monitor(procs)
+        done = [(out / f"attempt-{attempt}" / f"done-{rank}").exists() for rank in range(world_size)]
+        if failed is not None and all(done):
+            # Every rank had finished training: a crash while tearing down gloo is not a failure to recover from.
+            print(f"  note: DDP rank {failed[0]} exited {failed[1]} after training to the end", flush=True)
+            _stop(procs)
+            failed = None
         if failed is None:
             break
         failures.append({"rank": failed[0], "exit_code": failed[1], "detected_unix": time.time()})
         _stop(procs)
         if attempt == max_restarts:
             tail = (out / f"worker-{attempt}-{failed[0]}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"DDP rank {failed[0]} failed (exit {failed[1]}) after {attempt} restart(s):\n{tail}")
+            at = read_steps(out / f"attempt-{attempt}" / f"rank-{failed[0]}.jsonl")[-1:]
+            raise RuntimeError(
+                f"DDP rank {failed[0]} failed (exit {failed[1]}) after {attempt} restart(s), last step {at}:\n{tail}"
+            )
     wall = time.perf_counter() - started
-    steps = {rank: [_read_steps(out / f"attempt-{a}" / f"rank-{rank}.jsonl") for a in range(attempt + 1)] for rank in range(world_size)}
+    steps = {
+        rank: [read_steps(out / f"attempt-{a}" / f"rank-{rank}.jsonl") for a in range(attempt + 1)]
+        for rank in range(world_size)
+    }
     resumed = [json.loads(p.read_text())["step"] for p in sorted(out.glob("attempt-*/resumed.json"))]
     saves = out / "attempt-0" / "checkpoints.jsonl"
     seconds = [json.loads(line)["seconds"] for line in saves.read_text().splitlines()] if saves.exists() else []
@@ -118,10 +130,41 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def _read_steps(path: Path) -> list[tuple[int, float]]:
+def read_steps(path: Path) -> list[tuple[int, float]]:
     if not path.exists():
         return []
     return [(r["step"], r["unix"]) for r in map(json.loads, path.read_text().splitlines()) if r]
+
+
+def choose_checkpoint_every(
+    spec: dict, data_path: Path, bucket: str, step_s: float, budget: float
+) -> tuple[int, dict[str, float]]:
+    """K as a user would pick it: the round number of steps (1, 2 or 5 times a power of ten) at which
+    saving a checkpoint to S3 (timed here, median of 5) costs at most ``budget`` of the training time."""
+    import boto3
+    import numpy as np
+    import torch
+
+    from trainyard import algorithms
+    from trainyard.spec import TrainingJob
+
+    job = TrainingJob.model_validate(spec)
+    data = np.load(data_path)
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, data["x"], data["y"], 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=job.hyperparameters.learning_rate)
+    n = job.hyperparameters.batch_size
+    loss_fn(model(torch.from_numpy(data["x"][:n])), torch.from_numpy(data["y"][:n])).mean().backward()
+    optimizer.step()  # the optimizer's state exists, as in a checkpoint mid-training
+    s3, times = boto3.client("s3"), []
+    for i in range(5):
+        began = time.perf_counter()
+        body = checkpoint_bytes({"step": i, "model": model.state_dict(), "optim": optimizer.state_dict()})
+        s3.put_object(Bucket=bucket, Key=f"calibration/{i}.pt", Body=body)
+        times.append(time.perf_counter() - began)
+    save_s = sorted(times)[2]
+    raw = save_s / (budget * step_s)
+    k = min(m * 10**e for e in range(12) for m in (1, 2, 5) if m * 10**e >= raw)
+    return k, {"save_s": save_s, "step_s": step_s, "raw": raw, "bytes": len(body)}
 
 
 def checkpoint_bytes(state: dict) -> bytes:
@@ -186,7 +229,10 @@ def worker(config_path: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         epoch, index = divmod(step, steps_per_epoch)
         if perm[0] != epoch:  # Trainyard's replicated sampling: one permutation an epoch, cut into ranks
-            perm = (epoch, torch.randperm(len(x), generator=torch.Generator().manual_seed(hp.seed * SEED_STRIDE + epoch)))
+            perm = (
+                epoch,
+                torch.randperm(len(x), generator=torch.Generator().manual_seed(hp.seed * SEED_STRIDE + epoch)),
+            )
         rows = torch.tensor_split(perm[1][index * hp.batch_size : (index + 1) * hp.batch_size], world)[rank]
         optimizer.zero_grad()
         loss_fn(ddp(x[rows]), y[rows]).mean().backward()
@@ -197,6 +243,7 @@ def worker(config_path: str) -> None:
             state = {"step": step + 1, "model": model.state_dict(), "optim": optimizer.state_dict()}
             s3.put_object(Bucket=bucket, Key=f"{prefix}step-{step + 1:010d}.pt", Body=checkpoint_bytes(state))
             saves.write(json.dumps({"step": step + 1, "seconds": time.perf_counter() - began}) + "\n")
+    (out / f"done-{rank}").touch()
     dist.destroy_process_group()
 
 
