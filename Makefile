@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo test lint bench-staging clean
+.PHONY: setup demo test lint bench-staging bench-recovery bench-sifting bench-carbon clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,18 @@ lint: setup
 # Trainyard staging vs aws s3 sync on a local S3 endpoint (see benchmarks/README.md); a few minutes.
 bench-staging: setup
 	$(BIN)/python benchmarks/staging.py
+
+# Recovery from a killed group vs a torchrun-style restart from S3 checkpoints; about 10 minutes.
+bench-recovery: setup
+	$(BIN)/python benchmarks/recovery.py
+
+# Online sifting and the prefilter vs a tuned baseline, FLOPs and wall time to the same accuracy.
+bench-sifting: setup
+	$(BIN)/python benchmarks/sifting.py
+
+# What carbon metering costs in training wall time, and its energy against RAPL or the TDP model.
+bench-carbon: setup
+	$(BIN)/python benchmarks/carbon.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
