@@ -1,0 +1,373 @@
+"""Datasets and single runs for the sifting benchmark (``benchmarks/sifting.py``).
+
+Two datasets, each drawn afresh per seed (a different split or draw, and a different model seed):
+
+- ``tabular``: synthetic, with the redundancy and label noise of logged business data. A base of
+  unique rows from ``make_classification`` (4 classes, 3 clusters each, 8 informative, 8 redundant
+  and 8 noise features); to it, near-duplicates (other rows with a little jitter: the same entity
+  logged twice), exact duplicates, and dense clusters of easy points (many rows around a few base
+  rows far from any class boundary). 10% of the training labels are flipped to another class.
+  Validation rows are fresh draws from the base distribution with their true labels.
+- ``digits``: scikit-learn's bundled digits (1,797 8x8 images, 10 classes), a stratified 70/30
+  split, unmodified.
+
+One run is one Trainyard job without Prefect (``launch.launch`` + ``supervisor.train`` with real
+torchft replica processes and a lighthouse, as ``tests/unit/test_training.py`` runs them), one
+replica group. The combination's prefilter runs here first (``filtering.prefilter``), timed and
+FLOP-counted, and the job trains on the rows it keeps.
+
+Training FLOPs per epoch are not in the outcome (only totals are), so they are rebuilt from exact
+per-sample costs (``FlopMeter`` on a probe model: an MLP's FLOPs are linear in the batch) and the
+rows each epoch trained and scored (sifting's keep counts, from Trainyard's own ``Sifter``); the sum
+is checked against the outcome's measured totals to the FLOP. Wall time per epoch comes from the
+step log (``TRAINYARD_STEP_LOG=1``): the time from the first committed step to the epoch's last,
+plus one median step for the first step's own work (the first step also waits for torchft's first
+quorum, which every arm pays alike and is left out).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SYNTH_CLASSES = 4
+DELAY_STEPS = 10  # Trainyard's default sifting.delay_steps
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    num_classes: int
+    noisy: np.ndarray | None = None  # True for training rows whose label was flipped
+    batch_size: int = 128
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    epochs: int = 12  # the baseline's run: about where its accuracy stops improving
+
+
+def tabular(
+    seed: int, unique_rows: int = 4000, val_rows: int = 2000, noise: float = 0.1, class_sep: float = 1.5
+) -> Dataset:
+    """The synthetic dataset: ``unique_rows`` base rows, padded to twice as many with redundancy."""
+    from sklearn.datasets import make_classification
+
+    rng = np.random.default_rng(seed)
+    x, y = make_classification(
+        n_samples=unique_rows + val_rows,
+        n_features=24,
+        n_informative=8,
+        n_redundant=8,
+        n_classes=SYNTH_CLASSES,
+        n_clusters_per_class=3,
+        class_sep=class_sep,
+        flip_y=0.0,
+        random_state=seed,
+    )
+    x = x.astype(np.float32)
+    x_val, y_val, x, y = x[:val_rows], y[:val_rows], x[val_rows:], y[val_rows:]
+    scale = x.std(axis=0)
+    near = rng.integers(0, len(x), unique_rows // 2)  # 25% of the final rows
+    exact = rng.integers(0, len(x), unique_rows // 10)  # 5%
+    # Easy clusters: the rows a quick linear model is surest of (far from every boundary), each repeated
+    # with small jitter: 20% of the final rows around 30 such anchors.
+    margin = _linear_margin(x, y)
+    anchors = rng.choice(np.argsort(-margin)[: len(x) // 10], 30, replace=False)
+    easy = rng.choice(anchors, 2 * unique_rows // 5)
+    parts_x = [
+        x,
+        x[near] + rng.normal(0, 0.02, (len(near), x.shape[1])).astype(np.float32) * scale,
+        x[exact],
+        x[easy] + rng.normal(0, 0.05, (len(easy), x.shape[1])).astype(np.float32) * scale,
+    ]
+    x_train = np.concatenate(parts_x).astype(np.float32)
+    y_train = np.concatenate([y, y[near], y[exact], y[easy]]).astype(np.int64)
+    noisy = rng.random(len(y_train)) < noise
+    y_train[noisy] = (y_train[noisy] + rng.integers(1, SYNTH_CLASSES, noisy.sum())) % SYNTH_CLASSES
+    order = rng.permutation(len(x_train))
+    return Dataset(
+        "tabular",
+        x_train[order],
+        y_train[order],
+        x_val,
+        y_val.astype(np.int64),
+        SYNTH_CLASSES,
+        noisy=noisy[order],
+    )
+
+
+def digits(seed: int) -> Dataset:
+    """scikit-learn's digits, a stratified 70/30 split drawn by ``seed``."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x, y = bunch.data.astype(np.float32), bunch.target.astype(np.int64)
+    x_train, x_val, y_train, y_val = train_test_split(x, y, test_size=0.3, stratify=y, random_state=seed)
+    return Dataset("digits", x_train, y_train, x_val, y_val, 10, batch_size=64, epochs=8)
+
+
+def _linear_margin(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """How far each row is inside its class, by a least-squares one-vs-rest linear model."""
+    design = np.c_[x, np.ones(len(x))]
+    targets = np.eye(int(y.max()) + 1)[y]
+    scores = design @ np.linalg.lstsq(design, targets, rcond=None)[0]
+    own = scores[np.arange(len(y)), y]
+    scores[np.arange(len(y)), y] = -np.inf
+    return own - scores.max(axis=1)
+
+
+@functools.cache
+def load(name: str, seed: int, quick: bool = False) -> Dataset:
+    """A dataset by name, drawn by ``seed`` (``quick``: a smaller tabular set)."""
+    if name == "digits":
+        return digits(seed)
+    return tabular(seed, unique_rows=1500, val_rows=1000) if quick else tabular(seed)
+
+
+# --- one run ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Which filtering is on: online sifting's beta (None: off) and the prefilter's drop fractions."""
+
+    beta: float | None = None
+    prefilter: tuple[float, float] | None = None  # (drop_learnt_fraction, drop_unlearnable_fraction)
+
+    def label(self) -> str:
+        parts = [f"prefilter {self.prefilter[0]:g}/{self.prefilter[1]:g}"] if self.prefilter else []
+        parts += [f"online beta {self.beta:g}"] if self.beta is not None else []
+        return " + ".join(parts) or "no filtering"
+
+
+@dataclass
+class Prefiltered:
+    keep: np.ndarray
+    dropped: dict[str, int]
+    flops: int
+    wall_seconds: float
+
+
+@dataclass
+class Run:
+    setting: Setting
+    lr: float
+    epochs: int  # the schedule's length
+    seed: int
+    history: list[dict]
+    cum_flops: list[int]  # training FLOPs (forward + backward + scoring + prefilter) at each epoch end
+    cum_wall: list[float]  # training wall seconds (+ prefilter) at each epoch end
+    eval_flops: int  # validation FLOPs of the whole run (excluded from the comparisons)
+    train_rows: int
+    median_step_ms: float
+    stop_reason: str
+    prefilter: dict | None = None  # what the prefilter dropped, and of which rows
+    flop_check: str | None = None  # set when the rebuilt per-epoch FLOPs disagree with the outcome
+
+    @property
+    def accuracy(self) -> list[float]:
+        return [h["val_accuracy"] for h in self.history]
+
+    def first_reaching(self, target: float) -> int | None:
+        """Index of the first epoch whose validation accuracy is at least ``target``."""
+        return next((i for i, a in enumerate(self.accuracy) if a >= target - 1e-12), None)
+
+    def flops_to(self, target: float) -> int | None:
+        i = self.first_reaching(target)
+        return None if i is None else self.cum_flops[i]
+
+    def wall_to(self, target: float) -> float | None:
+        i = self.first_reaching(target)
+        return None if i is None else self.cum_wall[i]
+
+    def accuracy_at(self, flops: float) -> float | None:
+        """Validation accuracy at the last epoch whose cumulative FLOPs do not exceed ``flops``."""
+        within = [i for i, f in enumerate(self.cum_flops) if f <= flops * (1 + 1e-9)]
+        return self.accuracy[within[-1]] if within else None
+
+
+class PerSample:
+    """Exact FLOPs per sample of a training step's forward and backward and of a no-grad forward."""
+
+    def __init__(self, data: Dataset):
+        import torch
+
+        from trainyard import algorithms
+        from trainyard.spec import Algorithm, Hyperparameters
+        from trainyard.training.flops import FlopMeter
+
+        hp = Hyperparameters(hidden_sizes=data.hidden_sizes)
+        probe, loss_fn = algorithms.build(
+            Algorithm(builtin="mlp-classifier"), hp, data.x_train, data.y_train, data.num_classes
+        )
+        meter = FlopMeter(probe, loss_fn)
+        x, y = torch.from_numpy(data.x_train[:1]), torch.from_numpy(data.y_train[:1])
+        meter.add_train_step(x, y)
+        meter.add_evaluation(x)
+        self.forward, self.backward, self.evaluation = meter.forward, meter.backward, meter.evaluation
+
+
+def epoch_counts(rows: int, batch: int, beta: float | None, epochs: int) -> list[tuple[int, int]]:
+    """``(rows trained, rows scored)`` in each epoch, as Trainyard's sampler and sifter deal them."""
+    if beta is None:
+        return [(rows, 0)] * epochs
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=beta, delay_steps=DELAY_STEPS), 0)
+    candidates = sifter.candidate_batch(batch)
+    sizes = [min(candidates, rows - i * candidates) for i in range(math.ceil(rows / candidates))]
+    out, step = [], 0
+    for _ in range(epochs):
+        trained = scored = 0
+        for size in sizes:
+            trained += sifter.keep_count(size)
+            scored += size if step >= DELAY_STEPS else 0
+            step += 1
+        out.append((trained, scored))
+    return out
+
+
+def cumulative_flops(cost: PerSample, rows: int, batch: int, beta: float | None, epochs: int, start: int = 0):
+    """Training FLOPs at the end of each of ``epochs`` epochs, from ``start`` (the prefilter's)."""
+    out, total = [], start
+    for trained, scored in epoch_counts(rows, batch, beta, epochs):
+        total += trained * (cost.forward + cost.backward) + scored * cost.evaluation
+        out.append(total)
+    return out
+
+
+def epochs_within(cost: PerSample, rows: int, batch: int, beta: float | None, budget: float, start: int = 0) -> int:
+    """The most epochs whose training FLOPs (from ``start``) stay within ``budget`` (at least 1)."""
+    first, second = cumulative_flops(cost, rows, batch, beta, 2)
+    guess = max(1, int((budget - start) / max(second - first, 1)) + 2)
+    return max(1, sum(f <= budget * (1 + 1e-9) for f in cumulative_flops(cost, rows, batch, beta, guess, start)))
+
+
+@functools.cache
+def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float]) -> Prefiltered:
+    """Trainyard's offline prefilter on the training rows, timed here (once per process and setting)."""
+    from trainyard import filtering
+    from trainyard.spec import Prefilter
+
+    data = load(name, seed, quick)
+    config = Prefilter(
+        enabled=True, drop_learnt_fraction=fractions[0], drop_unlearnable_fraction=fractions[1], seed=seed
+    )
+    started = time.perf_counter()
+    keep, dropped, flops = filtering.prefilter(data.x_train, data.y_train, config, "classification", data.num_classes)
+    return Prefiltered(keep, dropped, flops, time.perf_counter() - started)
+
+
+def baseline_budget(name: str, seed: int, quick: bool, epochs: int) -> int:
+    """Training FLOPs of ``epochs`` epochs without filtering."""
+    data = load(name, seed, quick)
+    return cumulative_flops(PerSample(data), len(data.x_train), data.batch_size, None, epochs)[-1]
+
+
+def train(
+    name: str,
+    seed: int,
+    quick: bool,
+    setting: Setting,
+    lr: float,
+    *,
+    epochs: int | None = None,
+    budget: float | None = None,
+    target: float | None = None,
+) -> Run:
+    """Train one arm as a Trainyard job: ``epochs`` epochs, or as many as fit in ``budget`` training FLOPs."""
+    data = load(name, seed, quick)
+    cost = PerSample(data)
+    pre = prefiltered(name, seed, quick, setting.prefilter) if setting.prefilter else None
+    x, y = (data.x_train[pre.keep], data.y_train[pre.keep]) if pre else (data.x_train, data.y_train)
+    pre_flops, pre_wall = (pre.flops, pre.wall_seconds) if pre else (0, 0.0)
+    if epochs is None:
+        epochs = epochs_within(cost, len(x), data.batch_size, setting.beta, budget, pre_flops)
+    outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed)
+    done = len(outcome.history)
+    cum_flops = cumulative_flops(cost, len(x), data.batch_size, setting.beta, done, pre_flops)
+    measured = outcome.flops["forward"] + outcome.flops["backward"] + outcome.flops["scoring"] + pre_flops
+    check = None if measured == cum_flops[-1] else f"rebuilt {cum_flops[-1]:,} != measured {measured:,} FLOPs"
+    gaps = np.diff(commits)
+    step_s = float(statistics.median(gaps)) if len(gaps) else 0.0
+    spe = outcome.steps_per_epoch
+    cum_wall = [pre_wall + commits[min((e + 1) * spe, len(commits)) - 1] - commits[0] + step_s for e in range(done)]
+    report = None
+    if pre is not None:
+        report = {"dropped": pre.dropped, "kept_fraction": float(pre.keep.mean())}
+        if data.noisy is not None:
+            report |= {
+                "flipped_removed": int((data.noisy & ~pre.keep).sum()),
+                "flipped": int(data.noisy.sum()),
+                "clean_removed": int((~data.noisy & ~pre.keep).sum()),
+            }
+    return Run(
+        setting=setting,
+        lr=lr,
+        epochs=epochs,
+        seed=seed,
+        history=outcome.history,
+        cum_flops=cum_flops,
+        cum_wall=cum_wall,
+        eval_flops=outcome.flops["evaluation"],
+        train_rows=len(x),
+        median_step_ms=1000 * step_s,
+        stop_reason=outcome.stop_reason,
+        prefilter=report,
+        flop_check=check,
+    )
+
+
+def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: float | None, seed: int):
+    """One Trainyard job without Prefect, one replica group: ``(outcome, commit times)``."""
+    from trainyard import launch
+    from trainyard.home import job_dir, new_job_id
+    from trainyard.spec import parse_job
+    from trainyard.training import supervisor
+    from trainyard.training.plan import TrainingPlan
+
+    hp = {"epochs": epochs, "batch_size": data.batch_size, "learning_rate": lr, "lr_schedule": "cosine"}
+    spec = {
+        "name": "sifting-bench",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "hyperparameters": hp | {"hidden_sizes": data.hidden_sizes, "seed": seed},
+        "inputs": {
+            "train": {"s3_uri": "s3://unused/train/", "label": "label"},
+            "validation": {"s3_uri": "s3://unused/validation/", "label": "label"},
+        },
+        "output": {"s3_uri": "s3://unused/out/"},
+        "resources": {"replicas": 1},
+        "sifting": {"enabled": setting.beta is not None, "beta": setting.beta or 1.0, "delay_steps": DELAY_STEPS},
+    }
+    if target is not None:
+        spec["stopping"] = {"target_metric": {"name": "val_accuracy", "value": target}}
+    job = parse_job(spec)
+    job_id = new_job_id(job.name)
+    folder = job_dir(job_id)
+    (folder / "data").mkdir()
+    np.savez(folder / "data/train.npz", x=x, y=y)
+    np.savez(folder / "data/validation.npz", x=data.x_val, y=data.y_val)
+    schema = {"num_outputs": data.num_classes, "classes": list(range(data.num_classes)), "task": "classification"}
+    train_path, val_path = str(folder / "data/train.npz"), str(folder / "data/validation.npz")
+    plan = TrainingPlan(job_id, job.model_dump(mode="json"), train_path, val_path, schema, 1, "")
+    handle = launch.launch(job_id, folder, job.resources)
+    plan.lighthouse_addr = handle.lighthouse_addr
+    try:
+        outcome = supervisor.train(handle, plan, job)
+    finally:
+        launch.shutdown(handle)
+    with (folder / "replicas/0/attempt-0/steps.jsonl").open() as log:
+        commits = [json.loads(line)["unix"] for line in log]
+    shutil.rmtree(folder)
+    return outcome, commits

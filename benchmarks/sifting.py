@@ -1,0 +1,414 @@
+"""Sifting benchmark: does Trainyard's filtering reach the same accuracy with less compute?
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/sifting.py            # 2 datasets, 3 seeds, tuning included (7 min on 2 idle cores)
+    .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
+
+Datasets (``_sifting_data.py``): synthetic tabular data with redundancy (near-duplicates, exact
+duplicates, dense clusters of easy rows) and 10% flipped training labels, validated on clean labels;
+and scikit-learn's bundled digits. The model is the built-in ``mlp-classifier`` (two hidden layers
+of 256, backward about twice the forward), trained as real Trainyard jobs (one torchft replica
+group, no Prefect), AdamW with a cosine learning-rate schedule.
+
+Arms, per dataset and seed:
+
+- **baseline**: no filtering, its learning rate tuned, ``Dataset.epochs`` epochs. Its final
+  validation accuracy is the target; its budget is its training FLOPs.
+- **online sifting alone** (smart sifting's keep rule, ``sifting.enabled``), its beta tuned.
+- **best combination**: the prefilter (``sifting.prefilter``) and online sifting, the setting that
+  did best in the search.
+- **baseline tuned for the short run**: no filtering, a schedule as long as the combination's FLOPs
+  to the target (or, when the combination saved nothing, 65% of the baseline's: what the FLOPs
+  target asks for), its learning rate tuned for that length. Published gains often vanish against it.
+
+Filtering arms run as many epochs as fit in the baseline's budget (cosine over those epochs), so
+their final accuracy is their accuracy at equal FLOPs. FLOPs and wall time to the target are read at
+the first epoch whose validation accuracy reaches it (what ``stopping.target_metric`` does); an arm
+that has not reached it within the baseline's budget is run again with twice the budget and the
+target as its stopping condition. Training FLOPs are forward + backward + sifting's scoring passes
++ the prefilter's reference models, exact (``torch.utils.flop_counter``); validation FLOPs are the
+same per epoch for every arm and left out of every comparison. Wall time is the training time from
+the step log (plus the prefilter's), without process start-up and torchft's first quorum.
+
+Tuning uses its own seed (100), never one of the reported seeds: the learning rates (best final
+accuracy), online sifting's beta and the combination (fewest FLOPs to the target, then accuracy at
+equal FLOPs, averaged over both datasets, so that one setting can become the default). Tuning runs
+two at a time (``--jobs``): only their accuracy and FLOPs are used. Measured runs go one at a time.
+Benchmarks print; they never assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in sys.path]
+
+import _sifting_data as sd  # noqa: E402
+from _sifting_data import Run, Setting  # noqa: E402
+
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+BETAS = (0.5, 1.0, 2.0)
+COMBINATIONS = (
+    Setting(0.5, (0.0, 0.0)),  # exact duplicates only, then online sifting
+    Setting(1.0, (0.0, 0.0)),
+    Setting(0.5, (0.1, 0.02)),
+    Setting(0.5, (0.2, 0.05)),  # the prefilter's defaults
+    Setting(None, (0.2, 0.05)),  # the prefilter alone
+)
+TUNING_SEED = 100
+CAP = 2.0  # an arm short of the target at the baseline's budget gets this many times it
+FLOPS_RATIO_MAX, WALL_RATIO_MAX, ACCURACY_POINTS = 0.65, 0.75, 0.5
+
+
+@dataclass
+class Tuned:
+    lr: float  # the baseline's
+    short_lr: float  # the short-run baseline's
+    target: float  # the tuned baseline's final accuracy on the tuning seed
+
+
+@dataclass
+class Arm:
+    """One arm on one seed: its equal-budget run, and the 2x run if it fell short of the target."""
+
+    run: Run
+    extended: Run | None = None
+
+    def to_target(self, target: float) -> tuple[int | None, float | None]:
+        """``(FLOPs, wall seconds)`` to the target, from whichever run reached it."""
+        for run in (self.run, self.extended):
+            if run is not None and run.first_reaching(target) is not None:
+                return run.flops_to(target), run.wall_to(target)
+        return None, None
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    target: float
+    budget: int  # the baseline's training FLOPs
+    short_budget: float  # the short-run baseline's
+    short_from_combination: bool  # False: the combination saved nothing, so 1 - 35% of the baseline's
+    arms: dict[str, Arm]
+
+
+def short_budget(combination: int | None, baseline: int) -> tuple[float, bool]:
+    """The short run's FLOPs: the combination's to the target when fewer than the baseline's, else the
+    budget the FLOPs target asks for (so the row still says whether a plain short run would meet it)."""
+    if combination is not None and combination < baseline:
+        return combination, True
+    return FLOPS_RATIO_MAX * baseline, False
+
+
+# --- tuning ---------------------------------------------------------------------------------------
+
+
+def tune(args, pool) -> tuple[dict[str, Tuned], Setting, Setting]:
+    """Learning rates per dataset, then the online beta and the combination, on the tuning seed."""
+    seed, quick = TUNING_SEED, args.quick
+    print(f"\nTuning on seed {seed} ({args.jobs} runs at a time)", flush=True)
+    calls = {
+        (name, lr): ((name, seed, quick, Setting(), lr), {"epochs": epochs(name, quick)})
+        for name in args.datasets
+        for lr in args.lrs
+    }
+    grid = dict(zip(calls, parallel(pool, calls.values()), strict=True))
+    base: dict[str, Run] = {}
+    for name in args.datasets:
+        row = {lr: grid[name, lr].accuracy[-1] for lr in args.lrs}
+        best = max(args.lrs, key=lambda lr: (row[lr], -lr))
+        base[name] = grid[name, best]
+        cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
+        print(f"  {name} baseline learning rate: {cells} -> {best:g}{edge_note(best, args.lrs)}")
+
+    candidates = [Setting(beta) for beta in args.betas] + list(args.combinations)
+    calls = {
+        (name, c): ((name, seed, quick, c, base[name].lr), {"budget": base[name].cum_flops[-1]})
+        for name in args.datasets
+        for c in candidates
+    }
+    runs = dict(zip(calls, parallel(pool, calls.values()), strict=True))
+    scores: dict[Setting, tuple[float, float]] = {}
+    for c in candidates:
+        ratios, deltas = [], []
+        for name in args.datasets:
+            b, run = base[name], runs[name, c]
+            target = b.accuracy[-1]
+            reached = run.flops_to(target)
+            ratios.append(reached / b.flops_to(target) if reached is not None else CAP)
+            deltas.append(100 * ((run.accuracy_at(b.cum_flops[-1]) or 0.0) - target))
+            print(f"  {name:8} {c.label():38} {tuning_line(run, b, target)}")
+        scores[c] = (statistics.mean(ratios), -statistics.mean(deltas))
+    online = min((Setting(beta) for beta in args.betas), key=lambda c: scores[c])
+    combination = min(args.combinations, key=lambda c: scores[c])
+    print(f"  -> online sifting alone: {online.label()}; best combination: {combination.label()}")
+    print("     (score: FLOPs to the target / the baseline's, 2 when not reached, averaged over the datasets)")
+
+    calls = {}
+    for name in args.datasets:
+        b = base[name]
+        short, _ = short_budget(runs[name, combination].flops_to(b.accuracy[-1]), b.flops_to(b.accuracy[-1]))
+        for lr in args.lrs:
+            calls[name, lr] = ((name, seed, quick, Setting(), lr), {"budget": short})
+    grid = dict(zip(calls, parallel(pool, calls.values()), strict=True))
+    tuned = {}
+    for name in args.datasets:
+        row = {lr: grid[name, lr].accuracy[-1] for lr in args.lrs}
+        best = max(args.lrs, key=lambda lr: (row[lr], -lr))
+        tuned[name] = Tuned(base[name].lr, best, base[name].accuracy[-1])
+        cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
+        length = grid[name, best].epochs
+        print(f"  {name} short-run baseline ({length} epochs) learning rate: {cells} -> {best:g}")
+    return tuned, online, combination
+
+
+def tuning_line(run: Run, base: Run, target: float) -> str:
+    reached = run.flops_to(target)
+    to = f"{reached / base.flops_to(target):.2f}x" if reached is not None else "not reached"
+    acc = run.accuracy_at(base.cum_flops[-1])
+    line = f"to target {to:>11}, acc at equal FLOPs {acc:.4f} ({100 * (acc - target):+.1f} pts), {run.epochs} ep"
+    if run.prefilter:
+        line += f", kept {run.prefilter['kept_fraction']:.0%}"
+        if "flipped" in run.prefilter:
+            p = run.prefilter
+            line += f" (flipped labels removed {p['flipped_removed']}/{p['flipped']}, clean rows {p['clean_removed']})"
+    return line
+
+
+def edge_note(best: float, grid) -> str:
+    return " (at the edge of the grid)" if len(grid) > 1 and best in (min(grid), max(grid)) else ""
+
+
+def parallel(pool, calls) -> list[Run]:
+    futures = [pool.submit(sd.train, *a, **k) for a, k in calls]
+    return [f.result() for f in futures]
+
+
+def epochs(name: str, quick: bool) -> int:
+    return sd.load(name, 0, quick).epochs
+
+
+# --- measured runs ------------------------------------------------------------------------------
+
+
+def measure(args, name: str, seed: int, tuned: Tuned, online: Setting, combination: Setting) -> SeedResult:
+    """Every arm on one seed, one run at a time."""
+    quick = args.quick
+    base = sd.train(name, seed, quick, Setting(), tuned.lr, epochs=epochs(name, quick))
+    target, budget = base.accuracy[-1], base.cum_flops[-1]
+    arms = {"baseline": Arm(base)}
+    say(name, seed, "baseline", base, target)
+    for key, setting in (("online", online), ("combination", combination)):
+        arm = Arm(sd.train(name, seed, quick, setting, tuned.lr, budget=budget))
+        if arm.run.first_reaching(target) is None and args.extend:
+            arm.extended = sd.train(name, seed, quick, setting, tuned.lr, budget=CAP * budget, target=target)
+        arms[key] = arm
+        say(name, seed, key, arm.run, target, arm.extended)
+    short, from_combination = short_budget(arms["combination"].to_target(target)[0], base.flops_to(target))
+    arms["short"] = Arm(sd.train(name, seed, quick, Setting(), tuned.short_lr, budget=short))
+    say(name, seed, "short", arms["short"].run, target)
+    return SeedResult(seed, target, budget, short, from_combination, arms)
+
+
+def say(name: str, seed: int, key: str, run: Run, target: float, extended: Run | None = None) -> None:
+    i = run.first_reaching(target)
+    to = (
+        f"target at epoch {i + 1} ({run.cum_flops[i] / 1e9:.2f} GFLOP, {run.cum_wall[i]:.2f} s)"
+        if i is not None
+        else "target not reached"
+    )
+    if extended is not None:
+        j = extended.first_reaching(target)
+        to += f"; with {CAP:g}x the budget: " + (
+            f"epoch {j + 1} ({extended.cum_flops[j] / 1e9:.2f} GFLOP)" if j is not None else "not reached"
+        )
+    check = f"  WARNING {run.flop_check}" if run.flop_check else ""
+    print(
+        f"  {name} seed {seed} {key:11} {run.setting.label():38} lr {run.lr:g}, {run.epochs} ep: final acc "
+        f"{run.accuracy[-1]:.4f}, {to}, {run.median_step_ms:.1f} ms/step{check}",
+        flush=True,
+    )
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def median(values: list[float | None]) -> float | None:
+    """Median with None (not reached) counted as worse than any number; None if that is the median."""
+    ranked = sorted(math.inf if v is None else v for v in values)
+    m = statistics.median(ranked) if ranked else math.inf
+    return None if math.isinf(m) else m
+
+
+def cell(values: list[float | None], fmt: str, missing: str) -> str:
+    """``median [each seed]``."""
+    m = median(values)
+    each = " ".join(missing if v is None else format(v, fmt) for v in values)
+    return f"{missing if m is None else format(m, fmt)} [{each}]"
+
+
+ROWS = (
+    ("baseline", "baseline"),
+    ("short", "baseline, short-run schedule"),
+    ("online", "online sifting alone"),
+    ("combination", "best combination"),
+)
+
+
+def figures(results: list[SeedResult], key: str) -> dict[str, list]:
+    """Per seed: FLOPs and wall to the target against the baseline's, accuracy at both budgets."""
+    f = {k: [] for k in ("flops_x", "wall_x", "acc", "delta", "acc_short", "ms")}
+    for r in results:
+        arm, base = r.arms[key], r.arms["baseline"]
+        flops, wall = arm.to_target(r.target)
+        base_flops, base_wall = base.to_target(r.target)
+        f["flops_x"].append(None if flops is None else flops / base_flops)
+        f["wall_x"].append(None if wall is None else wall / base_wall)
+        acc = arm.run.accuracy_at(r.budget) if key != "short" else None
+        f["acc"].append(acc)
+        f["delta"].append(None if acc is None else 100 * (acc - r.target))
+        f["acc_short"].append(arm.run.accuracy_at(r.short_budget))
+        f["ms"].append(arm.run.median_step_ms)
+    return f
+
+
+def report(name: str, results: list[SeedResult], online: Setting, combination: Setting) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    title = f"{name}: median [each seed] over seeds {', '.join(str(r.seed) for r in results)}"
+    table = Table(title=escape(title), title_justify="left")
+    for col in ("arm", "settings", "FLOPs to target", "wall to target", "acc at baseline budget", "Δ pts"):
+        table.add_column(col, justify="left" if col in ("arm", "settings") else "right")
+    table.add_column("acc at short budget", justify="right")
+    table.add_column("ms/step", justify="right")
+    miss = f">{CAP:g}x"
+    out = {}
+    for key, title in ROWS:
+        f = out[key] = figures(results, key)
+        setting = {"online": online, "combination": combination}.get(key, Setting())
+        row = (
+            title,
+            setting.label(),
+            cell(f["flops_x"], ".2f", "-" if key == "short" else miss),
+            cell(f["wall_x"], ".2f", "-" if key == "short" else miss),
+            "-" if key == "short" else f"{median(f['acc']):.4f}",
+            "-" if key == "short" else cell(f["delta"], "+.1f", "-"),
+            cell(f["acc_short"], ".4f", "-"),
+            cell(f["ms"], ".1f", "-"),
+        )
+        table.add_row(*(escape(c) for c in row))  # brackets are rich markup otherwise
+    Console(width=240).print(table)
+    base = [r.arms["baseline"] for r in results]
+    gflop = " ".join(f"{b.to_target(r.target)[0] / 1e9:.2f}" for b, r in zip(base, results, strict=True))
+    wall = " ".join(f"{b.to_target(r.target)[1]:.2f}" for b, r in zip(base, results, strict=True))
+    shorts = " ".join(
+        f"{r.short_budget / r.arms['baseline'].to_target(r.target)[0]:.2f}x{'' if r.short_from_combination else '*'}"
+        for r in results
+    )
+    print(
+        f"  FLOPs and wall are to the target (each seed's baseline final accuracy: "
+        f"{' '.join(f'{r.target:.4f}' for r in results)}), as multiples of the baseline's: "
+        f"{gflop} GFLOP, {wall} s.\n"
+        f"  {miss}: not reached with {CAP:g}x the baseline's budget; '-' not reached within the run. "
+        f"Short budget, x the baseline's FLOPs to target: {shorts} (* the combination saved nothing: "
+        f"{FLOPS_RATIO_MAX:.2f}x). Validation, left out of every count: "
+        f"{base[0].run.eval_flops / 1e9 / len(base[0].run.history):.3f} GFLOP per epoch."
+    )
+    targets(out, results)
+
+
+def targets(f: dict[str, dict[str, list]], results: list[SeedResult]) -> None:
+    comb, online, short = f["combination"], f["online"], f["short"]
+    x, w, d = median(comb["flops_x"]), median(comb["wall_x"]), median(comb["delta"])
+    rows = [
+        (f">= {1 - FLOPS_RATIO_MAX:.0%} fewer FLOPs to the target", x is not None and x <= FLOPS_RATIO_MAX, fmt_x(x)),
+        (f">= {1 - WALL_RATIO_MAX:.0%} less wall time to the target", w is not None and w <= WALL_RATIO_MAX, fmt_x(w)),
+        (f"accuracy within {ACCURACY_POINTS} pts at equal FLOPs", d >= -ACCURACY_POINTS - 1e-9, f"{d:+.2f} pts"),
+    ]
+    ox = median(online["flops_x"])
+    if x is None and ox is None:
+        od = median(online["delta"])
+        ahead, how = d > od, f"neither reaches the target; accuracy at equal FLOPs {d:+.1f} vs {od:+.1f} pts"
+    else:
+        ahead, how = (ox is None or (x is not None and x < ox)), f"FLOPs to the target {fmt_x(x)} vs {fmt_x(ox)}"
+    rows.append(("combination ahead of online sifting alone", ahead, how))
+    gained = [i for i, r in enumerate(results) if r.short_from_combination]
+    held = [i for i in gained if short["flops_x"][i] is None]
+    how = (
+        f"the combination saved FLOPs on {len(gained)} of {len(results)} seeds; the short-run baseline missed the "
+        f"target at the same FLOPs on {len(held)} of them"
+    )
+    rows.append(("gains hold against the short-run baseline", len(held) > len(results) / 2, how))
+    for text, met, detail in rows:
+        print(f"  {'met    ' if met else 'NOT MET'}  {text}: {detail}")
+
+
+def fmt_x(v: float | None) -> str:
+    return "not reached" if v is None else f"{v:.2f}x"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small tabular set, 1 seed, tiny grids")
+    parser.add_argument("--seeds", type=int, default=3, help="reported seeds (0..N-1)")
+    parser.add_argument("--jobs", type=int, default=2, help="tuning runs at a time")
+    parser.add_argument("--no-extend", dest="extend", action="store_false", help=f"skip the {CAP:g}x runs")
+    args = parser.parse_args()
+    args.datasets = ("tabular", "digits")
+    args.lrs, args.betas, args.combinations = LEARNING_RATES, BETAS, COMBINATIONS
+    if args.quick:
+        args.seeds, args.datasets, args.lrs, args.betas = 1, ("tabular",), (3e-3,), (1.0,)
+        args.combinations = (COMBINATIONS[0], COMBINATIONS[3])
+    home = tempfile.TemporaryDirectory(prefix="sifting-bench-")
+    os.environ["TRAINYARD_HOME"] = home.name
+    os.environ["TRAINYARD_STEP_LOG"] = "1"
+    started = time.perf_counter()
+    import torch
+
+    print(
+        f"Sifting benchmark on {platform.node()}: {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"load average {os.getloadavg()[0]:.1f} at the start"
+    )
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        tuned, online, combination = tune(args, pool)
+    results: dict[str, list[SeedResult]] = {}
+    for name in args.datasets:
+        print(f"\n{name}: measured runs, one at a time", flush=True)
+        results[name] = [measure(args, name, seed, tuned[name], online, combination) for seed in range(args.seeds)]
+    print()
+    for name in args.datasets:
+        report(name, results[name], online, combination)
+        print()
+    print_best(combination)
+    print(
+        f"\nTotal {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.1f} at the end "
+        "(other processes share these cores: wall times move by tens of percent between runs)."
+    )
+    home.cleanup()
+
+
+def print_best(setting: Setting) -> None:
+    learnt, unlearnable = setting.prefilter or (0.0, 0.0)
+    print(f"Best combination found (for the defaults of `sifting.enabled: true`): {setting.label()}")
+    print("  sifting:")
+    print(f"    enabled: {str(setting.beta is not None).lower()}")
+    print(f"    beta: {setting.beta}")
+    print(f"    prefilter: {{enabled: true, drop_learnt_fraction: {learnt}, drop_unlearnable_fraction: {unlearnable}}}")
+
+
+if __name__ == "__main__":
+    main()
