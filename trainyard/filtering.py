@@ -57,7 +57,8 @@ def filter_samples(staged: StagedData, sifting: Sifting, task: str = "classifica
     """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row."""
     total = staged.rows["train"]
     report = FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=sifting.enabled)
-    if not sifting.prefilter.enabled or staged.streamed:
+    enabled = sifting.enabled if sifting.prefilter.enabled is None else sifting.prefilter.enabled
+    if not enabled or staged.streamed:
         return report  # a streamed channel is never read whole before training: nothing to prefilter
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
@@ -75,6 +76,8 @@ def prefilter(
     """``(keep mask, dropped count by reason, FLOPs spent)`` for the rows ``x``, ``y``."""
     keep = ~duplicates(x, y)
     dropped = {"duplicate": int((~keep).sum())}
+    if not config.drop_learnt_fraction and not config.drop_unlearnable_fraction:
+        return keep, dropped, 0  # duplicates only: no reference model to train
     losses, flops = held_out_losses(x, y, keep, config, task, num_outputs)
     candidates = np.flatnonzero(keep)
     order = candidates[np.argsort(losses[candidates], kind="stable")]

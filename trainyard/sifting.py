@@ -86,28 +86,27 @@ class Sifter:
             self._count(self.kept_by_class, labels[:keep])
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
-        """Swap in each starved class's best candidates for the weakest kept ones of the others."""
+        """Swap in each starved class's best candidates for the weakest kept ones of classes with
+        some to spare (by the draw's ranking)."""
         floor = self.config.min_class_fraction
         classes, counts = np.unique(labels, return_counts=True)
         need = {c: math.floor(floor * keep * n / len(labels)) for c, n in zip(classes.tolist(), counts, strict=True)}
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        kept = set(chosen.tolist())
+        kept = np.zeros(len(labels), dtype=bool)
+        kept[chosen] = True
+        have = {c: int((labels[chosen] == c).sum()) for c in need}
         for cls, minimum in need.items():
-            have = sum(1 for i in kept if labels[i] == cls)
-            spare = [i for i in order if labels[i] == cls and i not in kept]
-            while have < minimum and spare:
-                donors = [i for i in kept if labels[i] != cls and self._surplus(labels, kept, labels[i], need)]
-                if not donors:
+            if have[cls] >= minimum:
+                continue
+            spare = [i for i in order if labels[i] == cls and not kept[i]][: minimum - have[cls]]
+            for i in spare:
+                # the weakest kept candidate (latest in the ranking) of a class above its minimum
+                donor = next((j for j in order[::-1] if kept[j] and have[labels[j]] > need[labels[j]]), None)
+                if donor is None:
                     break
-                kept.remove(max(donors, key=lambda i: rank[i]))  # the weakest of a class with some to spare
-                kept.add(spare.pop(0))
-                have += 1
-        return np.fromiter(kept, dtype=np.int64, count=len(kept))
-
-    @staticmethod
-    def _surplus(labels: np.ndarray, kept: set[int], cls, need: dict) -> bool:
-        return sum(1 for i in kept if labels[i] == cls) > need.get(cls, 0)
+                kept[donor], kept[i] = False, True
+                have[labels[donor]] -= 1
+                have[cls] += 1
+        return np.flatnonzero(kept)
 
     def _remember(self, losses: np.ndarray, labels: np.ndarray | None, chosen: np.ndarray) -> None:
         length = self.config.loss_history_length

@@ -199,12 +199,16 @@ class Prefilter(_Model):
     """The offline prefilter: before training, drop duplicates and rows a reference model finds
     already learnt or unlearnable (RHO-LOSS style)."""
 
-    enabled: bool = Field(default=False, description="Prefilter the training set before training.")
+    enabled: bool | None = Field(
+        default=None, description="Prefilter the training set before training (default: when sifting is enabled)."
+    )
+    # Defaults from benchmarks/sifting.py: every loss-based drop tried cost accuracy at equal compute
+    # (the reference model is weak); removing exact duplicates never did.
     drop_learnt_fraction: float = Field(
-        default=0.2, ge=0, lt=1, description="Share of rows with the lowest held-out loss to drop (already learnt)."
+        default=0.0, ge=0, lt=1, description="Share of rows with the lowest held-out loss to drop (already learnt)."
     )
     drop_unlearnable_fraction: float = Field(
-        default=0.05, ge=0, lt=1, description="Share of rows with the highest held-out loss to drop (likely noise)."
+        default=0.0, ge=0, lt=1, description="Share of rows with the highest held-out loss to drop (likely noise)."
     )
     reference_epochs: int = Field(default=3, ge=1, description="Epochs the reference models train for.")
     reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")

@@ -9,6 +9,9 @@ from trainyard.datasets import StagedData
 from trainyard.spec import Prefilter, Sifting
 
 
+LOSS_BASED = Prefilter(enabled=True, drop_learnt_fraction=0.2, drop_unlearnable_fraction=0.05)
+
+
 def noisy_blobs(rows: int = 2000, seed: int = 0):
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 3, rows)
@@ -22,7 +25,7 @@ def noisy_blobs(rows: int = 2000, seed: int = 0):
 
 def test_duplicates_and_wrong_labels_are_dropped_far_more_often_than_clean_rows():
     x, y, flipped = noisy_blobs()
-    keep, dropped, flops = filtering.prefilter(x, y, Prefilter(enabled=True), "classification", 3)
+    keep, dropped, flops = filtering.prefilter(x, y, LOSS_BASED, "classification", 3)
     duplicates = np.arange(2000, 2100)
     clean = np.setdiff1d(np.arange(2000), flipped)
     assert dropped["duplicate"] >= 100 and not keep[duplicates].any()
@@ -42,8 +45,16 @@ def test_the_stage_writes_a_filtered_training_file_and_its_layout(tmp_path):
     staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 500}, layout)
     off = filtering.filter_samples(staged, Sifting(), "classification")
     assert off.train_data == staged.train_data and off.kept == 500 and off.train_layout is None
-    report = filtering.filter_samples(staged, Sifting(prefilter={"enabled": True}), "classification")
+    report = filtering.filter_samples(staged, Sifting(prefilter=LOSS_BASED), "classification")
     kept = np.load(report.train_data)
     assert len(kept["x"]) == report.kept == 500 - sum(report.dropped.values())
     assert report.train_layout[-1]["end"] == report.kept and report.train_layout[0]["start"] == 0
     assert report.to_dict()["kept_fraction"] == report.kept / 500
+
+
+def test_sifting_on_alone_prefilters_duplicates_only_without_a_reference_model(tmp_path):
+    x, y, _ = noisy_blobs(rows=400)
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 500}, [])
+    report = filtering.filter_samples(staged, Sifting(enabled=True), "classification")
+    assert report.dropped == {"duplicate": 100} and report.scoring_flops == 0 and report.kept == 400
