@@ -178,12 +178,17 @@ def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, mode
     tags |= {f"data.{name}.uri": c["uri"] for name, c in stages["staging"]["channels"].items()}
     flops = outcome.flops
     tags |= {
-        "compute.flops_total": str(flops["forward"] + flops["backward"] + flops["evaluation"]),
+        "compute.flops_total": str(sum(flops.values())),
+        "compute.flops_scoring_forward": str(flops.get("scoring", 0)),
         "carbon.energy_kwh": f"{carbon_section['energy_kwh']:.6g}",
         "carbon.emissions_kg": f"{carbon_section['emissions_kg']:.6g}",
         "output.model_uri": model_uri,
         "prefect.flow_run_id": str(flow_run.get_id()),
     }
+    report = stages["filtering"]["report"]
+    tags["sifting.prefilter_dropped"] = json.dumps(report.dropped or {}, sort_keys=True)
+    if outcome.sifting:
+        tags["sifting.kept_fraction"] = f"{outcome.sifting['kept_fraction']:.4f}"
     return tags
 
 
