@@ -8,7 +8,6 @@ from trainyard import filtering
 from trainyard.datasets import StagedData
 from trainyard.spec import Prefilter, Sifting
 
-
 LOSS_BASED = Prefilter(enabled=True, drop_learnt_fraction=0.2, drop_unlearnable_fraction=0.05)
 
 

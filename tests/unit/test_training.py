@@ -411,3 +411,32 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
     states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 0), (1, 1))]
     for key in states[0]:
         torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
+
+
+def test_a_group_killed_while_another_is_recovering_also_heals(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 100, "batch_size": 64, "learning_rate": 0.01},
+        resources={"replicas": 3},
+        # group 1 dies at step 15; group 2 ~1.5 s later, while group 1's restart is still coming back
+        elastic={
+            "fault_injection": [
+                {"replica": 1, "at_step": 15, "kind": "kill"},
+                {"replica": 2, "at_step": 120, "kind": "kill"},
+            ]
+        },
+    )
+    outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    assert sorted((f["replica"], f["step"]) for f in outcome.failures) == [(1, 15), (2, 120)]
+    assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert sorted((r["replica"], r["source"]) for r in outcome.recoveries) == [(1, "peer"), (2, "peer")]
+    assert outcome.replicas_finished == [0, 1, 2]
+    states = [
+        torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True)
+        for r, a in ((0, 0), (1, 1), (2, 1))
+    ]
+    for other in states[1:]:
+        for key in states[0]:
+            torch.testing.assert_close(other[key], states[0][key], rtol=0, atol=0)

@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="start from the job's latest S3 checkpoint")
     args = parser.parse_args(argv)
     parent = os.getppid()
+    from trainyard.carbon import BackgroundMeter
+
+    # The group's own share of the machine (carbon.by_replica), started first, in a thread: codecarbon
+    # probes the hardware for ~1.4 s of CPU (py-cpuinfo in a subprocess, a TDP lookup), which overlaps
+    # the imports and the wait for the plan this way. Off only to measure what metering costs.
+    energy = BackgroundMeter(f"replica-{args.replica}") if os.environ.get(METER_ENV) != "off" else None
     # torchft's Rust side logs several lines per step at INFO: megabytes a minute, and time per step.
     os.environ.setdefault("RUST_LOG", "warn")
     import torch  # after argument parsing: a bad command line fails fast
@@ -62,10 +68,6 @@ def main(argv: list[str] | None = None) -> int:
             out / "error.json", {"message": "the plan never came: the train stage is gone", "user_error": False}
         )
         return 3
-    from trainyard.carbon import BackgroundMeter
-
-    # The group's own share of the machine (carbon.by_replica); off only to measure what metering costs.
-    energy = BackgroundMeter(f"replica-{args.replica}") if os.environ.get(METER_ENV) != "off" else None
     try:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
