@@ -331,7 +331,6 @@ def train(
 
 def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: float | None, seed: int):
     """One Trainyard job without Prefect, one replica group: ``(outcome, commit times)``."""
-    from trainyard import launch
     from trainyard.home import job_dir, new_job_id
     from trainyard.spec import parse_job
     from trainyard.training import supervisor
@@ -361,12 +360,7 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: 
     schema = {"num_outputs": data.num_classes, "classes": list(range(data.num_classes)), "task": "classification"}
     train_path, val_path = str(folder / "data/train.npz"), str(folder / "data/validation.npz")
     plan = TrainingPlan(job_id, job.model_dump(mode="json"), train_path, val_path, schema, 1, "")
-    handle = launch.launch(job_id, folder, job.resources)
-    plan.lighthouse_addr = handle.lighthouse_addr
-    try:
-        outcome = supervisor.train(handle, plan, job)
-    finally:
-        launch.shutdown(handle)
+    outcome, _ = supervisor.launch_and_train(job, plan, folder)
     with (folder / "replicas/0/attempt-0/steps.jsonl").open() as log:
         commits = [json.loads(line)["unix"] for line in log]
     shutil.rmtree(folder)

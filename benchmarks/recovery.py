@@ -93,7 +93,6 @@ class Bench:
 
 def trainyard_run(bench: Bench, fail_at: int | None) -> tuple[Timeline, object, float]:
     """One Trainyard job, no Prefect: its step timeline, its ``TrainingOutcome``, its process wall."""
-    from trainyard import launch
     from trainyard.home import job_dir, new_job_id
     from trainyard.spec import parse_job
     from trainyard.training import supervisor
@@ -105,12 +104,7 @@ def trainyard_run(bench: Bench, fail_at: int | None) -> tuple[Timeline, object, 
     folder = job_dir(job_id)
     plan = TrainingPlan(job_id, job.model_dump(mode="json"), str(bench.data), None, SCHEMA, 2, "")
     started = time.perf_counter()
-    handle = launch.launch(job_id, folder, job.resources)
-    plan.lighthouse_addr = handle.lighthouse_addr
-    try:
-        outcome = supervisor.train(handle, plan, job)
-    finally:
-        launch.shutdown(handle)
+    outcome, _ = supervisor.launch_and_train(job, plan, folder)
     wall = time.perf_counter() - started
     timeline: Timeline = {}
     for replica in (0, 1):

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from tests.conftest import blobs_table
-from trainyard import launch
 from trainyard.errors import TrainingError
 from trainyard.home import job_dir, new_job_id
 from trainyard.spec import parse_job
@@ -58,13 +57,8 @@ def make_job(trainyard_home, **changes):
 
 
 def run(job, job_id, folder, plan, events=None):
-    handle = launch.launch(job_id, folder, job.resources)
-    plan.lighthouse_addr = handle.lighthouse_addr
     on_event = (lambda kind, payload: events.append((kind, payload.get("replica")))) if events is not None else None
-    try:
-        return supervisor.train(handle, plan, job, on_event=on_event), handle
-    finally:
-        launch.shutdown(handle)
+    return supervisor.launch_and_train(job, plan, folder, on_event)
 
 
 def test_two_groups_train_in_lockstep_and_agree(trainyard_home):

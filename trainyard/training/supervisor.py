@@ -181,6 +181,18 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     return outcome
 
 
+def launch_and_train(
+    job: TrainingJob, plan: TrainingPlan, job_dir: Path, on_event: Callable[[str, dict], None] | None = None
+) -> tuple[TrainingOutcome, LaunchHandle]:
+    """Training without an orchestrator: start the lighthouse and the groups, train, stop them all."""
+    handle = launch.launch(plan.job_id, job_dir, job.resources)
+    plan.lighthouse_addr = handle.lighthouse_addr
+    try:
+        return train(handle, plan, job, on_event=on_event), handle
+    finally:
+        launch.shutdown(handle)
+
+
 def _collect(
     job_dir: Path,
     handle: LaunchHandle,
