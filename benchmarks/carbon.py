@@ -8,8 +8,8 @@ Run from the repository root::
 The same training job (built-in ``mlp-classifier`` [256, 256], 8,192 rows of 32 features, 2 torchft
 replica groups as local processes, no Prefect) runs, alternating, in two arms:
 
-- **metered**: as the pipeline meters its training stage: a machine-mode codecarbon tracker around
-  the stage, a live reading every second (``carbon.LiveWatch``, as for the budget and the MLflow
+- **metered**: as the pipeline meters its launch and training stages: a machine-mode codecarbon
+  tracker around each stage, a live reading every second (``carbon.LiveWatch``, as for the budget and the MLflow
   live metrics), and a process-mode tracker in each replica group (``carbon.BackgroundMeter``);
 - **bare**: the same job with every meter off (``TRAINYARD_CARBON_METER=off`` for the groups).
 
@@ -24,6 +24,7 @@ codecarbon used is printed, so nobody reads an estimate as a reading.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -110,7 +111,11 @@ def _run(arm: str, data: Path, epochs: int) -> tuple[float, dict | None]:
     schema = {"num_outputs": 2, "classes": [0, 1], "task": "classification"}
     plan = TrainingPlan(job_id, job.model_dump(mode="json"), str(data), None, schema, 2, "")
     os.environ["TRAINYARD_CARBON_METER"] = "on" if arm == "metered" else "off"
-    handle = launch.launch(job_id, folder, job.resources)
+    settings = Carbon(country_iso_code="IRL")
+    # As in the pipeline, the launch stage is metered too: the first meter on a machine saves the
+    # hardware probe that the groups' meters then reuse (carbon_probe).
+    with carbon.meter("launch", settings) if arm == "metered" else contextlib.nullcontext():
+        handle = launch.launch(job_id, folder, job.resources)
     plan.lighthouse_addr = handle.lighthouse_addr
     check = None
     try:
@@ -118,7 +123,6 @@ def _run(arm: str, data: Path, epochs: int) -> tuple[float, dict | None]:
             started = time.perf_counter()
             supervisor.train(handle, plan, job)
             return time.perf_counter() - started, None
-        settings = Carbon(country_iso_code="IRL")
         before_cpu, before_rapl = _busy_cpu_seconds(), _rapl()
         with carbon.meter("training", settings) as record:
             started = time.perf_counter()

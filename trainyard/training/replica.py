@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     from trainyard.carbon import BackgroundMeter
 
-    # The group's own share of the machine (carbon.by_replica), started first, in a thread: codecarbon
-    # probes the hardware for ~1.4 s of CPU (py-cpuinfo in a subprocess, a TDP lookup), which overlaps
-    # the imports and the wait for the plan this way. Off only to measure what metering costs.
+    # The group's own share of the machine (carbon.by_replica), started first, in a thread: where this
+    # machine has no saved hardware probe yet (carbon_probe), codecarbon's ~1.4 s of CPU for it then
+    # overlaps the imports and the wait for the plan. Off only to measure what metering costs.
     energy = BackgroundMeter(f"replica-{args.replica}") if os.environ.get(METER_ENV) != "off" else None
     # torchft's Rust side logs several lines per step at INFO: megabytes a minute, and time per step.
     os.environ.setdefault("RUST_LOG", "warn")

@@ -1,0 +1,61 @@
+"""The hardware probe is done once a machine: later processes (replica groups) start their meter
+without py-cpuinfo's subprocess, and a bad saved probe only costs the probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+# One meter in a fresh process. With FORBID_PROBE, asking py-cpuinfo (the probe's costly part: it
+# runs in a subprocess) fails the meter, so "it started" means "it used the saved probe".
+SCRIPT = """
+import json, os, sys
+import cpuinfo
+if os.environ.get("FORBID_PROBE"):
+    def refuse(*args, **kwargs):
+        print("probed the hardware again", file=sys.stderr, flush=True)  # codecarbon may swallow the error
+        raise AssertionError("probed the hardware again")
+    cpuinfo.get_cpu_info = refuse
+from trainyard import carbon
+from trainyard.spec import Carbon
+with carbon.meter("m", Carbon(), tracking_mode=sys.argv[1]) as record:
+    sum(range(10**6))
+print(json.dumps({"mode": record.measurement_mode, "kwh": record.energy_kwh}))
+"""
+
+
+def meter_in_fresh_process(home, mode: str, forbid_probe: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRAINYARD_HOME": str(home)}
+    if forbid_probe:
+        env["FORBID_PROBE"] = "1"
+    return subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_later_processes_reuse_the_machine_probe(tmp_path):
+    first = meter_in_fresh_process(tmp_path, "machine")
+    assert first.returncode == 0, first.stderr
+    saved = list((tmp_path / "hardware").glob("codecarbon-*.json"))
+    assert len(saved) == 1
+
+    group = meter_in_fresh_process(tmp_path, "process", forbid_probe=True)
+    assert group.returncode == 0, group.stderr
+    machine, process = json.loads(first.stdout), json.loads(group.stdout)
+    assert process["mode"] == machine["mode"]  # same hardware, same measurement mode
+    assert process["kwh"] > 0
+
+
+def test_without_a_saved_probe_the_meter_probes(tmp_path):
+    # The guard in SCRIPT does catch a probe: with nothing saved, the meter must probe.
+    alone = meter_in_fresh_process(tmp_path, "process", forbid_probe=True)
+    assert "probed the hardware again" in alone.stderr
+
+
+def test_a_corrupt_saved_probe_falls_back_to_probing(tmp_path):
+    assert meter_in_fresh_process(tmp_path, "machine").returncode == 0
+    (saved,) = (tmp_path / "hardware").glob("codecarbon-*.json")
+    saved.write_text("{not json")
+    again = meter_in_fresh_process(tmp_path, "process")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["kwh"] > 0

@@ -1,0 +1,90 @@
+"""codecarbon's hardware probe, done once a machine instead of once a process.
+
+The first tracker to start in a process probes the hardware: py-cpuinfo in a subprocess and a fuzzy
+TDP lookup, about 1.4 s of CPU. Every replica group is a new process, so each group would pay it on
+the cores its training needs. What the probe finds depends only on the machine, so the first process
+on a machine (for local groups, the orchestrating stage's meter) saves it under ``TRAINYARD_HOME``,
+keyed by boot, GPU visibility and codecarbon version, and later processes seed codecarbon's
+per-process cache from it.
+
+That cache is ``codecarbon.core.hardware_cache``, an internal module (codecarbon >= 3.3). If it is
+missing or changes shape, or the file is unreadable, every step here does nothing and codecarbon
+probes as it always did: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from trainyard.home import home, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+def seed(tracker) -> bool:
+    """Before ``tracker.start()``: give codecarbon this machine's saved probe. True if it was seeded."""
+    try:
+        from codecarbon.core import hardware_cache
+
+        key = hardware_cache.make_key(tracker)
+        if key in hardware_cache._plans:
+            return False  # this process probed already
+        path = _path(key)
+        if not path.is_file():
+            return False
+        saved = json.loads(path.read_text())
+        # The plan was saved from a tracker of either mode; only the specs' mode differs.
+        specs = [
+            {**spec, "tracking_mode": key.tracking_mode} if "tracking_mode" in spec else spec
+            for spec in saved["hardware_specs"]
+        ]
+        plan = hardware_cache._HardwarePlan(**{**saved, "hardware_specs": specs})
+        with hardware_cache._cache_lock:
+            hardware_cache._plans.setdefault(key, plan)
+        return True
+    except Exception:  # noqa: BLE001 - a stale or foreign file only costs the probe
+        log.debug("codecarbon hardware probe not seeded", exc_info=True)
+        return False
+
+
+def save(tracker) -> None:
+    """After ``tracker.start()``: keep this process's probe for the next processes on this machine."""
+    try:
+        from codecarbon.core import hardware_cache
+
+        key = hardware_cache.make_key(tracker)
+        plan = hardware_cache._plans.get(key)
+        path = _path(key)
+        if plan is not None and not path.is_file():
+            write_json_atomic(path, dataclasses.asdict(plan))
+    except Exception:  # noqa: BLE001 - metering goes on without the shortcut
+        log.debug("codecarbon hardware probe not saved", exc_info=True)
+
+
+def _path(key) -> Path:
+    """The file for this machine and tracker settings, whatever the tracking mode."""
+    from codecarbon import __version__
+
+    fields = {k: v for k, v in dataclasses.asdict(key).items() if k != "tracking_mode"}
+    identity = {
+        "machine": _machine_id(),
+        "codecarbon": __version__,
+        "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "settings": fields,
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return home() / "hardware" / f"codecarbon-{digest}.json"
+
+
+def _machine_id() -> str:
+    """This boot of this machine: hardware can change across a reboot (a resized VM), not within one."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
