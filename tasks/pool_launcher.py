@@ -4,7 +4,9 @@ when ``resources.work_pool`` is not ``local``.
 Each group attempt is a run of the ``train-replica`` deployment on the pool, submitted with an
 idempotency key (job, group, attempt), so a retried launch never doubles a group. The run's state
 stands in for a process's exit code; the group's heartbeat, progress and result still come through
-the job's folder. Killing a group cancels its run (the worker stops its process).
+the job's folder. Killing a group cancels its run (the worker stops its process). A worker that died
+with its node never confirms a cancellation: such a run is marked Crashed after
+``CANCEL_CONFIRM_SECONDS``, so the supervisor resubmits the group instead of waiting on it forever.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
-from prefect.states import Cancelling
+from prefect.states import Cancelling, Crashed
 
 from infra.apply import LAUNCHER_JOB_VARIABLES
 from trainyard.errors import SpecError
@@ -24,6 +26,9 @@ from trainyard.spec import Resources
 REPLICA_FLOW = "train-replica"
 # States are read at most this often per group: the supervisor polls ten times a second.
 STATE_CACHE_SECONDS = 1.0
+# A live worker stops a cancelled run's process in about a second; a silent group's run still
+# Cancelling after this long has lost its worker.
+CANCEL_CONFIRM_SECONDS = 15.0
 _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2, StateType.CANCELLED: -15}
 
 
@@ -47,6 +52,7 @@ class WorkPoolLauncher:
     def __init__(self, deployment: str, resources: Resources):
         self.deployment, self.resources = deployment, resources
         self._states: dict[str, tuple[float, int | None]] = {}
+        self._cancelled: dict[str, float] = {}  # run id -> when we asked for the cancellation
 
     def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
         run = run_deployment(
@@ -72,7 +78,15 @@ class WorkPoolLauncher:
             return code
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(proc.run_id).state
-        code = _EXIT_CODES.get(state.type) if state else None
+            code = _EXIT_CODES.get(state.type) if state else None
+            asked = self._cancelled.get(proc.run_id)
+            if code is None and asked is not None and time.monotonic() - asked > CANCEL_CONFIRM_SECONDS:
+                message = (
+                    f"cancelled {time.monotonic() - asked:.0f} s ago and no worker stopped it:"
+                    " presumed lost with its worker"
+                )
+                client.set_flow_run_state(proc.run_id, Crashed(message=message), force=True)
+                code = _EXIT_CODES[StateType.CRASHED]
         self._states[proc.run_id] = (time.monotonic(), code)
         return code
 
@@ -80,6 +94,7 @@ class WorkPoolLauncher:
         if self.exit_code(proc) is None:
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(proc.run_id, Cancelling(), force=True)
+            self._cancelled.setdefault(proc.run_id, time.monotonic())
 
     def terminate(self, proc: ReplicaProcess) -> None:
         self.kill(proc)  # a cancelled run's process gets SIGTERM first: the group leaves at a step boundary

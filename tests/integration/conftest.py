@@ -30,6 +30,8 @@ def prefect_server_in(home: Path) -> Iterator[tuple[str, dict[str, str]]]:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "PREFECT_UI_ENABLED": "false",
+        # Scheduled runs are created within 5 s of a schedule appearing (default 60 s).
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
     }
     with open(home / "server.log", "wb") as log:
         server = subprocess.Popen(

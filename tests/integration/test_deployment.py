@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -27,26 +30,35 @@ GPU_POOL = "trainyard-gpu"
 
 @pytest.fixture(scope="module")
 def deployed(prefect_server, tmp_path_factory):
-    """Pools applied, two deployments deployed, three workers running; yields (url, mlflow uri, home)."""
+    """Pools applied, the deployments deployed, four workers running; yields (url, mlflow uri, home,
+    GPU-pool worker processes). Each GPU-pool worker runs one group at a time (one node with one
+    group's GPUs): two run a job's groups and the third is the spare a lost group is resubmitted to."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     url, env, home = prefect_server
     mlflow_uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     # Workers look for runs every second (default 10): groups start as soon as they are submitted.
-    env = {**env, "MLFLOW_TRACKING_URI": mlflow_uri, "PREFECT_WORKER_QUERY_SECONDS": "1", "TRAINYARD_STEP_LOG": "1"}
+    # A group silent for 12 s is taken for lost (120 s in production: long collectives, slow steps).
+    env = {
+        **env,
+        "MLFLOW_TRACKING_URI": mlflow_uri,
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "TRAINYARD_STEP_LOG": "1",
+        "TRAINYARD_SILENT_GROUP_SECONDS": "12",
+    }
     applied = CliRunner().invoke(app, ["infra", "apply", "--api-url", url, "--gpus-per-pool", "4"])
     assert applied.exit_code == 0, applied.output
-    for name in ("on-demand", GPU_POOL):
+    for name in ("on-demand", "nightly-churn", GPU_POOL):
         subprocess.run([PREFECT, "--no-prompt", "deploy", "--name", name], env=env, cwd=REPO, check=True)
     workers = []
-    for pool, n in (("trainyard-process", 1), (GPU_POOL, 2)):
+    for pool, n, limit in (("trainyard-process", 1, []), (GPU_POOL, 3, ["--limit", "1"])):
         for i in range(n):
             log = open(home / f"worker-{pool}-{i}.log", "wb")  # noqa: SIM115 - closed with the worker
-            command = [PREFECT, "worker", "start", "--pool", pool]
+            command = [PREFECT, "worker", "start", "--pool", pool, *limit]
             workers.append(subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=log))
     try:
         with temporary_settings({PREFECT_API_URL: url}):
-            yield url, mlflow_uri, home
+            yield url, mlflow_uri, home, workers[1:]
     finally:
         for worker in workers:
             worker.terminate()
@@ -74,7 +86,7 @@ def _logs(home: Path) -> str:
 def test_run_deployment_runs_the_pipeline(deployed, bucket):
     from prefect.deployments import run_deployment
 
-    url, mlflow_uri, home = deployed
+    url, mlflow_uri, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=400))
     spec["name"] = "deployed-job"
     run = run_deployment("training-pipeline/on-demand", parameters={"job": spec}, timeout=300)
@@ -86,7 +98,7 @@ def test_run_deployment_runs_the_pipeline(deployed, bucket):
 
 
 def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deployed, bucket):
-    url, _, home = deployed
+    url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=800), resources={"replicas": 2, "work_pool": GPU_POOL})
     # 10 ms steps, 3,000 of them: the survivor is still training when the resubmitted run starts (~15 s)
     spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
@@ -113,7 +125,7 @@ def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deplo
 
 
 def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
-    url, _, home = deployed
+    url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=400))
     spec["name"] = "rest-job"
     with urllib.request.urlopen(f"{url}/deployments/name/training-pipeline/on-demand") as response:
@@ -132,7 +144,7 @@ def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
 
 
 def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
-    url, _, home = deployed
+    url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 2, "work_pool": GPU_POOL})
     spec["hyperparameters"]["epochs"] = 100_000
     run_id = client.submit(spec)
@@ -152,3 +164,80 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     while any(not r.state.is_final() for r in _replica_runs(job_id)) and time.monotonic() < deadline:
         time.sleep(1)
     assert all(r.state.type.value == "CANCELLED" for r in _replica_runs(job_id))
+
+
+def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket):
+    """A GPU node dies: its worker and the group it runs are killed at once, so nobody reports the run.
+    The supervisor finds the group silent and cancels its run; no worker confirms, so the run is marked
+    Crashed and the group resubmitted. The spare worker runs it, and it heals from the live group."""
+    url, _, home, gpu_workers = deployed
+    spec = job_dict(upload_dataset(bucket, rows=800), resources={"replicas": 2, "work_pool": GPU_POOL})
+    spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
+    # 10 ms steps, 5,000 of them: the survivor is still training when the lost group is found
+    # silent (12 s), given up on (15 s more) and back from the spare worker (~15 s).
+    spec["hyperparameters"]["epochs"] = 500
+    run_id = client.submit(spec)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        job_id = client.status(run_id).get("job_id")
+        group = Path(os.environ["TRAINYARD_HOME"]) / "jobs" / str(job_id) / "replicas" / "1" / "attempt-0"
+        if (group / "heartbeat.json").exists() and json.loads((group / "heartbeat.json").read_text())["step"] >= 20:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"group 1 never trained: {_logs(home)}")
+    group_pid = int((group / "pid").read_text())
+    ancestors = {p.pid for p in psutil.Process(group_pid).parents()}
+    (node,) = [w for w in gpu_workers if w.pid in ancestors]
+    os.kill(node.pid, signal.SIGKILL)  # the worker first, so it cannot report its run Crashed
+    os.kill(group_pid, signal.SIGKILL)
+    final = client.wait(run_id, timeout_seconds=500)
+    assert final["status"] == "Completed", (final, _logs(home))
+    runs = {(r.parameters["replica"], r.parameters["attempt"]): r for r in _replica_runs(job_id)}
+    assert sorted(runs) == [(0, 0), (1, 0), (1, 1)]
+    lost = runs[1, 0].state
+    assert lost.type.value == "CRASHED" and "presumed lost with its worker" in lost.message
+    assert runs[1, 1].state.type.value == "COMPLETED" and runs[0, 0].state.type.value == "COMPLETED"
+    summary = _summary(job_id)
+    (recovery,) = summary["elastic"]["recoveries"]
+    assert recovery["source"] == "peer"
+    assert "silent" in summary["elastic"]["failure_details"][0]["message"]
+    assert summary["training"]["replicas_finished"] == [0, 1]
+
+
+def test_a_scheduled_run_fires(deployed, bucket):
+    """The nightly deployment from prefect.yaml comes with its cron schedule (inactive as shipped).
+    A schedule of the kind a team adds, carrying its own job, fires through the server's scheduler
+    and a worker, and the job completes."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+
+    url, _, home, _ = deployed
+    spec = job_dict(upload_dataset(bucket, rows=400))
+    spec["name"] = "scheduled-job"
+    with get_client(sync_client=True) as api:
+        deployment = api.read_deployment_by_name("training-pipeline/nightly-churn")
+        (shipped,) = api.read_deployment_schedules(deployment.id)
+        assert shipped.schedule.cron == "0 2 * * *" and shipped.active is False
+        # The server's scheduler looks every 5 s here (60 s by default): it must see this schedule
+        # before its first time passes, or the first run would be tomorrow's.
+        first = datetime.now(UTC) + timedelta(seconds=20)
+        daily = IntervalSchedule(interval=timedelta(days=1), anchor_date=first)
+        api.create_deployment_schedules(
+            deployment.id, [DeploymentScheduleCreate(schedule=daily, active=True, parameters={"job": spec})]
+        )
+        only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            done = [r for r in api.read_flow_runs(deployment_filter=only_this) if r.state and r.state.is_final()]
+            if done:
+                break
+            time.sleep(2)
+        else:
+            pytest.fail(f"no scheduled run finished: {_logs(home)}")
+    (run,) = done
+    assert "auto-scheduled" in run.tags
+    assert run.state.is_completed(), (run.state, _logs(home))
+    assert _summary(run.name)["status"] == "Completed" and _summary(run.name)["job_name"] == "scheduled-job"

@@ -53,7 +53,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
 
     ``resume``: start from the job's latest S3 checkpoint (every group was lost), not from step 0.
     """
-    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+    from torchft import Manager, ProcessGroupGloo
+
+    from trainyard.training.ddp import SafeDistributedDataParallel
 
     started = time.monotonic()
     plan = TrainingPlan.read(job_dir)
@@ -111,7 +113,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     joining = replica >= plan.num_replicas  # added while the job runs (trainyard scale)
     if attempt == 0 and not joining:
         _start_barrier(job_dir, replica, plan.num_replicas)
-    ddp = DistributedDataParallel(manager, model)
+    ddp = SafeDistributedDataParallel(manager, model)
 
     faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
