@@ -113,8 +113,15 @@ def test_kubernetes_pool_renders_gpus_tolerations_node_selector_and_shm():
     assert container["image"] == LAUNCHER_VALUES["image"]
     assert pod["nodeSelector"] == LAUNCHER_VALUES["node_selector"]
     assert pod["tolerations"] == LAUNCHER_VALUES["tolerations"]
-    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
-    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    # /dev/shm in memory, and the shared job folder at the pipeline's TRAINYARD_HOME path
+    assert container["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "trainyard-home", "mountPath": "/var/lib/trainyard"},
+    ]
+    assert pod["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+        {"name": "trainyard-home", "persistentVolumeClaim": {"claimName": "trainyard-home"}},
+    ]
     tolerated = defaults["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerated
 
@@ -138,6 +145,7 @@ def test_ecs_pool_renders_a_task_definition_ecs_accepts():
 
     template = infra.load_template(infra.GPU_TEMPLATES["ecs"])
     template["variables"]["properties"]["shared_memory_mib"]["default"] = 8192
+    template["variables"]["properties"]["trainyard_home_efs_id"]["default"] = "fs-0123456789abcdef0"  # pool default
     config = _render(ECSJobConfiguration, template, {**LAUNCHER_VALUES, **KIND_VALUES["ecs"]})
     assert config.task_run_request["launchType"] == "EC2"
     task_definition = ECSWorker(work_pool_name="ecs-gpu")._prepare_task_definition(
@@ -146,6 +154,8 @@ def test_ecs_pool_renders_a_task_definition_ecs_accepts():
     container = task_definition["containerDefinitions"][0]
     assert container["resourceRequirements"] == [{"type": "GPU", "value": "2"}]  # ECS wants text
     assert container["linuxParameters"] == {"sharedMemorySize": 8192}
+    assert container["mountPoints"] == [{"sourceVolume": "trainyard-home", "containerPath": "/var/lib/trainyard"}]
+    assert task_definition["volumes"][0]["efsVolumeConfiguration"]["fileSystemId"] == "fs-0123456789abcdef0"
     shape = botocore.session.get_session().get_service_model("ecs").operation_model("RegisterTaskDefinition")
     assert not ParamValidator().validate(task_definition, shape.input_shape).has_errors()
 
