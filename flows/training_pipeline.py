@@ -146,6 +146,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
             "departures": outcome.departures if outcome else [],
             "joins": outcome.joins if outcome else [],
             "scaling": outcome.scaling if outcome else [],
+            "withdrawn": outcome.withdrawn if outcome else [],
         },
         "carbon": esg.report(
             carbon.rollup(energy, job.carbon),

@@ -169,7 +169,9 @@ class Resources(_Model):
     replicas: int = Field(default=1, ge=1, le=64, description="Replica groups to start with.")
     min_replicas: int = Field(default=1, ge=1, description="Fewest live groups the job trains with.")
     max_replicas: int | None = Field(
-        default=None, description="Most groups the job may grow to (`trainyard scale`); default: replicas."
+        default=None,
+        description="Most groups the job may grow to (`trainyard scale`; on a work pool, as the pool has room);"
+        " default: replicas.",
     )
     work_pool: str = Field(
         default="local",

@@ -241,3 +241,45 @@ def test_a_scheduled_run_fires(deployed, bucket):
     assert "auto-scheduled" in run.tags
     assert run.state.is_completed(), (run.state, _logs(home))
     assert _summary(run.name)["status"] == "Completed" and _summary(run.name)["job_name"] == "scheduled-job"
+
+
+def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket):
+    """replicas 1, max_replicas 2 on the GPU pool while it has room for one group: the second group's
+    run waits queued (not failed) while the first trains. When the pool grows (the limit raised, as
+    when a node joins), it starts, heals from the first group and trains with it to the end."""
+    url, _, home, _ = deployed
+    resources = {"replicas": 1, "max_replicas": 2, "work_pool": GPU_POOL}
+    spec = job_dict(upload_dataset(bucket, rows=800), resources=resources)
+    spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
+    spec["hyperparameters"]["epochs"] = 400  # 4,000 steps of 10 ms: the first group is still training at the join
+
+    def pool_room(groups: int) -> None:
+        applied = CliRunner().invoke(app, ["infra", "apply", "--api-url", url, "--gpus-per-pool", str(groups)])
+        assert applied.exit_code == 0, applied.output
+
+    pool_room(1)
+    try:
+        run_id = client.submit(spec)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            job_id = client.status(run_id).get("job_id")
+            first = Path(os.environ["TRAINYARD_HOME"]) / "jobs" / str(job_id) / "replicas" / "0" / "attempt-0"
+            queued = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1] if job_id else []
+            beat = first / "heartbeat.json"
+            if queued and beat.exists() and json.loads(beat.read_text())["step"] >= 200:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the first group never trained: {_logs(home)}")
+        (waiting,) = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1]
+        assert waiting.state.type.value == "SCHEDULED", waiting.state  # queued for room, not failed
+    finally:
+        pool_room(4)
+    final = client.wait(run_id, timeout_seconds=400)
+    assert final["status"] == "Completed", (final, _logs(home))
+    elastic = _summary(job_id)["elastic"]
+    assert [(c["from"], c["to"]) for c in elastic["scaling"]] == [(1, 2)]
+    (join,) = elastic["joins"]
+    assert join["replica"] == 1 and join["source"] == "peer" and join["joined_at_step"] > 200
+    assert _summary(job_id)["training"]["replicas_finished"] == [0, 1]
+    assert elastic["withdrawn"] == []

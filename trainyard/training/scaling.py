@@ -4,6 +4,11 @@ A request is a number of groups, written to the job's folder (``plan.request_sca
 stage acts on each new request once: it starts new groups, which heal from a live peer and join
 the next quorum, or SIGTERMs the newest groups, which leave at their next step boundary. Either
 way the others never stop; the data of the next epoch is dealt to the groups then in the quorum.
+
+On a work pool, a job with room to grow (``max_replicas`` above ``replicas``) also fills up by
+itself: the train stage submits the remaining groups at once; the pool's concurrency limit holds
+them queued (not failed) and they join as capacity appears. Those still queued when the job ends
+are withdrawn (their runs cancelled).
 """
 
 from __future__ import annotations
@@ -33,12 +38,21 @@ class Scaler:
         self.changes: list[dict] = []
         self._next = max(r.replica for r in handle.replicas) + 1
         self._seen = scale_requested(self.job_dir)  # a request from before this stage is not new
+        # A local launcher has no queue to wait in: there, only `trainyard scale` grows a job.
+        self._fill = handle.work_pool != "local" and job.resources.max_replicas > len(handle.replicas)
+        self.withdrawn: list[int] = []
 
     def tick(self, live: dict[int, ReplicaProcess], step: int) -> None:
-        """Act on a new request, if there is one."""
+        """Act on a new request, if there is one (the first tick on a pool also fills up to max_replicas)."""
         asked = scale_requested(self.job_dir)
-        if asked is None or asked == self._seen:
+        # Fill once the job trains: a filling group that got the pool's room before the first groups
+        # would have no peer to heal from.
+        fill = self._fill and step > 0
+        self._fill = self._fill and not fill
+        new = asked is not None and asked != self._seen
+        if not (new or fill):
             return
+        asked = asked if new else self.job.resources.max_replicas
         self._seen = asked
         resources = self.job.resources
         target = min(max(asked, resources.min_replicas), resources.max_replicas)
@@ -57,6 +71,17 @@ class Scaler:
             launch.terminate(self.handle, live[replica])
             self.leaving.add(replica)
             self.emit("replica.removed", {"replica": replica, "at_step": step})
+
+    def withdraw_unstarted(self, live: dict[int, ReplicaProcess]) -> None:
+        """The job is over: cancel added groups that never started (still queued on their pool)."""
+        for replica in sorted(self.added):
+            proc = live.get(replica)
+            if proc is None or (attempt_dir(self.job_dir, replica, proc.attempt) / "pid").exists():
+                continue
+            launch.kill(self.handle, proc)
+            del live[replica]
+            self.withdrawn.append(replica)
+            self.emit("replica.withdrawn", {"replica": replica, "reason": "the job ended before it started"})
 
     def joins(self) -> list[dict]:
         """One record per added group that committed a step: when, and what it took from its peer."""

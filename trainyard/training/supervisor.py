@@ -48,6 +48,7 @@ class TrainingOutcome:
     departures: list[dict] = field(default_factory=list)
     joins: list[dict] = field(default_factory=list)
     scaling: list[dict] = field(default_factory=list)
+    withdrawn: list[int] = field(default_factory=list)  # added groups still queued when the job ended
     replicas_finished: list[int] = field(default_factory=list)
     first_batch_seconds: float | None = None
     steps_per_epoch: int = 0
@@ -154,6 +155,8 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                 live[replica] = restarted
         if not stop_requested(job_dir) and all(res["stop_reason"] == "Left" for res in finished.values()):
             scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
+        else:
+            scaler.withdraw_unstarted(live)  # groups still queued on their pool when the job ended
         for replica, proc in live.items():
             silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
             if silent > silent_limit and (replica, proc.attempt) not in silenced:
@@ -173,7 +176,7 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
         last = failures[-1]["message"] if failures else "no group reported a result"
         raise TrainingError(f"every replica group failed after {job.retries.max_attempts} attempt(s): {last}")
     outcome = _collect(job_dir, handle, finished, failures)
-    outcome.joins, outcome.scaling = scaler.joins(), scaler.changes
+    outcome.joins, outcome.scaling, outcome.withdrawn = scaler.joins(), scaler.changes, scaler.withdrawn
     for recovery in outcome.recoveries:
         emit("replica.recovered", recovery)
     for departure in outcome.departures:
