@@ -16,7 +16,7 @@ import time
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
-from prefect.states import Cancelling, Crashed
+from prefect.states import Cancelled, Cancelling, Crashed
 
 from infra.apply import LAUNCHER_JOB_VARIABLES
 from trainyard.errors import SpecError
@@ -91,10 +91,15 @@ class WorkPoolLauncher:
         return code
 
     def kill(self, proc: ReplicaProcess) -> None:
-        if self.exit_code(proc) is None:
-            with get_client(sync_client=True) as client:
-                client.set_flow_run_state(proc.run_id, Cancelling(), force=True)
-            self._cancelled.setdefault(proc.run_id, time.monotonic())
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(proc.run_id).state
+            if state is None or state.is_final():
+                return
+            if state.type == StateType.SCHEDULED:  # still queued: no process to stop, no worker to ask
+                client.set_flow_run_state(proc.run_id, Cancelled(message="withdrawn before it started"), force=True)
+                return
+            client.set_flow_run_state(proc.run_id, Cancelling(), force=True)
+        self._cancelled.setdefault(proc.run_id, time.monotonic())
 
     def terminate(self, proc: ReplicaProcess) -> None:
         self.kill(proc)  # a cancelled run's process gets SIGTERM first: the group leaves at a step boundary

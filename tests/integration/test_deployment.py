@@ -243,6 +243,12 @@ def test_a_scheduled_run_fires(deployed, bucket):
     assert _summary(run.name)["status"] == "Completed" and _summary(run.name)["job_name"] == "scheduled-job"
 
 
+def _pool_room(url: str, groups: int) -> None:
+    """Room for ``groups`` groups on the GPU pool, as its platform team sets it."""
+    applied = CliRunner().invoke(app, ["infra", "apply", "--api-url", url, "--gpus-per-pool", str(groups)])
+    assert applied.exit_code == 0, applied.output
+
+
 def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket):
     """replicas 1, max_replicas 2 on the GPU pool while it has room for one group: the second group's
     run waits queued (not failed) while the first trains. When the pool grows (the limit raised, as
@@ -251,13 +257,8 @@ def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket):
     resources = {"replicas": 1, "max_replicas": 2, "work_pool": GPU_POOL}
     spec = job_dict(upload_dataset(bucket, rows=800), resources=resources)
     spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
-    spec["hyperparameters"]["epochs"] = 400  # 4,000 steps of 10 ms: the first group is still training at the join
-
-    def pool_room(groups: int) -> None:
-        applied = CliRunner().invoke(app, ["infra", "apply", "--api-url", url, "--gpus-per-pool", str(groups)])
-        assert applied.exit_code == 0, applied.output
-
-    pool_room(1)
+    spec["hyperparameters"]["epochs"] = 300  # 3,000 steps of 10 ms: the first group is still training at the join
+    _pool_room(url, 1)
     try:
         run_id = client.submit(spec)
         deadline = time.monotonic() + 240
@@ -274,7 +275,7 @@ def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket):
         (waiting,) = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1]
         assert waiting.state.type.value == "SCHEDULED", waiting.state  # queued for room, not failed
     finally:
-        pool_room(4)
+        _pool_room(url, 4)
     final = client.wait(run_id, timeout_seconds=400)
     assert final["status"] == "Completed", (final, _logs(home))
     elastic = _summary(job_id)["elastic"]
@@ -283,3 +284,23 @@ def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket):
     assert join["replica"] == 1 and join["source"] == "peer" and join["joined_at_step"] > 200
     assert _summary(job_id)["training"]["replicas_finished"] == [0, 1]
     assert elastic["withdrawn"] == []
+
+
+def test_a_group_still_queued_when_the_job_ends_is_withdrawn(deployed, bucket):
+    """The pool never has room for the job's second group: its run is cancelled when the job ends."""
+    url, _, home, _ = deployed
+    resources = {"replicas": 1, "max_replicas": 2, "work_pool": GPU_POOL}
+    spec = job_dict(upload_dataset(bucket, rows=400), resources=resources)
+    spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
+    spec["hyperparameters"]["epochs"] = 50  # ~5 s of training: group 1 is asked for while it runs
+    _pool_room(url, 1)
+    try:
+        final = client.wait(client.submit(spec), timeout_seconds=300)
+    finally:
+        _pool_room(url, 4)
+    assert final["status"] == "Completed", (final, _logs(home))
+    assert _summary(final["job_id"])["elastic"]["withdrawn"] == [1]
+    runs = {r.parameters["replica"]: r.state for r in _replica_runs(final["job_id"])}
+    assert runs[0].type.value == "COMPLETED"
+    # Cancelled by us while queued ("withdrawn before it started"), or by a worker that had just taken it
+    assert runs[1].type.value == "CANCELLED", runs[1]
