@@ -206,11 +206,11 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                 end_epoch(history, cursor["epoch"] + 1, metrics, job, started)
                 cursor.update(epoch=cursor["epoch"] + 1, start_step=manager.current_step(), slots=0)
-            if checkpointer is not None and rank == 0:
-                checkpointer.maybe_save(manager.current_step(), state_dict(), manager.state_dict())
                 heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
                 report()
+            if checkpointer is not None and rank == 0:
+                checkpointer.maybe_save(manager.current_step(), state_dict(), manager.state_dict())
     finally:
         manager.shutdown(wait=False)
         if checkpointer is not None:
