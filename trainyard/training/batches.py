@@ -24,8 +24,11 @@ from trainyard.training.sampling import Sampler, StreamSampler, member_sizes, st
 class StepData:
     """Each step's batch for one replica group."""
 
-    def __init__(self, job: TrainingJob, plan: TrainingPlan, x, y, cache_dir: Path, loss_fn, meter: FlopMeter):
+    def __init__(
+        self, job: TrainingJob, plan: TrainingPlan, x, y, cache_dir: Path, loss_fn, meter: FlopMeter, device=None
+    ):
         hp = job.hyperparameters
+        self.device = device or torch.device("cpu")  # batches are cut on the CPU and moved here
         self.sifter = Sifter(job.sifting, hp.seed) if job.sifting.enabled else None
         batch = self.sifter.candidate_batch(hp.batch_size) if self.sifter else hp.batch_size
         self.classification = job.algorithm.task == "classification"
@@ -43,20 +46,22 @@ class StepData:
         """``(x, y, global_count)``: this group's rows at this step and the rows trained across the quorum."""
         xb, yb, global_count = step_batch(self.sampler, epoch, index, slots, rank, members)
         if self.sifter is None:
-            return xb, yb, global_count
+            return xb.to(self.device), yb.to(self.device), global_count
         keep = self.sifter.keep_count(len(xb))
         global_count = sum(self.sifter.keep_count(n) for n in member_sizes(self.sampler, index, slots, members))
         labels = yb.numpy() if self.classification else None
         if not self.sifter.active(step):
             self.sifter.record_uniform(labels, len(xb), keep)  # candidates are in random order already
-            return xb[:keep], yb[:keep], global_count
+            return xb[:keep].to(self.device), yb[:keep].to(self.device), global_count
+        xb, yb = xb.to(self.device), yb.to(self.device)
         model.eval()  # scoring is inference: no dropout, batch-norm statistics left alone
         with torch.no_grad():
             losses = self.loss_fn(model(xb), yb)
         model.train()
         algorithms.check_per_sample(losses, len(xb))
         self.meter.add_scoring(xb)
-        chosen = torch.from_numpy(self.sifter.select(losses.numpy().astype(np.float64), labels, keep, step, rank))
+        scores = losses.cpu().numpy().astype(np.float64)
+        chosen = torch.from_numpy(self.sifter.select(scores, labels, keep, step, rank)).to(self.device)
         return xb[chosen], yb[chosen], global_count
 
     def epoch_metrics(self) -> dict:

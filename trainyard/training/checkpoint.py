@@ -90,4 +90,5 @@ def load(uri: str) -> tuple[dict, int]:
         data = s3.client().get_object(Bucket=target.bucket, Key=target.key)["Body"].read()
     except (ClientError, BotoCoreError) as exc:
         raise s3.describe_error(exc, uri) from exc
-    return torch.load(io.BytesIO(data), weights_only=True), len(data)
+    # On the CPU: loading copies it into the group's model and optimizer, wherever they are.
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu"), len(data)

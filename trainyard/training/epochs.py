@@ -31,10 +31,11 @@ class History:
 def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter: FlopMeter | None = None) -> dict:
     """Validation metrics: ``val_loss``, plus ``val_accuracy`` (classification) or ``val_rmse``."""
     model.eval()
+    device = next(model.parameters()).device
     loss_sum, correct, sq_err = 0.0, 0, 0.0
     with torch.no_grad():
         for start in range(0, len(x), EVAL_BATCH):
-            xb, yb = x[start : start + EVAL_BATCH], y[start : start + EVAL_BATCH]
+            xb, yb = x[start : start + EVAL_BATCH].to(device), y[start : start + EVAL_BATCH].to(device)
             out = model(xb)
             if meter is not None:
                 meter.add_evaluation(xb)

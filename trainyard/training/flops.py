@@ -31,6 +31,7 @@ class FlopMeter:
         """Record one training forward and backward pass over batch ``x``."""
         n = x.shape[0]
         if n not in self._train_cache:
+            x, y = x.cpu(), y.cpu()  # the probe stays on the CPU; the count does not depend on the device
             with FlopCounterMode(display=False) as fwd:
                 loss = self._loss_fn(self._model(x), y).mean()
             with FlopCounterMode(display=False) as bwd:
@@ -46,7 +47,7 @@ class FlopMeter:
         n = x.shape[0]
         if n not in self._eval_cache:
             with torch.no_grad(), FlopCounterMode(display=False) as fwd:
-                self._model(x)
+                self._model(x.cpu())
             self._eval_cache[n] = fwd.get_total_flops()
         self.evaluation += self._eval_cache[n]
 

@@ -18,6 +18,7 @@ from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle
 from trainyard.spec import TrainingJob
+from trainyard.training import device
 from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
 from trainyard.training.scaling import Scaler
 from trainyard.training.trainer import PG_TIMEOUT, load_arrays
@@ -59,6 +60,8 @@ class TrainingOutcome:
 
 def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
     """Build the model and run one small batch here, so a broken algorithm fails before the groups train."""
+    if job.resources.work_pool == "local":  # local groups see this machine's GPUs: check them here, once
+        device.check(job.resources.gpus_per_replica, replica=0)
     plan.export_channels()
     x, y = load_arrays(plan.train_data)
     model, loss_fn = algorithms.build(
@@ -207,11 +210,13 @@ def _collect(
     first = max(finished, key=lambda r: (finished[r]["step"], -r))
     result = finished[first]
     model_path = attempt_dir(job_dir, first, result["attempt"]) / "model.pt"
-    reference = torch.load(model_path, weights_only=True)
+    reference = torch.load(model_path, weights_only=True, map_location="cpu")
     for replica, other in finished.items():
         if replica == first or other["step"] != result["step"]:
             continue
-        state = torch.load(attempt_dir(job_dir, replica, other["attempt"]) / "model.pt", weights_only=True)
+        state = torch.load(
+            attempt_dir(job_dir, replica, other["attempt"]) / "model.pt", weights_only=True, map_location="cpu"
+        )
         worst = max(float((state[k].float() - reference[k].float()).abs().max()) for k in reference)
         if worst > 1e-5:
             raise TrainingError(
@@ -357,5 +362,5 @@ def load_model(outcome: TrainingOutcome, job: TrainingJob, plan: TrainingPlan) -
     plan.export_channels()
     x, y = load_arrays(plan.train_data)
     model, _ = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), plan.schema["num_outputs"])
-    model.load_state_dict(torch.load(outcome.model_path, weights_only=True))
+    model.load_state_dict(torch.load(outcome.model_path, weights_only=True, map_location="cpu"))
     return model.eval()

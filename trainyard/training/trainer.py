@@ -53,8 +53,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
 
     ``resume``: start from the job's latest S3 checkpoint (every group was lost), not from step 0.
     """
-    from torchft import Manager, ProcessGroupGloo
+    from torchft import Manager
 
+    from trainyard.training import device as devices
     from trainyard.training.ddp import SafeDistributedDataParallel
 
     started = time.monotonic()
@@ -66,15 +67,17 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     x_train, y_train = load_arrays(plan.train_data)
     val = load_arrays(plan.validation_data) if plan.validation_data else None
     num_outputs = plan.schema["num_outputs"]
+    device = devices.select(job.resources.gpus_per_replica, replica)
     model, loss_fn = algorithms.build(job.algorithm, hp, x_train.numpy(), y_train.numpy(), num_outputs)
-    probe, _ = algorithms.build(job.algorithm, hp, x_train.numpy(), y_train.numpy(), num_outputs)
+    model.to(device)  # before the optimizer is built over its parameters
+    probe, _ = algorithms.build(job.algorithm, hp, x_train.numpy(), y_train.numpy(), num_outputs)  # stays on CPU
     optimizer = _optimizer(model, hp)
     history = History()
     meter = FlopMeter(probe, loss_fn)
     # The epoch in progress: its number, its first step, and how many groups it was dealt to.
     cursor = {"epoch": 0, "start_step": 0, "slots": 0}
 
-    data = StepData(job, plan, x_train, y_train, job_dir / STREAM_CACHE, loss_fn, meter)
+    data = StepData(job, plan, x_train, y_train, job_dir / STREAM_CACHE, loss_fn, meter, device)
 
     def state_dict() -> dict:
         return {
@@ -95,7 +98,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=PG_TIMEOUT),
+        pg=devices.process_group(device, PG_TIMEOUT),
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=job.resources.min_replicas,
@@ -223,7 +226,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         "wall_seconds": time.monotonic() - started,
         "finished": True,
     }
-    torch.save(model.state_dict(), out / ".model.pt.tmp")
+    torch.save(devices.cpu_state(model), out / ".model.pt.tmp")
     os.replace(out / ".model.pt.tmp", out / "model.pt")
     write_json_atomic(out / "result.json", result)
     return result
