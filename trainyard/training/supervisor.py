@@ -127,7 +127,8 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             if job_done and failure["kind"] == "NoPeerToHeal":
                 continue  # a restart that came back after the others finished the job: nothing failed
             if (replica, proc.attempt) in silenced:
-                failure["message"] = f"silent for {silenced[replica, proc.attempt]:.1f} s (hung): killed and restarted"
+                silent = silenced[replica, proc.attempt]
+                failure["message"] = f"silent for {silent:.1f} s (hung, or lost with its node): killed and restarted"
             failures.append(failure)
             emit("replica.failed", failure)
             if failure["user_error"]:
