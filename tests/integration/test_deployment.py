@@ -302,5 +302,5 @@ def test_a_group_still_queued_when_the_job_ends_is_withdrawn(deployed, bucket):
     assert _summary(final["job_id"])["elastic"]["withdrawn"] == [1]
     runs = {r.parameters["replica"]: r.state for r in _replica_runs(final["job_id"])}
     assert runs[0].type.value == "COMPLETED"
-    # Cancelled by us while queued ("withdrawn before it started"), or by a worker that had just taken it
-    assert runs[1].type.value == "CANCELLED", runs[1]
+    # withdrawn while group 0 was still exiting, before its room on the pool was free
+    assert runs[1].type.value == "CANCELLED" and "withdrawn before it started" in runs[1].message, runs[1]

@@ -157,10 +157,11 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                     {"replica": replica, "attempt": restarted.attempt, "pid": restarted.pid, "from_checkpoint": resume},
                 )
                 live[replica] = restarted
-        if not stop_requested(job_dir) and all(res["stop_reason"] == "Left" for res in finished.values()):
-            scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
+        if stop_requested(job_dir) or _ending(job_dir, finished, live):
+            # Withdrawn at once: a queued group must not take the room a finishing group frees.
+            scaler.withdraw_unstarted(live)
         else:
-            scaler.withdraw_unstarted(live)  # groups still queued on their pool when the job ended
+            scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
         for replica, proc in live.items():
             silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
             if silent > silent_limit and (replica, proc.attempt) not in silenced:
@@ -279,6 +280,17 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         # Measured, not assumed: sifting saves compute only when this exceeds 1 / beta.
         "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
     }
+
+
+def _ending(job_dir: Path, finished: dict[int, dict], live: dict) -> bool:
+    """Whether a group has finished the job (not just left it), even if its process is still exiting."""
+    results = list(finished.values())
+    for replica, proc in live.items():
+        try:
+            results.append(json.loads((attempt_dir(job_dir, replica, proc.attempt) / "result.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+    return any(res["stop_reason"] != "Left" for res in results)
 
 
 def _last_step(job_dir: Path, proc) -> int:
