@@ -126,7 +126,7 @@ def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deplo
 
 def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
     url, _, home, _ = deployed
-    spec = job_dict(upload_dataset(bucket, rows=400))
+    spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 2, "work_pool": GPU_POOL})
     spec["name"] = "rest-job"
     with urllib.request.urlopen(f"{url}/deployments/name/training-pipeline/on-demand") as response:
         deployment = json.load(response)
@@ -141,6 +141,8 @@ def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
     final = client.wait(run_id, timeout_seconds=300)
     assert final["status"] == "Completed", (final, _logs(home))
     assert _summary(final["job_id"])["status"] == "Completed"
+    groups = sorted((r.parameters["replica"], r.state.type.value) for r in _replica_runs(final["job_id"]))
+    assert groups == [(0, "COMPLETED"), (1, "COMPLETED")]  # two groups, each a flow run on the GPU pool
 
 
 def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
