@@ -53,15 +53,16 @@ def meter(
     """
     from codecarbon import OfflineEmissionsTracker
 
+    tracker_class = _energy_only_tracker() if energy_only else OfflineEmissionsTracker
     # codecarbon logs a warning per tracker about concurrent instances; they are ours and expected.
     logging.getLogger("codecarbon").setLevel(logging.ERROR)
     record = StageEnergy(stage=stage)
-    if energy_only:  # no country: no lookup; a forced intensity of 0 makes the emissions sum trivial
+    if energy_only:  # no country, and a forced intensity of 0: nothing for codecarbon to look up
         kwargs = {"force_carbon_intensity_g_co2e_kwh": 0.0}
     else:
         kwargs = {"country_iso_code": settings.country_iso_code}
         kwargs |= {"region": settings.region} if settings.region else {}
-    tracker = OfflineEmissionsTracker(
+    tracker = tracker_class(
         pue=settings.pue,
         measure_power_secs=settings.measure_power_secs,
         tracking_mode=tracking_mode,
@@ -96,6 +97,31 @@ def meter(
             record.cpu_energy_kwh = float(data.cpu_energy or 0.0)
             record.gpu_energy_kwh = float(data.gpu_energy or 0.0)
             record.ram_energy_kwh = float(data.ram_energy or 0.0)
+
+
+def _energy_only_tracker():
+    """codecarbon's offline tracker without its emissions step, for a process that only needs kWh.
+
+    Its emissions step resolves the country and the cloud through ``codecarbon.external.geography``,
+    which imports requests and pycountry: ~50 ms of CPU at ``stop()``, on a replica group's way out
+    and so on the job's critical path. These three hooks are codecarbon internals (3.x);
+    tests/unit/test_carbon.py fails if one changes under them.
+    """
+    from types import SimpleNamespace
+
+    from codecarbon import OfflineEmissionsTracker
+
+    class EnergyOnlyTracker(OfflineEmissionsTracker):
+        def _update_emissions(self) -> None:  # emissions stay 0; energy is measured as ever
+            self._ensure_geo_metadata()  # the emissions record still names a (here empty) place
+
+        def _get_geo_metadata(self):
+            return SimpleNamespace(country_name=None, country_iso_code=None, region=None, latitude=None, longitude=None)
+
+        def _get_cloud_metadata(self):
+            return SimpleNamespace(provider=None, region=None, is_on_private_infra=True)
+
+    return EnergyOnlyTracker
 
 
 def measurement_mode(tracker) -> str:

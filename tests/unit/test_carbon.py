@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -92,3 +96,32 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
     assert result.exit_code == 0, result.output
     assert "job-0" in result.output and "2 job(s)" in result.output
     assert (tmp_path / "l.csv").read_text().count("\n") == 3 and (tmp_path / "l.png").stat().st_size > 1000
+
+
+GROUP_METER = """
+import json, sys, time
+from trainyard.carbon import BackgroundMeter
+meter = BackgroundMeter("replica-0")
+meter._thread.join()  # started (with no saved hardware probe here, that takes codecarbon's probe)
+end = time.monotonic() + 0.5
+while time.monotonic() < end:
+    sum(range(1000))
+record = meter.stop()
+print(json.dumps({"record": record, "geo_imported": "codecarbon.external.geography" in sys.modules}))
+"""
+
+
+def test_a_group_meter_measures_energy_without_the_emissions_lookup(tmp_path):
+    # A group's meter only needs kWh: its stop must not pull in codecarbon's geography (requests,
+    # pycountry: ~50 ms of CPU at every group's exit, on the job's critical path).
+    env = {**os.environ, "TRAINYARD_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", GROUP_METER], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    record = result["record"]
+    assert record["energy_kwh"] > 0 and record["cpu_energy_kwh"] > 0
+    assert record["energy_kwh"] == pytest.approx(
+        record["cpu_energy_kwh"] + record["gpu_energy_kwh"] + record["ram_energy_kwh"]
+    )
+    assert "cpu:" in record["measurement_mode"] and "emissions_kg" not in record
+    assert not result["geo_imported"]
