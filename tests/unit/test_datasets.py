@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import blobs_table, put_table
@@ -85,3 +88,47 @@ def test_prepare_writes_arrays(bucket, tmp_path):
     data = np.load(staged.train_data)
     assert data["x"].shape == (40, 4) and data["x"].dtype == np.float32
     assert staged.schema["num_outputs"] == 2 and staged.validation_data is None
+
+
+@pytest.mark.parametrize(
+    "labels, classes",
+    [
+        (pa.array([3, 1, 2, 1, 3], pa.int64()), [1, 2, 3]),
+        (pa.array([3, 1, 2, 1, 3], pa.int32()), [3, 2, 1]),  # declared in another order
+        (pa.array([1.0, 0.0, 1.0], pa.float32()), [0, 1]),  # float labels, integer classes
+        (pa.array(["b", "a", "b"]), ["a", "b"]),
+        (pa.array([True, False, True]), [False, True]),
+    ],
+)
+def test_class_indices_follow_the_class_list(labels, classes):
+    table = pa.table({"x": pa.array(np.zeros(len(labels), np.float32)), "label": labels})
+    schema = datasets.Schema(["x"], "label", "classification", classes)
+    _, y = datasets.to_arrays(table, schema, "channel 'train'")
+    assert y.dtype == np.int64
+    assert y.tolist() == [classes.index(v) for v in labels.to_pylist()]
+
+
+def test_labels_outside_the_classes_are_named_whatever_their_type():
+    for labels in (pa.array([0, 5, 1, 7, 5]), pa.array([0.0, 5.0, 1.0])):
+        table = pa.table({"x": pa.array(np.zeros(len(labels), np.float32)), "label": labels})
+        with pytest.raises(DataError, match=r"label values \['5.*'\] are not among the classes"):
+            datasets.to_arrays(table, datasets.Schema(["x"], "label", "classification", [0, 1]), "channel 'train'")
+
+
+def test_numeric_columns_do_not_wait_on_pandas(tmp_path):
+    # pyarrow's to_numpy imports pandas on first use (~0.3 s of CPU): a streamed group's first batch
+    # would wait on it. Run in a fresh interpreter: this one has pandas loaded already.
+    path = tmp_path / "t.parquet"
+    table = pa.table({"f": pa.array(np.arange(8, dtype=np.float32)), "label": pa.array(np.arange(8) % 2)})
+    pq.write_table(table, path)
+    script = f"""
+import sys, pyarrow.parquet as pq
+from trainyard import datasets
+table = pq.ParquetFile({str(path)!r}).read_row_group(0)
+x, y = datasets.to_arrays(table, datasets.Schema(["f"], "label", "classification", [0, 1]), "t")
+assert x.shape == (8, 1) and y.tolist() == [0, 1] * 4
+print("pandas" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
