@@ -265,7 +265,9 @@ def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float
         enabled=True, drop_learnt_fraction=fractions[0], drop_unlearnable_fraction=fractions[1], seed=seed
     )
     started = time.perf_counter()
-    keep, dropped, flops = filtering.prefilter(data.x_train, data.y_train, config, "classification", data.num_classes)
+    keep, dropped, flops, _ = filtering.prefilter(
+        data.x_train, data.y_train, config, "classification", data.num_classes
+    )
     return Prefiltered(keep, dropped, flops, time.perf_counter() - started)
 
 

@@ -6,8 +6,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import stage_meter
-from trainyard import filtering
+from trainyard import filtering, registry
 from trainyard.datasets import StagedData
+from trainyard.errors import RegistryError
 from trainyard.spec import TrainingJob
 
 
@@ -16,8 +17,11 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
     """Filter the staged training set; return the report and the data the groups will train on."""
     logger = get_run_logger()
     with stage_meter("filtering", job) as record:
-        record["report"] = filtering.filter_samples(staged, job.sifting, job.algorithm.task)
+        champion = _champion(job) if filtering.wants_champion(job.sifting, staged.streamed) else None
+        record["report"] = filtering.filter_samples(staged, job.sifting, job.algorithm.task, champion)
     report = record["report"]
+    if report.reference:
+        logger.info("prefilter losses from %s", report.reference)
     logger.info(
         "filtering kept %d of %d samples (%.1f%%); dropped %s",
         report.kept,
@@ -26,3 +30,15 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
         report.dropped or "nothing",
     )
     return record
+
+
+def _champion(job: TrainingJob) -> filtering.Champion:
+    """The registry's champion of the job's model name; a missing one or an unreachable registry is
+    not fatal: the prefilter falls back to its own reference models and says why."""
+    try:
+        found = registry.load_champion(job.model_name)
+    except RegistryError as exc:
+        return filtering.Champion(None, f"the registry could not be read ({exc})")
+    if found is None:
+        return filtering.Champion(None, f"{job.model_name!r} has no champion yet")
+    return filtering.Champion(*found)

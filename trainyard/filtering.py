@@ -10,8 +10,12 @@ The offline prefilter (``sifting.prefilter``) drops three kinds of rows, RHO-LOS
 
 The held-out losses come from cross-fitting: the rows are split in two halves, a small reference
 model is trained briefly on each half and scores the other, so every row is scored by a model
-that did not train on it. What is dropped is written as a filtered training file the replica groups
-read, and reported with its reasons and the FLOPs the scoring cost. The online sifter (``sifting``)
+that did not train on it. With ``reference: champion`` the registry's current champion of the
+model name scores every row instead (no training; ``Champion``); a champion that is missing or
+does not fit the data falls back to cross-fitting, and the report's ``reference`` says which was used.
+
+What is dropped is written as a filtered training file the replica groups read, and reported with
+its reasons and the FLOPs the scoring cost. The online sifter (``sifting``)
 then runs inside each group's training loop (``trainyard.sifting``).
 """
 
@@ -30,6 +34,8 @@ from trainyard.datasets import StagedData
 from trainyard.spec import Algorithm, Hyperparameters, Prefilter, Sifting
 
 REFERENCE_BATCH = 256
+CHAMPION_BATCH = 8192  # rows per scoring forward pass of the champion
+HOLDOUT = "holdout: two reference models, each scoring the half it did not train on"
 
 
 @dataclass(slots=True)
@@ -44,6 +50,8 @@ class FilterReport:
     sifting_enabled: bool = False
     train_layout: list[dict] | None = None
     """The layout of the filtered rows by object (for sharding), when rows were dropped."""
+    reference: str | None = None
+    """What scored the rows for the loss-based drops (None when there were none)."""
 
     @property
     def kept_fraction(self) -> float:
@@ -53,7 +61,26 @@ class FilterReport:
         return {k: v for k, v in asdict(self).items() if k != "train_layout"} | {"kept_fraction": self.kept_fraction}
 
 
-def filter_samples(staged: StagedData, sifting: Sifting, task: str = "classification") -> FilterReport:
+@dataclass(frozen=True, slots=True)
+class Champion:
+    """The registry's champion as the prefilter's reference model: the model, or why there is none."""
+
+    model: torch.nn.Module | None
+    label: str
+    """``"<name> v<N>"``, or why no champion can be used."""
+
+
+def wants_champion(sifting: Sifting, streamed: bool = False) -> bool:
+    """Whether the prefilter will score rows with the registry's champion (so the caller loads it)."""
+    config = sifting.prefilter
+    enabled = sifting.enabled if config.enabled is None else config.enabled
+    drops = config.drop_learnt_fraction or config.drop_unlearnable_fraction
+    return bool(enabled and drops and config.reference == "champion" and not streamed)
+
+
+def filter_samples(
+    staged: StagedData, sifting: Sifting, task: str = "classification", champion: Champion | None = None
+) -> FilterReport:
     """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row."""
     total = staged.rows["train"]
     report = FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=sifting.enabled)
@@ -62,23 +89,29 @@ def filter_samples(staged: StagedData, sifting: Sifting, task: str = "classifica
         return report  # a streamed channel is never read whole before training: nothing to prefilter
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
-    keep, dropped, flops = prefilter(x, y, sifting.prefilter, task, staged.schema.get("num_outputs", 1))
+    keep, dropped, flops, reference = prefilter(
+        x, y, sifting.prefilter, task, staged.schema.get("num_outputs", 1), champion
+    )
     path = Path(staged.train_data).with_name("train.filtered.npz")
     np.savez(path, x=x[keep], y=y[keep])
     report.train_data, report.kept, report.dropped, report.scoring_flops = str(path), int(keep.sum()), dropped, flops
-    report.train_layout = filtered_layout(staged.train_layout, keep)
+    report.train_layout, report.reference = filtered_layout(staged.train_layout, keep), reference
     return report
 
 
 def prefilter(
-    x: np.ndarray, y: np.ndarray, config: Prefilter, task: str, num_outputs: int
-) -> tuple[np.ndarray, dict[str, int], int]:
-    """``(keep mask, dropped count by reason, FLOPs spent)`` for the rows ``x``, ``y``."""
+    x: np.ndarray, y: np.ndarray, config: Prefilter, task: str, num_outputs: int, champion: Champion | None = None
+) -> tuple[np.ndarray, dict[str, int], int, str | None]:
+    """``(keep mask, dropped count by reason, FLOPs spent, what scored the rows)`` for ``x``, ``y``."""
     keep = ~duplicates(x, y)
     dropped = {"duplicate": int((~keep).sum())}
     if not config.drop_learnt_fraction and not config.drop_unlearnable_fraction:
-        return keep, dropped, 0  # duplicates only: no reference model to train
-    losses, flops = held_out_losses(x, y, keep, config, task, num_outputs)
+        return keep, dropped, 0, None  # duplicates only: no reference model to train
+    losses, flops, reference = None, 0, HOLDOUT
+    if config.reference == "champion":
+        losses, flops, reference = champion_losses(x, y, keep, champion, task, num_outputs)
+    if losses is None:
+        losses, flops = held_out_losses(x, y, keep, config, task, num_outputs)
     candidates = np.flatnonzero(keep)
     order = candidates[np.argsort(losses[candidates], kind="stable")]
     n_learnt = math.floor(config.drop_learnt_fraction * len(order))
@@ -86,7 +119,39 @@ def prefilter(
     keep[order[:n_learnt]] = False
     keep[order[len(order) - n_unlearnable :]] = False
     dropped |= {"learnt": n_learnt, "unlearnable": n_unlearnable}
-    return keep, dropped, flops
+    return keep, dropped, flops, reference
+
+
+def champion_losses(
+    x: np.ndarray, y: np.ndarray, rows: np.ndarray, champion: Champion | None, task: str, num_outputs: int
+) -> tuple[np.ndarray | None, int, str]:
+    """Each selected row's loss under the champion (NaN elsewhere), its FLOPs and ``"champion <name> vN"``;
+    ``(None, 0, why)`` when there is no champion to use, so the caller falls back to cross-fitting."""
+    if champion is None or champion.model is None:
+        why = champion.label if champion is not None else "no champion was given"
+        return None, 0, f"{HOLDOUT}; the champion could not be used: {why}"
+    losses = np.full(len(x), np.nan)
+    chosen = np.flatnonzero(rows)
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            for part in np.array_split(chosen, max(1, math.ceil(len(chosen) / CHAMPION_BATCH))):
+                outputs = champion.model(torch.from_numpy(x[part]))
+                losses[part] = _reference_loss(outputs, torch.from_numpy(y[part]), task, num_outputs).numpy()
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # another model's inputs or outputs
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, 0, f"{HOLDOUT}; the champion {champion.label} does not fit this data ({detail})"
+    return losses, counter.get_total_flops(), f"champion {champion.label}"
+
+
+def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, num_outputs: int) -> torch.Tensor:
+    """Per-row loss of a reference model's outputs: only their ranking matters (learnt / unlearnable)."""
+    if task == "classification":
+        if outputs.dim() != 2 or outputs.shape[1] != num_outputs:
+            raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {num_outputs} classes")
+        return torch.nn.functional.cross_entropy(outputs.float(), labels, reduction="none")
+    if outputs.numel() != len(labels):
+        raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {len(labels)} rows")
+    return (outputs.reshape(-1).float() - labels.float()) ** 2
 
 
 def duplicates(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -97,6 +97,25 @@ def register(
         raise _translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
 
 
+def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
+    """The current ``champion`` of ``name`` as a torch module, and ``"<name> v<N>"``; None if there is none.
+
+    Used as the prefilter's reference model (``sifting.prefilter.reference: champion``).
+    """
+    import mlflow
+
+    uri = ensure_store()
+    client = mlflow.MlflowClient(uri)
+    try:
+        version = promotion.alias_version(client, name, promotion.CHAMPION)
+        if version is None:
+            return None
+        model = mlflow.pytorch.load_model(f"models:/{name}@{promotion.CHAMPION}", map_location="cpu")
+    except _service_errors() as exc:
+        raise _translate(exc, f"loading the champion of {name!r}", uri) from exc
+    return model, f"{name} v{version.version}"
+
+
 def log_summary(run_id: str, summary: dict) -> None:
     """Attach the final job summary to the job's MLflow run."""
     import mlflow

@@ -212,6 +212,13 @@ class Prefilter(_Model):
     drop_unlearnable_fraction: float = Field(
         default=0.0, ge=0, lt=1, description="Share of rows with the highest held-out loss to drop (likely noise)."
     )
+    reference: Literal["holdout", "champion"] = Field(
+        default="holdout",
+        description="Where the losses come from: 'holdout' trains two small reference models, each scoring the "
+        "half it did not see; 'champion' scores every row with the registry's current champion of this model "
+        "name (no training; it may have seen these rows). Without a usable champion, holdout is used and the "
+        "report says why.",
+    )
     reference_epochs: int = Field(default=3, ge=1, description="Epochs the reference models train for.")
     reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")
     reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")

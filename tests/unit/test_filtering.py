@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from trainyard import filtering
 from trainyard.datasets import StagedData
@@ -24,7 +25,7 @@ def noisy_blobs(rows: int = 2000, seed: int = 0):
 
 def test_duplicates_and_wrong_labels_are_dropped_far_more_often_than_clean_rows():
     x, y, flipped = noisy_blobs()
-    keep, dropped, flops = filtering.prefilter(x, y, LOSS_BASED, "classification", 3)
+    keep, dropped, flops, reference = filtering.prefilter(x, y, LOSS_BASED, "classification", 3)
     duplicates = np.arange(2000, 2100)
     clean = np.setdiff1d(np.arange(2000), flipped)
     assert dropped["duplicate"] >= 100 and not keep[duplicates].any()
@@ -57,3 +58,45 @@ def test_sifting_on_alone_prefilters_duplicates_only_without_a_reference_model(t
     staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 500}, [])
     report = filtering.filter_samples(staged, Sifting(enabled=True), "classification")
     assert report.dropped == {"duplicate": 100} and report.scoring_flops == 0 and report.kept == 400
+
+
+CHAMPION_BASED = LOSS_BASED.model_copy(update={"reference": "champion"})
+
+
+def blobs_champion(features: int = 6) -> torch.nn.Module:
+    """A model of noisy_blobs that scores each class by its shifted feature: near the best there is."""
+    model = torch.nn.Linear(features, 3)
+    with torch.no_grad():
+        model.weight.copy_(2.5 * torch.eye(3, features))
+        model.bias.zero_()
+    return model.eval()
+
+
+def test_the_champion_scores_the_rows_without_training_a_reference():
+    x, y, flipped = noisy_blobs()
+    holdout_flops = filtering.prefilter(x, y, LOSS_BASED, "classification", 3)[2]
+    champion = filtering.Champion(blobs_champion(), "blobs v4")
+    keep, dropped, flops, reference = filtering.prefilter(x, y, CHAMPION_BASED, "classification", 3, champion)
+    assert reference == "champion blobs v4"
+    clean = np.setdiff1d(np.arange(2000), flipped)
+    assert 1 - keep[flipped].mean() > 0.6 and 1 - keep[clean].mean() < 0.25
+    assert 0 < flops < holdout_flops / 10  # one forward pass, no reference model trained
+
+
+def test_a_champion_that_does_not_fit_the_data_falls_back_to_the_holdout_models():
+    x, y, flipped = noisy_blobs()
+    for champion, why in (
+        (filtering.Champion(blobs_champion(features=5), "blobs v2"), "the champion blobs v2 does not fit this data"),
+        (filtering.Champion(torch.nn.Linear(6, 2), "blobs v3"), "does not fit this data (it gives outputs of shape"),
+        (filtering.Champion(None, "'blobs' has no champion yet"), "'blobs' has no champion yet"),
+    ):
+        keep, _, flops, reference = filtering.prefilter(x, y, CHAMPION_BASED, "classification", 3, champion)
+        assert reference.startswith(filtering.HOLDOUT) and why in reference
+        assert 1 - keep[flipped].mean() > 0.6 and flops > 0
+
+
+def test_only_a_loss_based_champion_prefilter_needs_the_registry():
+    assert filtering.wants_champion(Sifting(enabled=True, prefilter=CHAMPION_BASED))
+    assert not filtering.wants_champion(Sifting(enabled=True, prefilter=CHAMPION_BASED), streamed=True)
+    assert not filtering.wants_champion(Sifting(enabled=True, prefilter=LOSS_BASED))
+    assert not filtering.wants_champion(Sifting(enabled=True, prefilter=Prefilter(reference="champion")))

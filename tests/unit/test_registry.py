@@ -11,10 +11,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from trainyard import algorithms, model_card, promotion, registry
+from trainyard import algorithms, filtering, model_card, promotion, registry
 from trainyard.cli import app
 from trainyard.promotion import decide
-from trainyard.spec import PromoteIf, parse_job
+from trainyard.spec import Prefilter, PromoteIf, parse_job
 
 
 @pytest.fixture
@@ -168,3 +168,20 @@ def test_models_cli_lists_shows_approves_rejects_and_promotes(tracking, tmp_path
         assert result.exception is None or isinstance(result.exception, SystemExit)
         assert "Traceback" not in result.output
     assert "approval" in runner.invoke(app, ["models", "--help"]).output
+
+
+def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
+    assert registry.load_champion("reg-test") is None  # nothing registered yet
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    register(job, model, x, "b", 0.90, tmp_path)
+    champion, label = registry.load_champion("reg-test")
+    assert label == "reg-test v2"
+    with torch.no_grad():
+        np.testing.assert_allclose(champion(torch.from_numpy(x)).numpy(), model(torch.from_numpy(x)).numpy(), atol=1e-5)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    y[:20] = 1 - y[:20]  # wrong labels: the champion finds them the least learnable
+    config = Prefilter(enabled=True, drop_unlearnable_fraction=0.05, reference="champion")
+    keep, _, _, reference = filtering.prefilter(x, y, config, "classification", 2, filtering.Champion(champion, label))
+    assert reference == "champion reg-test v2"
+    assert (~keep[:20]).sum() >= 15 and (~keep[20:]).sum() <= 5
