@@ -185,3 +185,16 @@ def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
     keep, _, _, reference = filtering.prefilter(x, y, config, "classification", 2, filtering.Champion(champion, label))
     assert reference == "champion reg-test v2"
     assert (~keep[:20]).sum() >= 15 and (~keep[20:]).sum() <= 5
+
+
+def test_the_filtering_task_falls_back_when_there_is_no_champion_to_load(tracking, monkeypatch):
+    from tasks.filtering import _champion
+
+    job, _, _ = trained()
+    assert _champion(job) == filtering.Champion(None, "'reg-test' has no champion yet")
+    # A registry that cannot be reached is not fatal to the prefilter either: it says so and falls back.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    down = _champion(job)
+    assert down.model is None and down.label.startswith("the registry could not be read")
