@@ -70,12 +70,36 @@ class Champion:
     """``"<name> v<N>"``, or why no champion can be used."""
 
 
-def wants_champion(sifting: Sifting, streamed: bool = False) -> bool:
-    """Whether the prefilter will score rows with the registry's champion (so the caller loads it)."""
+@dataclass(slots=True)
+class Prefiltered:
+    """What the prefilter decided for each row."""
+
+    keep: np.ndarray
+    dropped: dict[str, int]
+    flops: int
+    reference: str | None
+    """What scored the rows (None when no reference model was needed)."""
+    losses: np.ndarray | None = None
+    """Each row's reference loss (NaN for exact duplicates), when one was computed."""
+
+
+def needs_reference(sifting: Sifting) -> bool:
+    """Whether the prefilter scores rows with a reference model: for its loss-based drops, or for the
+    online sifter's ``reducible_loss``."""
     config = sifting.prefilter
     enabled = sifting.enabled if config.enabled is None else config.enabled
     drops = config.drop_learnt_fraction or config.drop_unlearnable_fraction
-    return bool(enabled and drops and config.reference == "champion" and not streamed)
+    return bool(enabled and (drops or reducible(sifting)))
+
+
+def reducible(sifting: Sifting) -> bool:
+    """Whether the online sifter ranks by reducible loss (RHO-LOSS), so it needs reference losses."""
+    return sifting.enabled and sifting.score == "reducible_loss"
+
+
+def wants_champion(sifting: Sifting, streamed: bool = False) -> bool:
+    """Whether the prefilter will score rows with the registry's champion (so the caller loads it)."""
+    return needs_reference(sifting) and sifting.prefilter.reference == "champion" and not streamed
 
 
 def filter_samples(
@@ -89,24 +113,35 @@ def filter_samples(
         return report  # a streamed channel is never read whole before training: nothing to prefilter
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
-    keep, dropped, flops, reference = prefilter(
-        x, y, sifting.prefilter, task, staged.schema.get("num_outputs", 1), champion
-    )
+    num_outputs = staged.schema.get("num_outputs", 1)
+    result = prefilter(x, y, sifting.prefilter, task, num_outputs, champion, with_losses=reducible(sifting))
+    keep = result.keep
+    arrays = {"x": x[keep], "y": y[keep]}
+    if reducible(sifting):  # the online sifter's RHO-LOSS score subtracts these, row by row
+        arrays["irreducible"] = result.losses[keep].astype(np.float32)
     path = Path(staged.train_data).with_name("train.filtered.npz")
-    np.savez(path, x=x[keep], y=y[keep])
-    report.train_data, report.kept, report.dropped, report.scoring_flops = str(path), int(keep.sum()), dropped, flops
-    report.train_layout, report.reference = filtered_layout(staged.train_layout, keep), reference
+    np.savez(path, **arrays)
+    report.train_data, report.kept, report.dropped = str(path), int(keep.sum()), result.dropped
+    report.scoring_flops, report.reference = result.flops, result.reference
+    report.train_layout = filtered_layout(staged.train_layout, keep)
     return report
 
 
 def prefilter(
-    x: np.ndarray, y: np.ndarray, config: Prefilter, task: str, num_outputs: int, champion: Champion | None = None
-) -> tuple[np.ndarray, dict[str, int], int, str | None]:
-    """``(keep mask, dropped count by reason, FLOPs spent, what scored the rows)`` for ``x``, ``y``."""
+    x: np.ndarray,
+    y: np.ndarray,
+    config: Prefilter,
+    task: str,
+    num_outputs: int,
+    champion: Champion | None = None,
+    with_losses: bool = False,
+) -> Prefiltered:
+    """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
+    reference loss even when no loss-based drop is asked for."""
     keep = ~duplicates(x, y)
     dropped = {"duplicate": int((~keep).sum())}
-    if not config.drop_learnt_fraction and not config.drop_unlearnable_fraction:
-        return keep, dropped, 0, None  # duplicates only: no reference model to train
+    if not config.drop_learnt_fraction and not config.drop_unlearnable_fraction and not with_losses:
+        return Prefiltered(keep, dropped, 0, None)  # duplicates only: no reference model to train
     losses, flops, reference = None, 0, HOLDOUT
     if config.reference == "champion":
         losses, flops, reference = champion_losses(x, y, keep, champion, task, num_outputs)
@@ -119,7 +154,7 @@ def prefilter(
     keep[order[:n_learnt]] = False
     keep[order[len(order) - n_unlearnable :]] = False
     dropped |= {"learnt": n_learnt, "unlearnable": n_unlearnable}
-    return keep, dropped, flops, reference
+    return Prefiltered(keep, dropped, flops, reference, losses)
 
 
 def champion_losses(

@@ -133,6 +133,7 @@ class Sifter:
     def report(self) -> dict:
         """Kept fraction overall and per class (of the samples this group scored)."""
         return {
+            "score": self.config.score,
             "scored": self.scored,
             "kept": self.kept,
             "kept_fraction": self.kept / self.scored if self.scored else 1.0,

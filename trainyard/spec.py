@@ -232,6 +232,12 @@ class Sifting(_Model):
     beta: float = Field(default=1.0, gt=0, description="Keep probability = loss percentile ** beta.")
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
     delay_steps: int = Field(default=10, ge=0, description="Steps trained on everything before sifting starts.")
+    score: Literal["loss", "reducible_loss"] = Field(
+        default="loss",
+        description="What ranks a candidate: 'loss' (smart sifting's rule) or 'reducible_loss' (RHO-LOSS: its loss "
+        "minus the prefilter's reference loss for it, so noisy samples are skipped as well as learnt ones; needs a "
+        "file-mode train channel).",
+    )
     prefilter: Prefilter = Field(default_factory=Prefilter, description="The offline prefilter, before training.")
     min_class_fraction: float = Field(
         default=0.5,
@@ -392,6 +398,17 @@ class TrainingJob(_Model):
                 problems.append("stopping.target_metric.name: val_rmse is for regression; use val_accuracy")
         if self.stopping.patience_epochs is not None and self.inputs.validation is None:
             problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
+        if self.sifting.enabled and self.sifting.score == "reducible_loss":
+            if self.inputs.train.mode == "stream":
+                problems.append(
+                    "sifting.score: reducible_loss needs the prefilter's reference losses, which a streamed channel "
+                    "does not get: use loss, or inputs.train.mode: file"
+                )
+            if self.sifting.prefilter.enabled is False:
+                problems.append(
+                    "sifting.score: reducible_loss needs the prefilter's reference losses: "
+                    "remove sifting.prefilter.enabled: false"
+                )
         for i, fault in enumerate(self.elastic.fault_injection):
             if fault.replica >= self.resources.replicas:
                 problems.append(

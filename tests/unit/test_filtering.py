@@ -25,7 +25,8 @@ def noisy_blobs(rows: int = 2000, seed: int = 0):
 
 def test_duplicates_and_wrong_labels_are_dropped_far_more_often_than_clean_rows():
     x, y, flipped = noisy_blobs()
-    keep, dropped, flops, reference = filtering.prefilter(x, y, LOSS_BASED, "classification", 3)
+    result = filtering.prefilter(x, y, LOSS_BASED, "classification", 3)
+    keep, dropped, flops = result.keep, result.dropped, result.flops
     duplicates = np.arange(2000, 2100)
     clean = np.setdiff1d(np.arange(2000), flipped)
     assert dropped["duplicate"] >= 100 and not keep[duplicates].any()
@@ -74,10 +75,11 @@ def blobs_champion(features: int = 6) -> torch.nn.Module:
 
 def test_the_champion_scores_the_rows_without_training_a_reference():
     x, y, flipped = noisy_blobs()
-    holdout_flops = filtering.prefilter(x, y, LOSS_BASED, "classification", 3)[2]
+    holdout_flops = filtering.prefilter(x, y, LOSS_BASED, "classification", 3).flops
     champion = filtering.Champion(blobs_champion(), "blobs v4")
-    keep, dropped, flops, reference = filtering.prefilter(x, y, CHAMPION_BASED, "classification", 3, champion)
-    assert reference == "champion blobs v4"
+    result = filtering.prefilter(x, y, CHAMPION_BASED, "classification", 3, champion)
+    keep, flops = result.keep, result.flops
+    assert result.reference == "champion blobs v4"
     clean = np.setdiff1d(np.arange(2000), flipped)
     assert 1 - keep[flipped].mean() > 0.6 and 1 - keep[clean].mean() < 0.25
     assert 0 < flops < holdout_flops / 10  # one forward pass, no reference model trained
@@ -90,9 +92,9 @@ def test_a_champion_that_does_not_fit_the_data_falls_back_to_the_holdout_models(
         (filtering.Champion(torch.nn.Linear(6, 2), "blobs v3"), "does not fit this data (it gives outputs of shape"),
         (filtering.Champion(None, "'blobs' has no champion yet"), "'blobs' has no champion yet"),
     ):
-        keep, _, flops, reference = filtering.prefilter(x, y, CHAMPION_BASED, "classification", 3, champion)
-        assert reference.startswith(filtering.HOLDOUT) and why in reference
-        assert 1 - keep[flipped].mean() > 0.6 and flops > 0
+        result = filtering.prefilter(x, y, CHAMPION_BASED, "classification", 3, champion)
+        assert result.reference.startswith(filtering.HOLDOUT) and why in result.reference
+        assert 1 - result.keep[flipped].mean() > 0.6 and result.flops > 0
 
 
 def test_only_a_loss_based_champion_prefilter_needs_the_registry():
@@ -100,3 +102,20 @@ def test_only_a_loss_based_champion_prefilter_needs_the_registry():
     assert not filtering.wants_champion(Sifting(enabled=True, prefilter=CHAMPION_BASED), streamed=True)
     assert not filtering.wants_champion(Sifting(enabled=True, prefilter=LOSS_BASED))
     assert not filtering.wants_champion(Sifting(enabled=True, prefilter=Prefilter(reference="champion")))
+
+
+def test_reducible_loss_sifting_gets_every_kept_rows_reference_loss(tmp_path):
+    x, y, flipped = noisy_blobs()
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 2100}, [])
+    sifting = Sifting(enabled=True, score="reducible_loss")
+    assert filtering.needs_reference(sifting) and not filtering.needs_reference(Sifting(enabled=True))
+    report = filtering.filter_samples(staged, sifting, "classification")
+    assert report.reference == filtering.HOLDOUT and report.scoring_flops > 0
+    assert report.dropped == {"duplicate": 100, "learnt": 0, "unlearnable": 0}  # nothing else dropped
+    kept = np.load(report.train_data)
+    reference = kept["irreducible"]
+    assert len(reference) == len(kept["x"]) == 2000 and np.isfinite(reference).all()
+    clean = np.setdiff1d(np.arange(2000), flipped)  # the kept rows are the first 2000, in order
+    # Wrong labels are what a reference cannot fit: most of them rank above nine in ten clean rows.
+    assert np.median(reference[flipped]) > np.percentile(reference[clean], 90)

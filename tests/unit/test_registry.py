@@ -182,9 +182,9 @@ def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
     y[:20] = 1 - y[:20]  # wrong labels: the champion finds them the least learnable
     config = Prefilter(enabled=True, drop_unlearnable_fraction=0.05, reference="champion")
-    keep, _, _, reference = filtering.prefilter(x, y, config, "classification", 2, filtering.Champion(champion, label))
-    assert reference == "champion reg-test v2"
-    assert (~keep[:20]).sum() >= 15 and (~keep[20:]).sum() <= 5
+    result = filtering.prefilter(x, y, config, "classification", 2, filtering.Champion(champion, label))
+    assert result.reference == "champion reg-test v2"
+    assert (~result.keep[:20]).sum() >= 15 and (~result.keep[20:]).sum() <= 5
 
 
 def test_the_filtering_task_falls_back_when_there_is_no_champion_to_load(tracking, monkeypatch):

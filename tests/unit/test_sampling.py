@@ -99,3 +99,58 @@ def test_learning_rate_schedules():
     assert learning_rate(cosine, 50, 1.0) == pytest.approx(0.01)
     linear = Hyperparameters(learning_rate=0.1, lr_schedule="linear")
     assert learning_rate(linear, 50, 0.25) == pytest.approx(0.075)
+
+
+def reducible_step_data(tmp_path, with_reference: bool = True):
+    """StepData for 512 rows whose first half carries a high reference loss (noise a reference model
+    could not fit either), under a model whose own loss is the same for every row."""
+    import torch
+
+    from trainyard import algorithms
+    from trainyard.training.batches import StepData
+    from trainyard.training.flops import FlopMeter
+    from trainyard.training.plan import TrainingPlan
+
+    job = parse_job(
+        {
+            "name": "s",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "hyperparameters": {"batch_size": 32, "hidden_sizes": [4]},
+            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+            "output": {"s3_uri": "s3://bkt/o/"},
+            "sifting": {"enabled": True, "beta": 2.0, "delay_steps": 0, "score": "reducible_loss"},
+        }
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(512, 3)).astype(np.float32), rng.integers(0, 2, 512)
+    reference = np.where(np.arange(512) < 256, 5.0, 0.0).astype(np.float32)
+    arrays = {"x": x, "y": y} | ({"irreducible": reference} if with_reference else {})
+    np.savez(tmp_path / "train.filtered.npz", **arrays)
+    plan = TrainingPlan("j", job.model_dump(mode="json"), str(tmp_path / "train.filtered.npz"), None, {}, 1, "")
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
+    torch.nn.init.zeros_(model[-1].weight)  # equal outputs: every row's own loss is ln 2
+    torch.nn.init.zeros_(model[-1].bias)
+    data = StepData(job, plan, torch.from_numpy(x), torch.from_numpy(y), tmp_path, loss_fn, FlopMeter(model, loss_fn))
+    return data, model, x
+
+
+def test_reducible_loss_skips_rows_the_reference_could_not_fit_either(tmp_path):
+    data, model, x = reducible_step_data(tmp_path)
+    noise = set(map(tuple, x[:256].tolist()))
+    kept_noise = kept = 0
+    for step in range(5):  # 96 candidates a step, 32 kept (the 6th step would be the short last one)
+        xb, yb, global_count = data.batch(model, 0, step, step, 1, 0, 1)
+        assert xb.shape == (32, 3) and global_count == 32  # the reference column never reaches the model
+        if step > 0:  # the first step has no history to rank against: it keeps a uniform draw
+            kept += len(xb)
+            kept_noise += sum(tuple(row) in noise for row in xb.tolist())
+    # Half the candidates are "noise". By loss alone they tie with the rest and half the kept would be
+    # noise; by reducible loss they sit at the 25th percentile against the 75th: weights 1:9 at beta 2.
+    assert kept_noise / kept < 0.25
+
+
+def test_reducible_loss_without_reference_losses_says_what_to_do(tmp_path):
+    from trainyard.errors import TrainingError
+
+    with pytest.raises(TrainingError, match="no reference losses for sifting.score reducible_loss"):
+        reducible_step_data(tmp_path, with_reference=False)

@@ -186,3 +186,13 @@ def test_job_schema_has_descriptions_for_the_ui_form():
     assert schema["properties"]["name"]["description"]
     channel = schema["$defs"]["Channel"]["properties"]
     assert all(prop.get("description") for prop in channel.values())
+
+
+def test_reducible_loss_sifting_needs_the_prefilters_reference_losses():
+    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
+    found = problems(minimal(inputs=streamed, sifting={"enabled": True, "score": "reducible_loss"}))
+    assert any(p.startswith("sifting.score:") and "inputs.train.mode: file" in p for p in found)
+    off = {"enabled": True, "score": "reducible_loss", "prefilter": {"enabled": False}}
+    assert any(p.startswith("sifting.score:") and "prefilter.enabled" in p for p in problems(minimal(sifting=off)))
+    assert parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss"})).sifting.score == "reducible_loss"
+    assert any(p.startswith("sifting.score") for p in problems(minimal(sifting={"enabled": True, "score": "rho"})))

@@ -3,7 +3,9 @@
 Without sifting, a group's share of the step's global batch (``sampling.step_batch``) is its batch.
 With sifting, the global batch is of candidates, ``batch_size * (1 + beta)`` rows; the group scores
 its share with a no-grad forward pass and keeps ``1 / (1 + beta)`` of it (``sifting.Sifter``), so the
-kept batches add up to ``batch_size`` across the quorum.
+kept batches add up to ``batch_size`` across the quorum. With ``sifting.score: reducible_loss`` the
+score is the loss minus the row's reference loss (RHO-LOSS), which the filtering stage wrote next to
+the rows; it rides through the sampler as one more feature column, cut off before the model sees it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import torch
 
 from trainyard import algorithms
+from trainyard.errors import TrainingError
 from trainyard.sifting import Sifter
 from trainyard.spec import TrainingJob
 from trainyard.training.flops import FlopMeter
@@ -34,9 +37,12 @@ class StepData:
         self.classification = job.algorithm.task == "classification"
         self.loss_fn, self.meter = loss_fn, meter
         self._mark = (0, 0)
+        self.reducible = self.sifter is not None and job.sifting.score == "reducible_loss"
         if plan.streamed:
             self.sampler = StreamSampler(job, plan, cache_dir, batch_size=batch)
         else:
+            if self.reducible:
+                x = torch.cat([torch.as_tensor(x), _reference_losses(plan.train_data, len(x))[:, None]], dim=1)
             self.sampler = Sampler(x, y, job, plan.train_layout, batch_size=batch)
 
     def steps_per_epoch(self, slots: int) -> int:
@@ -45,6 +51,9 @@ class StepData:
     def batch(self, model, epoch: int, index: int, step: int, slots: int, rank: int, members: int) -> tuple:
         """``(x, y, global_count)``: this group's rows at this step and the rows trained across the quorum."""
         xb, yb, global_count = step_batch(self.sampler, epoch, index, slots, rank, members)
+        reference = None
+        if self.reducible:
+            xb, reference = xb[:, :-1], xb[:, -1].numpy().astype(np.float64)
         if self.sifter is None:
             return xb.to(self.device), yb.to(self.device), global_count
         keep = self.sifter.keep_count(len(xb))
@@ -61,6 +70,8 @@ class StepData:
         algorithms.check_per_sample(losses, len(xb))
         self.meter.add_scoring(xb)
         scores = losses.cpu().numpy().astype(np.float64)
+        if reference is not None:  # RHO-LOSS: what is left to learn, not noise the reference could not fit either
+            scores = scores - reference
         chosen = torch.from_numpy(self.sifter.select(scores, labels, keep, step, rank)).to(self.device)
         return xb[chosen], yb[chosen], global_count
 
@@ -82,3 +93,17 @@ class StepData:
     def load_state_dict(self, state: dict) -> None:
         if self.sifter and state:
             self.sifter.load_state_dict(state)
+
+
+def _reference_losses(train_data: str, rows: int) -> torch.Tensor:
+    """Each training row's reference loss, written by the filtering stage for ``reducible_loss``."""
+    with np.load(train_data) as data:
+        if "irreducible" not in data.files:
+            raise TrainingError(
+                f"{train_data} has no reference losses for sifting.score reducible_loss: the filtering stage "
+                "writes them when the prefilter runs; leave sifting.prefilter.enabled unset or true"
+            )
+        losses = data["irreducible"]
+    if len(losses) != rows or not np.isfinite(losses).all():
+        raise TrainingError(f"{train_data}: its reference losses do not match its {rows} rows")
+    return torch.from_numpy(losses.astype(np.float32))

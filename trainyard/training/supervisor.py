@@ -273,6 +273,7 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         for cls, fraction in report["kept_fraction_by_class"].items():
             by_class.setdefault(cls, []).append(fraction)
     return {
+        "score": reports[0].get("score", "loss"),  # one job, one rule
         "scored": scored,
         "kept": kept,
         "kept_fraction": kept / scored if scored else 1.0,
