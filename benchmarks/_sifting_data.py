@@ -143,10 +143,12 @@ class Setting:
 
     beta: float | None = None
     prefilter: tuple[float, float] | None = None  # (drop_learnt_fraction, drop_unlearnable_fraction)
+    reducible: bool = False  # online sifting by reducible loss (RHO-LOSS), from the prefilter's reference losses
 
     def label(self) -> str:
         parts = [f"prefilter {self.prefilter[0]:g}/{self.prefilter[1]:g}"] if self.prefilter else []
-        parts += [f"online beta {self.beta:g}"] if self.beta is not None else []
+        if self.beta is not None:
+            parts += [f"online {'reducible ' if self.reducible else ''}beta {self.beta:g}"]
         return " + ".join(parts) or "no filtering"
 
 
@@ -156,6 +158,7 @@ class Prefiltered:
     dropped: dict[str, int]
     flops: int
     wall_seconds: float
+    losses: np.ndarray | None  # each row's reference loss, when computed
 
 
 @dataclass
@@ -255,7 +258,7 @@ def epochs_within(cost: PerSample, rows: int, batch: int, beta: float | None, bu
 
 
 @functools.cache
-def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float]) -> Prefiltered:
+def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float], with_losses: bool) -> Prefiltered:
     """Trainyard's offline prefilter on the training rows, timed here (once per process and setting)."""
     from trainyard import filtering
     from trainyard.spec import Prefilter
@@ -265,10 +268,10 @@ def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float
         enabled=True, drop_learnt_fraction=fractions[0], drop_unlearnable_fraction=fractions[1], seed=seed
     )
     started = time.perf_counter()
-    keep, dropped, flops, _ = filtering.prefilter(
-        data.x_train, data.y_train, config, "classification", data.num_classes
+    done = filtering.prefilter(
+        data.x_train, data.y_train, config, "classification", data.num_classes, with_losses=with_losses
     )
-    return Prefiltered(keep, dropped, flops, time.perf_counter() - started)
+    return Prefiltered(done.keep, done.dropped, done.flops, time.perf_counter() - started, done.losses)
 
 
 def baseline_budget(name: str, seed: int, quick: bool, epochs: int) -> int:
@@ -291,12 +294,13 @@ def train(
     """Train one arm as a Trainyard job: ``epochs`` epochs, or as many as fit in ``budget`` training FLOPs."""
     data = load(name, seed, quick)
     cost = PerSample(data)
-    pre = prefiltered(name, seed, quick, setting.prefilter) if setting.prefilter else None
+    pre = prefiltered(name, seed, quick, setting.prefilter, setting.reducible) if setting.prefilter else None
     x, y = (data.x_train[pre.keep], data.y_train[pre.keep]) if pre else (data.x_train, data.y_train)
+    reference = pre.losses[pre.keep].astype(np.float32) if setting.reducible else None
     pre_flops, pre_wall = (pre.flops, pre.wall_seconds) if pre else (0, 0.0)
     if epochs is None:
         epochs = epochs_within(cost, len(x), data.batch_size, setting.beta, budget, pre_flops)
-    outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed)
+    outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed, reference)
     done = len(outcome.history)
     cum_flops = cumulative_flops(cost, len(x), data.batch_size, setting.beta, done, pre_flops)
     measured = outcome.flops["forward"] + outcome.flops["backward"] + outcome.flops["scoring"] + pre_flops
@@ -331,7 +335,7 @@ def train(
     )
 
 
-def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: float | None, seed: int):
+def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: float | None, seed: int, reference):
     """One Trainyard job without Prefect, one replica group: ``(outcome, commit times)``."""
     from trainyard.home import job_dir, new_job_id
     from trainyard.spec import parse_job
@@ -349,7 +353,12 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: 
         },
         "output": {"s3_uri": "s3://unused/out/"},
         "resources": {"replicas": 1},
-        "sifting": {"enabled": setting.beta is not None, "beta": setting.beta or 1.0, "delay_steps": DELAY_STEPS},
+        "sifting": {
+            "enabled": setting.beta is not None,
+            "beta": setting.beta or 1.0,
+            "delay_steps": DELAY_STEPS,
+            "score": "reducible_loss" if setting.reducible else "loss",
+        },
     }
     if target is not None:
         spec["stopping"] = {"target_metric": {"name": "val_accuracy", "value": target}}
@@ -357,7 +366,7 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: 
     job_id = new_job_id(job.name)
     folder = job_dir(job_id)
     (folder / "data").mkdir()
-    np.savez(folder / "data/train.npz", x=x, y=y)
+    np.savez(folder / "data/train.npz", x=x, y=y, **({"irreducible": reference} if reference is not None else {}))
     np.savez(folder / "data/validation.npz", x=data.x_val, y=data.y_val)
     schema = {"num_outputs": data.num_classes, "classes": list(range(data.num_classes)), "task": "classification"}
     train_path, val_path = str(folder / "data/train.npz"), str(folder / "data/validation.npz")

@@ -16,8 +16,9 @@ Arms, per dataset and seed:
 - **baseline**: no filtering, its learning rate tuned, ``Dataset.epochs`` epochs. Its final
   validation accuracy is the target; its budget is its training FLOPs.
 - **online sifting alone** (smart sifting's keep rule, ``sifting.enabled``), its beta tuned.
-- **best combination**: the prefilter (``sifting.prefilter``) and online sifting, the setting that
-  did best in the search.
+- **best combination**: the prefilter (``sifting.prefilter``) and online sifting, ranking by loss
+  or by reducible loss (``sifting.score: reducible_loss``, RHO-LOSS, from the prefilter's reference
+  losses), the setting that did best in the search.
 - **baseline tuned for the short run**: no filtering, a schedule as long as the combination's FLOPs
   to the target (or, when the combination saved nothing, 65% of the baseline's: what the FLOPs
   target asks for), its learning rate tuned for that length. Published gains often vanish against it.
@@ -66,6 +67,7 @@ COMBINATIONS = (
     Setting(0.5, (0.1, 0.02)),
     Setting(0.5, (0.2, 0.05)),  # the prefilter's defaults
     Setting(None, (0.2, 0.05)),  # the prefilter alone
+    Setting(1.0, (0.0, 0.0), reducible=True),  # RHO-LOSS: online by reducible loss, duplicates removed
 )
 TUNING_SEED = 100
 CAP = 2.0  # an arm short of the target at the baseline's budget gets this many times it
@@ -407,6 +409,7 @@ def print_best(setting: Setting) -> None:
     print("  sifting:")
     print(f"    enabled: {str(setting.beta is not None).lower()}")
     print(f"    beta: {setting.beta}")
+    print(f"    score: {'reducible_loss' if setting.reducible else 'loss'}")
     print(f"    prefilter: {{enabled: true, drop_learnt_fraction: {learnt}, drop_unlearnable_fraction: {unlearnable}}}")
 
 
