@@ -15,8 +15,9 @@ model name scores every row instead (no training; ``Champion``); a champion that
 does not fit the data falls back to cross-fitting, and the report's ``reference`` says which was used.
 
 What is dropped is written as a filtered training file the replica groups read, and reported with
-its reasons and the FLOPs the scoring cost. The online sifter (``sifting``)
-then runs inside each group's training loop (``trainyard.sifting``).
+its reasons and the FLOPs the scoring cost. The online sifter (``sifting``) then runs inside each
+group's training loop (``trainyard.sifting``); with ``score: reducible_loss`` (RHO-LOSS) it needs
+each row's reference loss, which this stage then computes and writes next to the rows.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class FilterReport:
     train_layout: list[dict] | None = None
     """The layout of the filtered rows by object (for sharding), when rows were dropped."""
     reference: str | None = None
-    """What scored the rows for the loss-based drops (None when there were none)."""
+    """What scored the rows (for loss-based drops or reducible-loss sifting); None when nothing did."""
 
     @property
     def kept_fraction(self) -> float:
