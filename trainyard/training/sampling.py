@@ -155,7 +155,7 @@ class StreamSampler:
         self._shares: dict[int, list[list[tuple[str, int, int]]]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
         self._loaded: dict[str, Future] = {}
-        self._shuffled: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+        self._shuffled: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def steps_per_epoch(self, slots: int) -> int:
@@ -176,15 +176,15 @@ class StreamSampler:
         which = np.searchsorted(ends, positions, side="right")
         xs, ys = [], []
         for k in np.unique(which):
-            x, y = self._rows(epoch, units[k])
-            offsets = positions[which == k] - (ends[k - 1] if k else 0)
-            xs.append(x[offsets])
-            ys.append(y[offsets])
+            x, y, order = self._rows(epoch, units[k])
+            rows = order[positions[which == k] - (ends[k - 1] if k else 0)]
+            xs.append(x[rows])
+            ys.append(y[rows])
         last = int(which.max()) if len(which) else 0
         for ahead in range(last + 1, min(last + 1 + self.READ_AHEAD, len(units))):
             self._future(units[ahead][0])
         if not xs:
-            x, y = self._rows(epoch, units[0])
+            x, y, _ = self._rows(epoch, units[0])
             return torch.from_numpy(x[:0]), torch.from_numpy(y[:0])
         return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
 
@@ -211,7 +211,9 @@ class StreamSampler:
             units.sort(key=lambda u: u[1] >= self.warm_rows)
         return units, np.cumsum([end - start for _, start, end in units])
 
-    def _rows(self, epoch: int, unit: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    def _rows(self, epoch: int, unit: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A row group's arrays and this epoch's order of its rows (batches gather through it: shuffling
+        the arrays themselves would copy the whole row group before its first batch)."""
         key = (epoch, unit[0])
         if key not in self._shuffled:
             x, y = self._future(unit[0]).result()
@@ -219,7 +221,7 @@ class StreamSampler:
             # Batches walk a row group in order; a group covering other slots walks a few at once.
             while len(self._shuffled) >= 4:
                 self._shuffled.pop(next(iter(self._shuffled)))
-            self._shuffled[key] = (x[order], y[order])
+            self._shuffled[key] = (x, y, order)
         return self._shuffled[key]
 
     def _future(self, unit_id: str) -> Future:
