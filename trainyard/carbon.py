@@ -111,6 +111,10 @@ def _energy_only_tracker():
 
     from codecarbon import OfflineEmissionsTracker
 
+    hooks = ("_update_emissions", "_get_geo_metadata", "_get_cloud_metadata", "_ensure_geo_metadata")
+    if not all(callable(getattr(OfflineEmissionsTracker, hook, None)) for hook in hooks):
+        return OfflineEmissionsTracker  # another codecarbon: measure as it always did, emissions step included
+
     class EnergyOnlyTracker(OfflineEmissionsTracker):
         def _update_emissions(self) -> None:  # emissions stay 0; energy is measured as ever
             self._ensure_geo_metadata()  # the emissions record still names a (here empty) place
