@@ -60,6 +60,9 @@ class LaunchHandle:
     lighthouse_pid: int
     num_threads: int
     replicas: list[ReplicaProcess] = field(default_factory=list)
+    gpus_per_replica: int = 0
+    gpu_slots: dict[int, int] = field(default_factory=dict)
+    """Local groups' slices of this machine's GPUs, by replica group (see ``_local_gpus``)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,6 +136,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         lighthouse_addr=addr,
         lighthouse_pid=lighthouse.pid,
         num_threads=max(1, (os.cpu_count() or 1) // resources.replicas),
+        gpus_per_replica=resources.gpus_per_replica,
     )
     for replica in range(resources.replicas):
         handle.replicas.append(start_replica(handle, replica, attempt=0))
@@ -183,6 +187,8 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
     out = attempt_dir(Path(handle.job_dir), replica, attempt)
     log_path = out / "replica.log"
     env = {**os.environ, THREADS_ENV: str(handle.num_threads), "OMP_NUM_THREADS": str(handle.num_threads)}
+    if handle.gpus_per_replica > 0:
+        env["CUDA_VISIBLE_DEVICES"] = _local_gpus(handle, replica)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [
@@ -203,6 +209,21 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
         )
     _PROCESSES[proc.pid] = proc
     return ReplicaProcess(replica=replica, attempt=attempt, pid=proc.pid, log=str(log_path), resumed=resume)
+
+
+def _local_gpus(handle: LaunchHandle, replica: int) -> str:
+    """Pin a local group to GPUs no other live group of the job holds: NCCL refuses two ranks on one
+    GPU. A restarted group gets its slice back unless a newer group took it while it was down."""
+    from trainyard.training import device  # torch: only jobs that ask for GPUs pay its import here
+
+    visible = device.visible_gpus()
+    live = {proc.replica for proc in handle.replicas if proc.replica != replica and _exit_code(proc.pid) is None}
+    held = {r: slot for r, slot in handle.gpu_slots.items() if r in live}
+    if handle.gpu_slots.get(replica) in held.values():
+        del handle.gpu_slots[replica]
+    if replica not in handle.gpu_slots:
+        handle.gpu_slots[replica] = device.free_slot(set(held.values()), handle.gpus_per_replica, visible)
+    return device.slot_devices(handle.gpu_slots[replica], handle.gpus_per_replica, visible)
 
 
 def _exit_code(pid: int) -> int | None:

@@ -4,6 +4,8 @@ see, a group fails with the field and the fix rather than training on the CPU un
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
+from tempfile import TemporaryDirectory
 
 import pytest
 import torch
@@ -48,3 +50,85 @@ def test_a_local_gpu_job_on_a_machine_without_one_fails_before_the_groups_train(
     job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 1, "gpus_per_replica": 1})
     with pytest.raises(TrainingError, match="resources.gpus_per_replica is 1"):
         supervisor.preflight(job, plan)
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa, GPU-bb")
+    assert device.visible_gpus() == ["GPU-aa", "GPU-bb"]
+    for none in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", none)
+        assert device.visible_gpus() == []
+
+
+def test_local_gpu_groups_must_fit_the_machine_without_sharing():
+    device.check_fits(2, 2, ["0", "1", "2", "3"])
+    device.check_fits(5, 0, [])  # CPU groups need none
+    with pytest.raises(TrainingError, match=r"resources.replicas \(3\) x resources.gpus_per_replica \(2\) is 6 GPUs"):
+        device.check_fits(3, 2, ["0", "1", "2", "3"])
+
+
+def test_each_live_local_group_gets_its_own_gpus(monkeypatch):
+    from trainyard import launch
+
+    started = []
+
+    class FakePopen:  # records each group's environment instead of starting it
+        def __init__(self, cmd, env, **kwargs):
+            self.pid = 1000 + len(started)
+            started.append(env["CUDA_VISIBLE_DEVICES"])
+
+    alive: set[int] = set()
+    monkeypatch.setattr(launch.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(launch, "_exit_code", lambda pid: None if pid in alive else 0)
+    monkeypatch.setattr(device, "visible_gpus", lambda: ["0", "1", "2", "3"])
+
+    def start(replica: int, attempt: int = 0) -> None:
+        proc = launch._start_process(handle, replica, attempt, resume=False)
+        handle.replicas.append(proc)
+        alive.add(proc.pid)
+
+    with TemporaryDirectory() as folder:
+        handle = launch.LaunchHandle("j", folder, "local", "", 0, 1, gpus_per_replica=2)
+        start(0)
+        start(1)
+        assert started == ["0,1", "2,3"]
+        with pytest.raises(TrainingError, match="no free GPUs for another local replica group"):
+            start(2)  # the machine is full: a scale-up beyond it fails, naming why
+        alive.discard(1000)  # group 0 crashes and is restarted: it gets its GPUs back
+        start(0, attempt=1)
+        alive.discard(1001)  # group 1 leaves (a scale-down); a new group takes its GPUs
+        start(3)
+        assert started[-2:] == ["0,1", "2,3"]
+
+
+def test_a_scale_up_the_machine_has_no_gpus_for_is_refused_and_the_job_goes_on(monkeypatch):
+    from trainyard import launch
+    from trainyard.spec import parse_job
+    from trainyard.training import scaling
+    from trainyard.training.plan import request_scale
+
+    def no_room(handle, replica, attempt, resume=False):
+        raise TrainingError("no free GPUs for another local replica group")
+
+    monkeypatch.setattr(launch, "start_replica", no_room)
+    job = parse_job(
+        {
+            "name": "j",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+            "output": {"s3_uri": "s3://bkt/o/"},
+            "resources": {"replicas": 1, "max_replicas": 3, "gpus_per_replica": 1},
+        }
+    )
+    events = []
+    with TemporaryDirectory() as folder:
+        first = launch.ReplicaProcess(replica=0, attempt=0, pid=1, log="")
+        handle = launch.LaunchHandle("j", folder, "local", "", 0, 1, [first], gpus_per_replica=1)
+        scaler = scaling.Scaler(handle, job, lambda kind, payload: events.append((kind, payload)))
+        request_scale(Path(folder), 3)
+        live = {0: first}
+        scaler.tick(live, step=5)
+    assert list(live) == [0] and len(handle.replicas) == 1
+    assert scaler.changes[-1]["to"] == 1  # the record says what the job runs with, not what was asked
+    refused = [payload for kind, payload in events if kind == "job.scale_refused"]
+    assert len(refused) == 1 and "no free GPUs" in refused[0]["reason"]

@@ -1,8 +1,9 @@
 """Where a replica group computes: its GPU with NCCL between groups, or the CPU with gloo.
 
-A group is one process. On a GPU pool the launcher pins the group's GPUs with
-``CUDA_VISIBLE_DEVICES``, so the group trains on the first one it sees, ``cuda:0``; more GPUs a
-group (torchrun inside it) is not built yet.
+A group is one process. Its launcher pins the group's GPUs with ``CUDA_VISIBLE_DEVICES``, so the
+group trains on the first one it sees, ``cuda:0``: the GPU pool's worker on a GPU pool, and for local
+groups the launch stage, which gives each live group its own slice of this machine's GPUs (NCCL
+refuses two ranks on one GPU). More GPUs a group (torchrun inside it) is not built yet.
 """
 
 from __future__ import annotations
@@ -36,6 +37,41 @@ def check(gpus_per_replica: int, replica: int) -> None:
             f"(CUDA_VISIBLE_DEVICES={visible}, torch {torch.__version__}); run it on a GPU pool with a CUDA "
             "build of torch, or set resources.gpus_per_replica: 0 to train on CPUs"
         )
+
+
+def visible_gpus() -> list[str]:
+    """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (indices, or UUIDs), in its order."""
+    names = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if names is not None:
+        return [name.strip() for name in names.split(",") if name.strip() and name.strip() != "-1"]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def check_fits(replicas: int, gpus_per_replica: int, visible: list[str]) -> None:
+    """Local groups each need GPUs of their own: fail, naming the fields, when they cannot all have them."""
+    if gpus_per_replica > 0 and replicas * gpus_per_replica > len(visible):
+        raise TrainingError(
+            f"resources.replicas ({replicas}) x resources.gpus_per_replica ({gpus_per_replica}) is "
+            f"{replicas * gpus_per_replica} GPUs, but this machine has {len(visible)} "
+            f"({','.join(visible) or 'none'}): local groups cannot share a GPU (NCCL refuses it); lower either, "
+            "or run the groups on a GPU work pool"
+        )
+
+
+def free_slot(taken: set[int], gpus_per_replica: int, visible: list[str]) -> int:
+    """The lowest slice of ``gpus_per_replica`` visible GPUs that no live group holds."""
+    for slot in range(len(visible) // gpus_per_replica):
+        if slot not in taken:
+            return slot
+    raise TrainingError(
+        f"no free GPUs for another local replica group: {len(taken)} groups hold {gpus_per_replica} each of this "
+        f"machine's {len(visible)}; scale to fewer groups, or run them on a GPU work pool"
+    )
+
+
+def slot_devices(slot: int, gpus_per_replica: int, visible: list[str]) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` of a group given slice ``slot``."""
+    return ",".join(visible[slot * gpus_per_replica : (slot + 1) * gpus_per_replica])
 
 
 def process_group(device: torch.device, timeout: timedelta):

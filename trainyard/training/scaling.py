@@ -62,7 +62,12 @@ class Scaler:
         self.emit("job.scaled", change)
         for _ in range(target - len(active)):
             replica, self._next = self._next, self._next + 1
-            proc = launch.start_replica(self.handle, replica, attempt=0)
+            try:
+                proc = launch.start_replica(self.handle, replica, attempt=0)
+            except TrainingError as exc:  # e.g. no free GPUs on this machine: the job goes on at its size
+                change["to"] = len([r for r in live if r not in self.leaving])
+                self.emit("job.scale_refused", {"replica": replica, "at_step": step, "reason": str(exc)})
+                break
             self.handle.replicas.append(proc)
             live[replica] = proc
             self.added[replica] = time.time()

@@ -62,6 +62,7 @@ def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
     """Build the model and run one small batch here, so a broken algorithm fails before the groups train."""
     if job.resources.work_pool == "local":  # local groups see this machine's GPUs: check them here, once
         device.check(job.resources.gpus_per_replica, replica=0)
+        device.check_fits(job.resources.replicas, job.resources.gpus_per_replica, device.visible_gpus())
     plan.export_channels()
     x, y = load_arrays(plan.train_data)
     model, loss_fn = algorithms.build(
@@ -86,7 +87,8 @@ def train(
 
     ``on_progress(epochs_done, last_epoch_metrics)`` is called as epochs complete; ``on_event(kind,
     payload)`` for each ``replica.failed``, ``replica.restarted``, ``replica.recovered``, ``replica.left``,
-    ``job.scaled``, ``replica.added`` and ``replica.removed``.
+    ``job.scaled``, ``job.scale_refused`` (a group that could not be started), ``replica.added`` and
+    ``replica.removed``.
     """
     emit = on_event or (lambda kind, payload: None)
     job_dir = Path(handle.job_dir)
