@@ -132,3 +132,24 @@ def test_a_scale_up_the_machine_has_no_gpus_for_is_refused_and_the_job_goes_on(m
     assert scaler.changes[-1]["to"] == 1  # the record says what the job runs with, not what was asked
     refused = [payload for kind, payload in events if kind == "job.scale_refused"]
     assert len(refused) == 1 and "no free GPUs" in refused[0]["reason"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_one_group_gpu_job_trains_on_its_gpu_and_saves_on_the_cpu(trainyard_home):
+    # The device check a GPU session runs (issue 4): a real job, sifting on, one group per GPU here.
+    from tests.unit.test_training import make_job, run
+
+    groups = min(2, torch.cuda.device_count())
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        resources={"replicas": groups, "gpus_per_replica": 1},
+        sifting={"enabled": True, "beta": 1.0, "delay_steps": 2},
+    )
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed" and outcome.replicas_finished == list(range(groups))
+    assert outcome.history[-1]["val_accuracy"] > 0.9
+    assert outcome.flops["scoring"] > 0
+    states = [torch.load(folder / f"replicas/{r}/attempt-0/model.pt", weights_only=True) for r in range(groups)]
+    assert all(t.device.type == "cpu" for t in states[0].values())
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[-1][key], rtol=0, atol=0)
