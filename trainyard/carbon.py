@@ -8,6 +8,7 @@ twice. ``rollup`` turns the per-stage records into the summary's ``carbon`` sect
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -99,6 +100,7 @@ def meter(
             record.ram_energy_kwh = float(data.ram_energy or 0.0)
 
 
+@functools.cache  # one class per process, not one per meter
 def _energy_only_tracker():
     """codecarbon's offline tracker without its emissions step, for a process that only needs kWh.
 

@@ -87,15 +87,8 @@ class Prefiltered:
 def needs_reference(sifting: Sifting) -> bool:
     """Whether the prefilter scores rows with a reference model: for its loss-based drops, or for the
     online sifter's ``reducible_loss``."""
-    config = sifting.prefilter
-    enabled = sifting.enabled if config.enabled is None else config.enabled
-    drops = config.drop_learnt_fraction or config.drop_unlearnable_fraction
-    return bool(enabled and (drops or reducible(sifting)))
-
-
-def reducible(sifting: Sifting) -> bool:
-    """Whether the online sifter ranks by reducible loss (RHO-LOSS), so it needs reference losses."""
-    return sifting.enabled and sifting.score == "reducible_loss"
+    drops = sifting.prefilter.drop_learnt_fraction or sifting.prefilter.drop_unlearnable_fraction
+    return bool(sifting.prefilter_on and (drops or sifting.by_reducible_loss))
 
 
 def wants_champion(sifting: Sifting, streamed: bool = False) -> bool:
@@ -109,16 +102,15 @@ def filter_samples(
     """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row."""
     total = staged.rows["train"]
     report = FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=sifting.enabled)
-    enabled = sifting.enabled if sifting.prefilter.enabled is None else sifting.prefilter.enabled
-    if not enabled or staged.streamed:
+    if not sifting.prefilter_on or staged.streamed:
         return report  # a streamed channel is never read whole before training: nothing to prefilter
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
     num_outputs = staged.schema.get("num_outputs", 1)
-    result = prefilter(x, y, sifting.prefilter, task, num_outputs, champion, with_losses=reducible(sifting))
+    result = prefilter(x, y, sifting.prefilter, task, num_outputs, champion, with_losses=sifting.by_reducible_loss)
     keep = result.keep
     arrays = {"x": x[keep], "y": y[keep]}
-    if reducible(sifting):  # the online sifter's RHO-LOSS score subtracts these, row by row
+    if sifting.by_reducible_loss:  # the online sifter's RHO-LOSS score subtracts these, row by row
         arrays["irreducible"] = result.losses[keep].astype(np.float32)
     path = Path(staged.train_data).with_name("train.filtered.npz")
     np.savez(path, **arrays)

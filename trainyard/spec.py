@@ -246,6 +246,16 @@ class Sifting(_Model):
         description="Class balance guard: each class keeps at least this fraction of its share of a batch.",
     )
 
+    @property
+    def prefilter_on(self) -> bool:
+        """Whether the filtering stage prefilters: ``prefilter.enabled``, else whenever sifting is on."""
+        return self.enabled if self.prefilter.enabled is None else self.prefilter.enabled
+
+    @property
+    def by_reducible_loss(self) -> bool:
+        """Whether the groups rank by reducible loss (RHO-LOSS): they need the prefilter's reference losses."""
+        return self.enabled and self.score == "reducible_loss"
+
 
 class FaultInjection(_Model):
     """A failure drill: what to do to which replica group at which step."""
@@ -398,7 +408,7 @@ class TrainingJob(_Model):
                 problems.append("stopping.target_metric.name: val_rmse is for regression; use val_accuracy")
         if self.stopping.patience_epochs is not None and self.inputs.validation is None:
             problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
-        if self.sifting.enabled and self.sifting.score == "reducible_loss":
+        if self.sifting.by_reducible_loss:
             if self.inputs.train.mode == "stream":
                 problems.append(
                     "sifting.score: reducible_loss needs the prefilter's reference losses, which a streamed channel "

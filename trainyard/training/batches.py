@@ -37,7 +37,7 @@ class StepData:
         self.classification = job.algorithm.task == "classification"
         self.loss_fn, self.meter = loss_fn, meter
         self._mark = (0, 0)
-        self.reducible = self.sifter is not None and job.sifting.score == "reducible_loss"
+        self.reducible = job.sifting.by_reducible_loss
         if plan.streamed:
             self.sampler = StreamSampler(job, plan, cache_dir, batch_size=batch)
         else:
