@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -128,21 +129,33 @@ def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
     url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 2, "work_pool": GPU_POOL})
     spec["name"] = "rest-job"
-    with urllib.request.urlopen(f"{url}/deployments/name/training-pipeline/on-demand") as response:
-        deployment = json.load(response)
+    deployment = _rest(urllib.request.Request(f"{url}/deployments/name/training-pipeline/on-demand"))
     request = urllib.request.Request(
         f"{url}/deployments/{deployment['id']}/create_flow_run",
         data=json.dumps({"parameters": {"job": spec}}).encode(),
         headers={"Content-Type": "application/json"},
         method="POST",
     )
-    with urllib.request.urlopen(request) as response:
-        run_id = json.load(response)["id"]
+    run_id = _rest(request)["id"]
     final = client.wait(run_id, timeout_seconds=300)
     assert final["status"] == "Completed", (final, _logs(home))
     assert _summary(final["job_id"])["status"] == "Completed"
     groups = sorted((r.parameters["replica"], r.state.type.value) for r in _replica_runs(final["job_id"]))
     assert groups == [(0, "COMPLETED"), (1, "COMPLETED")]  # two groups, each a flow run on the GPU pool
+
+
+def _rest(request: urllib.request.Request, attempts: int = 5) -> dict:
+    """One call to the Prefect REST API, as another service makes it: a 503 (the server's SQLite busy
+    under the workers' load) is retried with backoff, as Prefect's own client does."""
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(request) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or attempt == attempts - 1:
+                raise
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")
 
 
 def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
