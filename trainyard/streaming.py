@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
-import boto3
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,9 +34,7 @@ def arrow_filesystem() -> pafs.S3FileSystem:
     # As for boto3 (s3.py): the AWS SDK's own response-checksum check misfires on ranged GETs from
     # endpoints that send the whole object's checksum with each range. Set explicitly, it is kept.
     os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
-    session = boto3.session.Session()
-    creds = session.get_credentials()
-    frozen = creds.get_frozen_credentials() if creds else None
+    frozen = s3.credentials()
     client = s3.client()
     endpoint = urlparse(client.meta.endpoint_url)
     kwargs: dict = {

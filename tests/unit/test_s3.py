@@ -1,0 +1,69 @@
+"""The S3 client seam (``trainyard.s3``): one client per configuration, built without the collector,
+and the credentials it signs with handed to pyarrow's file system."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import boto3
+import pytest
+
+from trainyard import s3
+
+
+@pytest.fixture
+def fresh_clients(monkeypatch):
+    """An empty client cache and only the test's AWS variables."""
+    monkeypatch.setattr(s3, "_clients", {})
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_a_client_is_built_with_the_collector_paused_and_it_is_left_as_it_was(
+    fresh_clients, monkeypatch, enabled_before
+):
+    seen = []
+    build = boto3.session.Session.client
+
+    def recording(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(boto3.session.Session, "client", recording)
+    was = gc.isenabled()
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        first = s3.client()
+        after = gc.isenabled()
+        again = s3.client()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False]  # built once, with the collector off
+    assert after is enabled_before
+    assert again is first
+
+
+def test_a_change_of_aws_variables_gets_a_new_client_and_its_credentials(fresh_clients, monkeypatch):
+    first = s3.client()
+    assert s3.credentials().access_key == "test-key-id"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "other-key-id")
+    assert s3.client() is not first
+    assert s3.credentials().access_key == "other-key-id"
+    # streaming's own variable, set in the client's config anyway, does not cost a new client
+    monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
+    assert s3.client() is s3.client()
+    assert len(s3._clients) == 2
+
+
+def test_no_credentials_anywhere_gives_none(fresh_clients, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert s3.credentials() is None
