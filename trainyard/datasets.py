@@ -104,17 +104,19 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
     missing = [c for c in [*schema.features, schema.label] if c not in table.column_names]
     if missing:
         raise DataError(f"{where}: columns {missing} not found; columns are {table.column_names}")
-    columns = []
-    for name in schema.features:
+    x = np.empty((table.num_rows, len(schema.features)), dtype=np.float32)
+    for i, name in enumerate(schema.features):
         col = table[name]
         if not _is_numeric(col.type):
             raise DataError(f"{where}: feature {name!r} is {col.type}, not numeric; encode it or drop it from features")
-        values = _numeric_numpy(col).astype(np.float32)
-        bad = int(np.count_nonzero(~np.isfinite(values)))
+        values = _numeric_numpy(col)
+        with np.errstate(over="ignore"):  # an overflow becomes inf, which the check below names
+            x[:, i] = values  # converted to float32 as it is copied in
+        # Checked on the contiguous source (3x faster than the strided column), except for float64,
+        # where a value past float32's range becomes inf only in the copy.
+        bad = int(np.count_nonzero(~np.isfinite(x[:, i] if values.dtype == np.float64 else values)))
         if bad:
             raise DataError(f"{where}: feature {name!r} has {bad} missing or infinite values; fill or drop those rows")
-        columns.append(values)
-    x = np.stack(columns, axis=1)
     check_labels(table, schema.label, where)
     if schema.task == "classification":
         y, unknown = _class_indices(table[schema.label], schema.classes)

@@ -64,6 +64,40 @@ def test_nan_labels_in_validation_are_refused(bucket, tmp_path):
         datasets.to_arrays(table, datasets.Schema(["f0"], "label", "regression"), "channel 'validation' (s3://b/v/)")
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pa.array([1.0, float("nan"), 3.0], pa.float32()),
+        pa.array([1.0, float("inf"), 3.0], pa.float32()),
+        pa.array([1.0, None, 3.0], pa.float32()),
+        pa.array([1, None, 3], pa.int64()),
+        pa.array([1.0, 1e39, 3.0], pa.float64()),  # finite in float64, inf once float32
+    ],
+    ids=["nan", "inf", "null-float", "null-int", "float64-overflow"],
+)
+def test_a_feature_with_missing_or_infinite_values_is_named(bad):
+    table = pa.table({"f0": pa.array([0.5, 1.5, 2.5], pa.float64()), "f1": bad, "label": [0, 1, 0]})
+    with pytest.raises(DataError, match="train: feature 'f1' has 1 missing or infinite"):
+        datasets.to_arrays(table, datasets.Schema(["f0", "f1"], "label", "classification", [0, 1]), "train")
+
+
+def test_features_of_mixed_numeric_types_become_one_float32_matrix():
+    table = pa.table(
+        {
+            "i": pa.array([1, -2, 3], pa.int64()),
+            "d": pa.array([0.25, 1e30, -3.5], pa.float64()),
+            "s": pa.array([7.0, 8.0, 9.0], pa.float32()),
+            "u": pa.array([0, 255, 9], pa.uint8()),
+            "label": [0, 1, 0],
+        }
+    )
+    x, y = datasets.to_arrays(table, datasets.Schema(["s", "i", "d", "u"], "label", "classification", [0, 1]), "t")
+    assert x.dtype == np.float32 and x.flags.c_contiguous
+    expected = np.array([[7, 1, 0.25, 0], [8, -2, 1e30, 255], [9, 3, -3.5, 9]], dtype=np.float32)
+    np.testing.assert_array_equal(x, expected)
+    assert y.tolist() == [0, 1, 0]
+
+
 def test_unreadable_file_is_named(bucket, tmp_path):
     put_table(bucket, "ch/a.parquet", blobs_table(10))
     s3.client().put_object(Bucket=bucket, Key="ch/b.parquet", Body=b"this is not parquet at all")

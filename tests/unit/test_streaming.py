@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +44,28 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     np.testing.assert_allclose(x[:, 0], want["f0"].to_numpy(np.float32))
     np.testing.assert_array_equal(y, want["label"].to_numpy())
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 1  # kept for the next epoch
+
+
+@pytest.mark.parametrize("sample_rows, groups", [(50, 1), (150, 2)])
+def test_the_scaling_sample_is_the_first_row_groups_each_kept_for_the_first_epoch(
+    s3_endpoint, tmp_path, monkeypatch, sample_rows, groups
+):
+    monkeypatch.setattr(streaming, "SAMPLE_ROWS", sample_rows)
+    bucket = s3_endpoint.new_bucket()
+    table = blobs_table(500, seed=3)
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 100)
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    cache = tmp_path / "cache"
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data", cache)
+    sample = np.load(staged.train_data)
+    np.testing.assert_array_equal(sample["x"][:, 0], table["f0"].to_numpy()[: 100 * groups].astype(np.float32))
+    units = [streaming.unit_path(cache, f"s3://{bucket}/t/a.parquet#rg{i}") for i in range(groups)]
+    assert sorted(cache.glob("*.npz")) == sorted(units)
+    for i, unit in enumerate(units):
+        np.testing.assert_array_equal(np.load(unit)["x"], sample["x"][100 * i : 100 * (i + 1)])
+    # one row group: the sample is that row group's file, not a second copy of it
+    assert (Path(staged.train_data).stat().st_ino == units[0].stat().st_ino) is (groups == 1)
 
 
 def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):

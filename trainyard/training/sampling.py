@@ -175,7 +175,8 @@ class StreamSampler:
         positions %= ends[-1]  # a smaller share wraps around
         which = np.searchsorted(ends, positions, side="right")
         xs, ys = [], []
-        for k in np.unique(which):
+        # sorted(set()), not np.unique: its first call imports numpy.ma (~20 ms before a group's first batch)
+        for k in sorted(set(which.tolist())):
             x, y, order = self._rows(epoch, units[k])
             rows = order[positions[which == k] - (ends[k - 1] if k else 0)]
             xs.append(x[rows])
