@@ -144,11 +144,13 @@ class Setting:
     beta: float | None = None
     prefilter: tuple[float, float] | None = None  # (drop_learnt_fraction, drop_unlearnable_fraction)
     reducible: bool = False  # online sifting by reducible loss (RHO-LOSS), from the prefilter's reference losses
+    reuse: int = 0  # sifting.reuse_loss_epochs: rank by a remembered loss up to this many epochs old
 
     def label(self) -> str:
         parts = [f"prefilter {self.prefilter[0]:g}/{self.prefilter[1]:g}"] if self.prefilter else []
         if self.beta is not None:
             parts += [f"online {'reducible ' if self.reducible else ''}beta {self.beta:g}"]
+            parts += [f"losses reused {self.reuse} ep"] if self.reuse else []
         return " + ".join(parts) or "no filtering"
 
 
@@ -298,13 +300,23 @@ def train(
     x, y = (data.x_train[pre.keep], data.y_train[pre.keep]) if pre else (data.x_train, data.y_train)
     reference = pre.losses[pre.keep].astype(np.float32) if setting.reducible else None
     pre_flops, pre_wall = (pre.flops, pre.wall_seconds) if pre else (0, 0.0)
-    if epochs is None:
+    fit = epochs is None
+    if fit:
+        # With reused losses an epoch costs less than online sifting's, by an amount known only once
+        # run: its count is first fitted as online sifting's (an upper bound on the cost), then once
+        # more from the run's own per-epoch FLOPs.
         epochs = epochs_within(cost, len(x), data.batch_size, setting.beta, budget, pre_flops)
     outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed, reference)
+    if fit and setting.reuse and target is None:
+        more = _refit_epochs(outcome.history, epochs, budget - pre_flops)
+        if more > epochs:
+            epochs = more
+            outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed, reference)
     done = len(outcome.history)
-    cum_flops = cumulative_flops(cost, len(x), data.batch_size, setting.beta, done, pre_flops)
-    measured = outcome.flops["forward"] + outcome.flops["backward"] + outcome.flops["scoring"] + pre_flops
-    check = None if measured == cum_flops[-1] else f"rebuilt {cum_flops[-1]:,} != measured {measured:,} FLOPs"
+    # Measured per epoch by the group itself (its FLOP meter, in the history).
+    cum_flops = [pre_flops + entry["group_train_flops"] for entry in outcome.history]
+    rebuilt = cumulative_flops(cost, len(x), data.batch_size, setting.beta, done, pre_flops)
+    check = None if setting.reuse or rebuilt == cum_flops else f"rebuilt {rebuilt[-1]:,} != measured {cum_flops[-1]:,}"
     gaps = np.diff(commits)
     step_s = float(statistics.median(gaps)) if len(gaps) else 0.0
     spe = outcome.steps_per_epoch
@@ -335,6 +347,14 @@ def train(
     )
 
 
+def _refit_epochs(history: list[dict], epochs: int, budget: float) -> int:
+    """The most epochs within ``budget`` at the measured cost: the first epoch's, then the later ones' mean."""
+    spent = [entry["group_train_flops"] for entry in history]
+    first = spent[0]
+    later = (spent[-1] - first) / (len(spent) - 1) if len(spent) > 1 else first
+    return max(epochs, 1 + int((budget * (1 + 1e-9) - first) // max(later, 1)))
+
+
 def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: float | None, seed: int, reference):
     """One Trainyard job without Prefect, one replica group: ``(outcome, commit times)``."""
     from trainyard.home import job_dir, new_job_id
@@ -358,6 +378,7 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: 
             "beta": setting.beta or 1.0,
             "delay_steps": DELAY_STEPS,
             "score": "reducible_loss" if setting.reducible else "loss",
+            "reuse_loss_epochs": setting.reuse,
         },
     }
     if target is not None:

@@ -35,6 +35,7 @@ class Sifter:
         self.history = np.empty(0, dtype=np.float32)
         self.scored = 0
         self.kept = 0
+        self.passed_over = 0  # candidates the keep rule ranked and did not keep (not those before delay_steps)
         self.kept_by_class: dict[str, int] = {}
         self.scored_by_class: dict[str, int] = {}
 
@@ -113,6 +114,7 @@ class Sifter:
         self.history = np.concatenate([self.history, losses.astype(np.float32)])[-length:]
         self.scored += len(losses)
         self.kept += len(chosen)
+        self.passed_over += len(losses) - len(chosen)
         if labels is not None:
             self._count(self.scored_by_class, labels)
             self._count(self.kept_by_class, labels[chosen])
@@ -136,8 +138,43 @@ class Sifter:
             "score": self.config.score,
             "scored": self.scored,
             "kept": self.kept,
+            "passed_over": self.passed_over,
             "kept_fraction": self.kept / self.scored if self.scored else 1.0,
             "kept_fraction_by_class": {
                 c: self.kept_by_class.get(c, 0) / n for c, n in sorted(self.scored_by_class.items()) if n
             },
         }
+
+
+class LossMemory:
+    """Each training row's last known loss and the epoch it was measured in (``reuse_loss_epochs``).
+
+    A candidate whose loss is at most ``max_age`` epochs old is ranked by that loss instead of by a
+    fresh scoring pass (Selective-Backprop's stale variant). The losses come from scoring passes and
+    from the training forward pass itself, which computes each kept row's loss anyway, so a row that
+    keeps being kept is never scored again. Rows skipped as easy are scored again once their loss is
+    too old. Part of the group's torchft state, so a healed group reuses what its peer knew.
+    """
+
+    def __init__(self, rows: int, max_age: int):
+        self.max_age = max_age
+        self.loss = np.full(rows, np.nan, dtype=np.float32)
+        self.epoch = np.full(rows, -1, dtype=np.int64)
+        self.reused = 0
+
+    def fresh(self, rows: np.ndarray, epoch: int) -> np.ndarray:
+        """Which of ``rows`` have a loss recent enough to reuse at ``epoch``."""
+        measured = self.epoch[rows]
+        return (measured >= 0) & (epoch - measured <= self.max_age)
+
+    def remember(self, rows: np.ndarray, losses: np.ndarray, epoch: int) -> None:
+        self.loss[rows] = losses
+        self.epoch[rows] = epoch
+
+    def state_dict(self) -> dict:
+        return {"memory_loss": torch.from_numpy(self.loss.copy()), "memory_epoch": torch.from_numpy(self.epoch.copy())}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "memory_loss" in state:
+            self.loss = state["memory_loss"].numpy().astype(np.float32)
+            self.epoch = state["memory_epoch"].numpy().astype(np.int64)

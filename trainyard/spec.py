@@ -238,6 +238,13 @@ class Sifting(_Model):
         "minus the prefilter's reference loss for it, so noisy samples are skipped as well as learnt ones; needs a "
         "file-mode train channel).",
     )
+    reuse_loss_epochs: int = Field(
+        default=0,
+        ge=0,
+        description="Rank a candidate by its last known loss (from when it was last scored or trained on) if that is "
+        "at most this many epochs old, instead of scoring it again: fewer scoring passes (Selective-Backprop's stale "
+        "variant). 0 scores every candidate, as smart sifting does. Needs a file-mode train channel.",
+    )
     prefilter: Prefilter = Field(default_factory=Prefilter, description="The offline prefilter, before training.")
     min_class_fraction: float = Field(
         default=0.5,
@@ -419,6 +426,11 @@ class TrainingJob(_Model):
                     "sifting.score: reducible_loss needs the prefilter's reference losses: "
                     "remove sifting.prefilter.enabled: false"
                 )
+        if self.sifting.enabled and self.sifting.reuse_loss_epochs and self.inputs.train.mode == "stream":
+            problems.append(
+                "sifting.reuse_loss_epochs: a streamed channel's rows are not all in memory to remember their losses: "
+                "set it to 0, or inputs.train.mode: file"
+            )
         for i, fault in enumerate(self.elastic.fault_injection):
             if fault.replica >= self.resources.replicas:
                 problems.append(

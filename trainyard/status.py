@@ -82,13 +82,16 @@ def sifting_section(job, report, outcome) -> dict:
         if outcome
         else [],
     }
-    ratio = (online or {}).get("backward_forward_ratio")
-    if ratio is not None and ratio <= 1 / job.sifting.beta:
-        # Scoring C candidates costs C forwards; it saves the backward of the C * beta / (1 + beta)
-        # dropped ones: a saving only when backward / forward > 1 / beta.
+    if online and online.get("scoring_flops") and online["scoring_flops"] >= online["training_flops_skipped"]:
+        # Scoring every one of C candidates costs C forwards and saves the forward and backward of the
+        # C * beta / (1 + beta) dropped ones: a saving only when backward / forward > 1 / beta. Reused
+        # losses (reuse_loss_epochs) make scoring cheaper, so the measured FLOPs decide.
+        ratio = online.get("backward_forward_ratio") or 0.0
         section["warning"] = (
-            f"sifting cost more compute than it saved: backward/forward FLOP ratio {ratio:.2f} <= 1/beta "
-            f"{1 / job.sifting.beta:.2f}; raise sifting.beta or turn sifting off for this model"
+            f"sifting cost more compute than it saved: its scoring passes took {online['scoring_flops']:.3g} FLOPs, "
+            f"the training passes it skipped would have taken {online['training_flops_skipped']:.3g} (backward/forward "
+            f"FLOP ratio {ratio:.2f}, beta {job.sifting.beta:g}); raise sifting.beta, set sifting.reuse_loss_epochs, "
+            "or turn sifting off for this model"
         )
     return section
 

@@ -101,7 +101,7 @@ def test_learning_rate_schedules():
     assert learning_rate(linear, 50, 0.25) == pytest.approx(0.075)
 
 
-def reducible_step_data(tmp_path, with_reference: bool = True):
+def reducible_step_data(tmp_path, with_reference: bool = True, **sifting):
     """StepData for 512 rows whose first half carries a high reference loss (noise a reference model
     could not fit either), under a model whose own loss is the same for every row."""
     import torch
@@ -118,7 +118,7 @@ def reducible_step_data(tmp_path, with_reference: bool = True):
             "hyperparameters": {"batch_size": 32, "hidden_sizes": [4]},
             "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
             "output": {"s3_uri": "s3://bkt/o/"},
-            "sifting": {"enabled": True, "beta": 2.0, "delay_steps": 0, "score": "reducible_loss"},
+            "sifting": {"enabled": True, "beta": 2.0, "delay_steps": 0, "score": "reducible_loss"} | sifting,
         }
     )
     rng = np.random.default_rng(0)
@@ -154,3 +154,33 @@ def test_reducible_loss_without_reference_losses_says_what_to_do(tmp_path):
 
     with pytest.raises(TrainingError, match="no reference losses for sifting.score reducible_loss"):
         reducible_step_data(tmp_path, with_reference=False)
+
+
+@pytest.mark.parametrize("score", ["loss", "reducible_loss"])
+def test_reused_losses_spare_scoring_passes_and_batches_stay_full(tmp_path, score):
+    import torch
+
+    data, model, x = reducible_step_data(tmp_path, beta=1.0, score=score, reuse_loss_epochs=1)
+    index = {tuple(row): i for i, row in enumerate(x.tolist())}
+    scored_flops, kept_rows = [], []
+    for epoch in range(3):  # 64 candidates a step, 8 steps an epoch over 512 rows, 32 kept a step
+        before, kept = data.meter.scoring, set()
+        for step in range(8):
+            xb, yb, global_count = data.batch(model, epoch, step, 8 * epoch + step, 1, 0, 1)
+            assert xb.shape == (32, 3) and global_count == 32  # full, and no side column reaches the model
+            data.trained(data.loss_fn(model(xb), yb))  # the training forward's per-sample losses
+            kept |= {index[tuple(row)] for row in xb.tolist()}
+        scored_flops.append(data.meter.scoring - before)  # FLOPs of this epoch's scoring passes
+        kept_rows.append(kept)
+    per_row = scored_flops[0] / 512  # epoch 0 knows no loss: every candidate is scored
+    assert scored_flops[0] > 0 and scored_flops[1] == 0  # epoch 1 reuses every loss from epoch 0
+    # epoch 2: the rows trained on in epoch 1 have a recent loss; only the others are scored again
+    assert scored_flops[2] == pytest.approx((512 - len(kept_rows[1])) * per_row, rel=0.01)
+    assert data.report()["losses_reused"] == 512 + len(kept_rows[1])
+    # A group that heals from this one reuses the same losses.
+    healed, _, _ = reducible_step_data(tmp_path, beta=1.0, score=score, reuse_loss_epochs=1)
+    healed.load_state_dict({k: v.clone() for k, v in data.state_dict().items()})
+    assert np.array_equal(healed.memory.loss, data.memory.loss) and np.array_equal(
+        healed.memory.epoch, data.memory.epoch
+    )
+    assert torch.equal(healed.state_dict()["history"], data.state_dict()["history"])

@@ -196,3 +196,12 @@ def test_reducible_loss_sifting_needs_the_prefilters_reference_losses():
     assert any(p.startswith("sifting.score:") and "prefilter.enabled" in p for p in problems(minimal(sifting=off)))
     assert parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss"})).sifting.score == "reducible_loss"
     assert any(p.startswith("sifting.score") for p in problems(minimal(sifting={"enabled": True, "score": "rho"})))
+
+
+def test_reusing_losses_needs_the_rows_in_memory():
+    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
+    found = problems(minimal(inputs=streamed, sifting={"enabled": True, "reuse_loss_epochs": 2}))
+    assert any(p.startswith("sifting.reuse_loss_epochs:") and "inputs.train.mode: file" in p for p in found)
+    assert parse_job(minimal(inputs=streamed, sifting={"enabled": True, "reuse_loss_epochs": 0})).sifting.enabled
+    assert parse_job(minimal(sifting={"enabled": True, "reuse_loss_epochs": 2})).sifting.reuse_loss_epochs == 2
+    assert any(p.startswith("sifting.reuse_loss_epochs") for p in problems(minimal(sifting={"reuse_loss_epochs": -1})))

@@ -6,6 +6,9 @@ its share with a no-grad forward pass and keeps ``1 / (1 + beta)`` of it (``sift
 kept batches add up to ``batch_size`` across the quorum. With ``sifting.score: reducible_loss`` the
 score is the loss minus the row's reference loss (RHO-LOSS), which the filtering stage wrote next to
 the rows; it rides through the sampler as one more feature column, cut off before the model sees it.
+With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (two columns, exact to
+2**32 rows), so the group can look up the row's last known loss (``sifting.LossMemory``) and score
+only the candidates whose loss is unknown or too old.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 
 from trainyard import algorithms
 from trainyard.errors import TrainingError
-from trainyard.sifting import Sifter
+from trainyard.sifting import LossMemory, Sifter
 from trainyard.spec import TrainingJob
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
@@ -38,11 +41,17 @@ class StepData:
         self.loss_fn, self.meter = loss_fn, meter
         self._mark = (0, 0)
         self.reducible = job.sifting.by_reducible_loss
+        reuse = job.sifting.reuse_loss_epochs if self.sifter and not plan.streamed else 0
+        self.memory = LossMemory(len(x), reuse) if reuse else None
+        self._trained: tuple[np.ndarray, int] | None = None  # rows of the batch handed out, and its epoch
+        self._side = int(self.reducible) + (2 if self.memory else 0)  # columns riding after the features
         if plan.streamed:
             self.sampler = StreamSampler(job, plan, cache_dir, batch_size=batch)
         else:
-            if self.reducible:
-                x = torch.cat([torch.as_tensor(x), _reference_losses(plan.train_data, len(x))[:, None]], dim=1)
+            side = [_reference_losses(plan.train_data, len(x))[:, None]] if self.reducible else []
+            side += [_row_id_columns(len(x))] if self.memory else []
+            if side:
+                x = torch.cat([torch.as_tensor(x), *side], dim=1)
             self.sampler = Sampler(x, y, job, plan.train_layout, batch_size=batch)
 
     def steps_per_epoch(self, slots: int) -> int:
@@ -51,9 +60,11 @@ class StepData:
     def batch(self, model, epoch: int, index: int, step: int, slots: int, rank: int, members: int) -> tuple:
         """``(x, y, global_count)``: this group's rows at this step and the rows trained across the quorum."""
         xb, yb, global_count = step_batch(self.sampler, epoch, index, slots, rank, members)
-        reference = None
-        if self.reducible:
-            xb, reference = xb[:, :-1], xb[:, -1].numpy().astype(np.float64)
+        reference = rows = None
+        if self._side:
+            xb, side = xb[:, : -self._side], xb[:, -self._side :]
+            reference = side[:, 0].numpy().astype(np.float64) if self.reducible else None
+            rows = _row_ids(side[:, -2:]) if self.memory else None
         if self.sifter is None:
             return xb.to(self.device), yb.to(self.device), global_count
         keep = self.sifter.keep_count(len(xb))
@@ -61,19 +72,44 @@ class StepData:
         labels = yb.numpy() if self.classification else None
         if not self.sifter.active(step):
             self.sifter.record_uniform(labels, len(xb), keep)  # candidates are in random order already
+            self._trained = (rows[:keep], epoch) if rows is not None else None
             return xb[:keep].to(self.device), yb[:keep].to(self.device), global_count
         xb, yb = xb.to(self.device), yb.to(self.device)
-        model.eval()  # scoring is inference: no dropout, batch-norm statistics left alone
-        with torch.no_grad():
-            losses = self.loss_fn(model(xb), yb)
-        model.train()
-        algorithms.check_per_sample(losses, len(xb))
-        self.meter.add_scoring(xb)
-        scores = losses.cpu().numpy().astype(np.float64)
+        scores = self._losses(model, xb, yb, rows, epoch)
         if reference is not None:  # RHO-LOSS: what is left to learn, not noise the reference could not fit either
             scores = scores - reference
-        chosen = torch.from_numpy(self.sifter.select(scores, labels, keep, step, rank)).to(self.device)
+        chosen = self.sifter.select(scores, labels, keep, step, rank)
+        self._trained = (rows[chosen], epoch) if rows is not None else None
+        chosen = torch.from_numpy(chosen).to(self.device)
         return xb[chosen], yb[chosen], global_count
+
+    def trained(self, losses: torch.Tensor) -> None:
+        """The per-sample losses of the training forward pass over the last batch handed out: with
+        ``reuse_loss_epochs``, remembered as those rows' latest losses (no scoring pass needed for them)."""
+        if self.memory is not None and self._trained is not None:
+            rows, epoch = self._trained
+            self.memory.remember(rows, losses.detach().float().cpu().numpy(), epoch)
+
+    def _losses(self, model, xb: torch.Tensor, yb: torch.Tensor, rows: np.ndarray | None, epoch: int) -> np.ndarray:
+        """Each candidate's loss: a no-grad forward pass over those without a recent enough known loss."""
+        scored = np.ones(len(xb), dtype=bool) if rows is None else ~self.memory.fresh(rows, epoch)
+        losses = np.empty(len(xb), dtype=np.float64)
+        if rows is not None:
+            losses[~scored] = self.memory.loss[rows[~scored]]
+            self.memory.reused += int((~scored).sum())
+        if scored.any():
+            pick = torch.from_numpy(np.flatnonzero(scored)).to(xb.device) if not scored.all() else None
+            xs, ys = (xb, yb) if pick is None else (xb[pick], yb[pick])
+            model.eval()  # scoring is inference: no dropout, batch-norm statistics left alone
+            with torch.no_grad():
+                fresh = self.loss_fn(model(xs), ys)
+            model.train()
+            algorithms.check_per_sample(fresh, len(xs))
+            self.meter.add_scoring(xs)
+            losses[scored] = fresh.cpu().numpy()
+            if rows is not None:
+                self.memory.remember(rows[scored], losses[scored], epoch)
+        return losses
 
     def epoch_metrics(self) -> dict:
         """The kept fraction since the last call (an epoch's), when sifting is on."""
@@ -85,14 +121,22 @@ class StepData:
 
     def report(self) -> dict | None:
         """What this group's sifter scored and kept (None without sifting)."""
-        return self.sifter.report() if self.sifter else None
+        if self.sifter is None:
+            return None
+        report = self.sifter.report()
+        if self.memory is not None:  # candidates ranked by a remembered loss, without a scoring pass
+            report["losses_reused"] = self.memory.reused
+        return report
 
     def state_dict(self) -> dict:
-        return self.sifter.state_dict() if self.sifter else {}
+        state = self.sifter.state_dict() if self.sifter else {}
+        return state | (self.memory.state_dict() if self.memory else {})
 
     def load_state_dict(self, state: dict) -> None:
         if self.sifter and state:
             self.sifter.load_state_dict(state)
+        if self.memory and state:
+            self.memory.load_state_dict(state)
 
 
 def _reference_losses(train_data: str, rows: int) -> torch.Tensor:
@@ -107,3 +151,14 @@ def _reference_losses(train_data: str, rows: int) -> torch.Tensor:
     if len(losses) != rows or not np.isfinite(losses).all():
         raise TrainingError(f"{train_data}: its reference losses do not match its {rows} rows")
     return torch.from_numpy(losses.astype(np.float32))
+
+
+def _row_id_columns(rows: int) -> torch.Tensor:
+    """Row indices as two float32 columns (high and low 16 bits: each exact in a float32)."""
+    ids = torch.arange(rows, dtype=torch.int64)
+    return torch.stack([ids // 65536, ids % 65536], dim=1).to(torch.float32)
+
+
+def _row_ids(columns: torch.Tensor) -> np.ndarray:
+    pair = columns.to(torch.int64)
+    return (pair[:, 0] * 65536 + pair[:, 1]).numpy()

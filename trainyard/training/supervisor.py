@@ -274,15 +274,22 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
     for report in reports:
         for cls, fraction in report["kept_fraction_by_class"].items():
             by_class.setdefault(cls, []).append(fraction)
-    return {
+    train_per_sample = (flops["forward"] + flops["backward"]) / kept if kept else 0.0
+    totals = {
         "score": reports[0].get("score", "loss"),  # one job, one rule
         "scored": scored,
         "kept": kept,
         "kept_fraction": kept / scored if scored else 1.0,
         "kept_fraction_by_class": {c: sum(v) / len(v) for c, v in sorted(by_class.items())},
-        # Measured, not assumed: sifting saves compute only when this exceeds 1 / beta.
+        # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.
         "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
+        # What the scoring passes cost, against the training passes of the candidates the rule passed over.
+        "scoring_flops": flops["scoring"],
+        "training_flops_skipped": round(sum(r.get("passed_over", 0) for r in reports) * train_per_sample),
     }
+    if any("losses_reused" in r for r in reports):
+        totals["losses_reused"] = sum(r.get("losses_reused", 0) for r in reports)
+    return totals
 
 
 def _ending(job_dir: Path, finished: dict[int, dict], live: dict) -> bool:

@@ -182,6 +182,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 first_batch_seconds = time.monotonic() - started
             losses = loss_fn(ddp(xb), yb)
             algorithms.check_per_sample(losses, len(xb))
+            data.trained(losses)  # with sifting.reuse_loss_epochs, these rows need no scoring pass for a while
             # torchft averages gradients over the quorum's groups, whose batches may differ in size:
             # scaled so, the average is the gradient of the mean loss over the whole global batch.
             (losses.sum() * (members / max(global_count, 1))).backward()
@@ -205,6 +206,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 epoch_loss_count += len(xb)
             if manager.current_step() - cursor["start_step"] >= data.steps_per_epoch(cursor["slots"]):
                 metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)} | data.epoch_metrics()
+                # This group's training FLOPs so far (forward, backward, sifting's scoring; counted from
+                # its own start: a restarted group's count restarts): compute over time, per epoch.
+                metrics["group_train_flops"] = meter.forward + meter.backward + meter.scoring
                 if val is not None:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                 end_epoch(history, cursor["epoch"] + 1, metrics, job, started)
