@@ -18,7 +18,8 @@ Arms, per dataset and seed:
 - **online sifting alone** (smart sifting's keep rule, ``sifting.enabled``), its beta tuned.
 - **best combination**: the prefilter (``sifting.prefilter``) and online sifting, ranking by loss
   or by reducible loss (``sifting.score: reducible_loss``, RHO-LOSS, from the prefilter's reference
-  losses), the setting that did best in the search.
+  losses), scoring every candidate or reusing remembered losses (``sifting.reuse_loss_epochs``), the
+  setting that did best in the search.
 - **baseline tuned for the short run**: no filtering, a schedule as long as the combination's FLOPs
   to the target (or, when the combination saved nothing, 65% of the baseline's: what the FLOPs
   target asks for), its learning rate tuned for that length. Published gains often vanish against it.
@@ -28,7 +29,9 @@ their final accuracy is their accuracy at equal FLOPs. FLOPs and wall time to th
 the first epoch whose validation accuracy reaches it (what ``stopping.target_metric`` does); an arm
 that has not reached it within the baseline's budget is run again with twice the budget and the
 target as its stopping condition. Training FLOPs are forward + backward + sifting's scoring passes
-+ the prefilter's reference models, exact (``torch.utils.flop_counter``); validation FLOPs are the
++ the prefilter's reference models, exact (``torch.utils.flop_counter``), per epoch from the group's
+own count in the history (an arm that reuses losses is first fitted to the budget at online sifting's
+cost per epoch, then once more at its measured cost, as its cost is known only once run); validation FLOPs are the
 same per epoch for every arm and left out of every comparison. Wall time is the training time from
 the step log (plus the prefilter's), without process start-up and torchft's first quorum.
 
@@ -68,6 +71,9 @@ COMBINATIONS = (
     Setting(0.5, (0.2, 0.05)),  # the prefilter's defaults
     Setting(None, (0.2, 0.05)),  # the prefilter alone
     Setting(1.0, (0.0, 0.0), reducible=True),  # RHO-LOSS: online by reducible loss, duplicates removed
+    Setting(1.0, (0.0, 0.0), reuse=1),  # remembered losses instead of most scoring passes
+    Setting(1.0, (0.0, 0.0), reuse=2),
+    Setting(2.0, (0.0, 0.0), reuse=1),
 )
 TUNING_SEED = 100
 CAP = 2.0  # an arm short of the target at the baseline's budget gets this many times it
@@ -410,6 +416,7 @@ def print_best(setting: Setting) -> None:
     print(f"    enabled: {str(setting.beta is not None).lower()}")
     print(f"    beta: {setting.beta}")
     print(f"    score: {'reducible_loss' if setting.reducible else 'loss'}")
+    print(f"    reuse_loss_epochs: {setting.reuse}")
     print(f"    prefilter: {{enabled: true, drop_learnt_fraction: {learnt}, drop_unlearnable_fraction: {unlearnable}}}")
 
 
