@@ -203,5 +203,8 @@ def test_reusing_losses_needs_the_rows_in_memory():
     found = problems(minimal(inputs=streamed, sifting={"enabled": True, "reuse_loss_epochs": 2}))
     assert any(p.startswith("sifting.reuse_loss_epochs:") and "inputs.train.mode: file" in p for p in found)
     assert parse_job(minimal(inputs=streamed, sifting={"enabled": True, "reuse_loss_epochs": 0})).sifting.enabled
+    # Left unset: the benchmark's best (1) where the rows are in memory, 0 for a streamed channel, no error.
+    assert parse_job(minimal(sifting={"enabled": True})).sifting.loss_reuse_epochs(streamed=False) == 1
+    assert parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting.loss_reuse_epochs(streamed=True) == 0
     assert parse_job(minimal(sifting={"enabled": True, "reuse_loss_epochs": 2})).sifting.reuse_loss_epochs == 2
     assert any(p.startswith("sifting.reuse_loss_epochs") for p in problems(minimal(sifting={"reuse_loss_epochs": -1})))

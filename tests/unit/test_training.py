@@ -382,7 +382,7 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
         hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01},
-        sifting={"enabled": True, "beta": 1.0, "delay_steps": 5},
+        sifting={"enabled": True, "beta": 1.0, "delay_steps": 5, "reuse_loss_epochs": 0},  # score every candidate
         elastic={"fault_injection": [{"replica": 1, "at_step": 60, "kind": "kill"}]},
     )
     outcome, _ = run(job, job_id, folder, plan)

@@ -41,7 +41,7 @@ class StepData:
         self.loss_fn, self.meter = loss_fn, meter
         self._mark = (0, 0)
         self.reducible = job.sifting.by_reducible_loss
-        reuse = job.sifting.reuse_loss_epochs if self.sifter and not plan.streamed else 0
+        reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
         self.memory = LossMemory(len(x), reuse) if reuse else None
         self._trained: tuple[np.ndarray, int] | None = None  # rows of the batch handed out, and its epoch
         self._side = int(self.reducible) + (2 if self.memory else 0)  # columns riding after the features
