@@ -21,6 +21,7 @@ from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
 
 STREAM_CACHE = "stream-cache"  # in the job folder: row groups a streamed channel's groups have read
+BLOCK_ROWS = 1 << 16  # rows of features converted at a time (to_arrays): 64Ki x 16 float32 columns is 4 MiB
 _READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}
 
 
@@ -104,19 +105,32 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
     missing = [c for c in [*schema.features, schema.label] if c not in table.column_names]
     if missing:
         raise DataError(f"{where}: columns {missing} not found; columns are {table.column_names}")
+    for name in schema.features:
+        if not _is_numeric(table[name].type):
+            raise DataError(
+                f"{where}: feature {name!r} is {table[name].type}, not numeric; encode it or drop it from features"
+            )
     x = np.empty((table.num_rows, len(schema.features)), dtype=np.float32)
-    for i, name in enumerate(schema.features):
-        col = table[name]
-        if not _is_numeric(col.type):
-            raise DataError(f"{where}: feature {name!r} is {col.type}, not numeric; encode it or drop it from features")
-        values = _numeric_numpy(col)
-        with np.errstate(over="ignore"):  # an overflow becomes inf, which the check below names
-            x[:, i] = values  # converted to float32 as it is copied in
-        # Checked on the contiguous source (3x faster than the strided column), except for float64,
-        # where a value past float32's range becomes inf only in the copy.
-        bad = int(np.count_nonzero(~np.isfinite(x[:, i] if values.dtype == np.float64 else values)))
-        if bad:
-            raise DataError(f"{where}: feature {name!r} has {bad} missing or infinite values; fill or drop those rows")
+    bad = np.zeros(len(schema.features), dtype=np.int64)
+    start = 0
+    # Block by block of rows, every feature at once: a block of x is filled while it is in cache, and no
+    # column is first combined into one array. A 7.5M-row, 16-column table: 0.36 s -> 0.21 s (plus the
+    # kernel's first touch of x's pages, which after a large parquet read took about 1 s here).
+    for batch in table.select(schema.features).to_batches(max_chunksize=BLOCK_ROWS):
+        block = x[start : start + batch.num_rows]
+        for i, column in enumerate(batch.columns):
+            values = _numeric_numpy(column)
+            with np.errstate(over="ignore"):  # an overflow becomes inf, which the check below names
+                block[:, i] = values  # converted to float32 as it is copied in
+            # Checked on the contiguous source, except for float64, where a value past float32's range
+            # becomes inf only in the copy.
+            bad[i] += np.count_nonzero(~np.isfinite(block[:, i] if values.dtype == np.float64 else values))
+        start += batch.num_rows
+    for name, count in zip(schema.features, bad.tolist(), strict=True):
+        if count:
+            raise DataError(
+                f"{where}: feature {name!r} has {count} missing or infinite values; fill or drop those rows"
+            )
     check_labels(table, schema.label, where)
     if schema.task == "classification":
         y, unknown = _class_indices(table[schema.label], schema.classes)
@@ -132,13 +146,13 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
     return x, y
 
 
-def _numeric_numpy(col: pa.ChunkedArray) -> np.ndarray:
+def _numeric_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A numeric column as a numpy array; nulls become NaN.
 
     Null-free integer and float columns go through DLPack: pyarrow's ``to_numpy`` imports pandas on
     its first call (~0.3 s of CPU), which a replica group's first streamed batch would wait on.
     """
-    array = col.combine_chunks()
+    array = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if array.null_count == 0 and (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
         return np.from_dlpack(array)
     return array.to_numpy(zero_copy_only=False)

@@ -98,6 +98,21 @@ def test_features_of_mixed_numeric_types_become_one_float32_matrix():
     assert y.tolist() == [0, 1, 0]
 
 
+def test_features_are_converted_block_by_block_across_chunks(monkeypatch):
+    monkeypatch.setattr(datasets, "BLOCK_ROWS", 3)  # blocks that cut across the columns' chunks
+    a = pa.chunked_array([pa.array([0.0, 1.0], pa.float64()), pa.array([2.0, 3.0, 4.0, 5.0, 6.0], pa.float64())])
+    b = pa.chunked_array([pa.array([10, 11, 12, 13], pa.int32()), pa.array([14, 15, 16], pa.int32())])
+    table = pa.table({"a": a, "b": b, "label": [0, 1, 0, 1, 0, 1, 0]})
+    schema = datasets.Schema(["b", "a"], "label", "classification", [0, 1])
+    x, y = datasets.to_arrays(table, schema, "t")
+    np.testing.assert_array_equal(x, np.array([[10 + i, i] for i in range(7)], dtype=np.float32))
+    assert y.tolist() == [0, 1, 0, 1, 0, 1, 0]
+    # missing values in different blocks and chunks are counted together
+    holes = pa.chunked_array([pa.array([0.0, None], pa.float64()), pa.array([2.0, 3.0, 4.0, float("nan"), 6.0])])
+    with pytest.raises(DataError, match="t: feature 'a' has 2 missing or infinite"):
+        datasets.to_arrays(table.set_column(0, "a", holes), schema, "t")
+
+
 def test_unreadable_file_is_named(bucket, tmp_path):
     put_table(bucket, "ch/a.parquet", blobs_table(10))
     s3.client().put_object(Bucket=bucket, Key="ch/b.parquet", Body=b"this is not parquet at all")
