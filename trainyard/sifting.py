@@ -159,7 +159,7 @@ class LossMemory:
     def __init__(self, rows: int, max_age: int):
         self.max_age = max_age
         self.loss = np.full(rows, np.nan, dtype=np.float32)
-        self.epoch = np.full(rows, -1, dtype=np.int64)
+        self.epoch = np.full(rows, -1, dtype=np.int32)
         self.reused = 0
 
     def fresh(self, rows: np.ndarray, epoch: int) -> np.ndarray:
@@ -177,4 +177,4 @@ class LossMemory:
     def load_state_dict(self, state: dict) -> None:
         if "memory_loss" in state:
             self.loss = state["memory_loss"].numpy().astype(np.float32)
-            self.epoch = state["memory_epoch"].numpy().astype(np.int64)
+            self.epoch = state["memory_epoch"].numpy().astype(np.int32)
