@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,16 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """Make ``target`` the same file as ``source``: a hard link (no bytes copied), or a copy where the
+    file system has none or ``target`` is on another one. Whatever was at ``target`` is replaced."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _sub(name: str) -> Path:

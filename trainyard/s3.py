@@ -7,7 +7,6 @@ profile, credentials from the usual chain. ``s3://`` URIs stay strings; they nev
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from trainyard import collector
 from trainyard.errors import StorageError
 
 
@@ -105,18 +105,11 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
     key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_") and k not in _SET_IN_CONFIG))
     with _clients_lock:
         if key not in _clients:
-            # Building a client allocates some 100k objects (botocore's models and endpoint rules) that
-            # live as long as the process. Where the heap is large (torch imported: every replica
-            # group), the collections this triggers walk all of it and free nothing: 0.17 s instead of
-            # 0.06 s to build. So the collector waits until the client is built.
-            paused = gc.isenabled()
-            gc.disable()
-            try:
+            # botocore's models and endpoint rules: long-lived objects, which the collector would walk
+            # the whole heap for (collector.py)
+            with collector.paused():
                 session = boto3.session.Session()
                 _clients[key] = (session, session.client("s3", config=_client_config()))
-            finally:
-                if paused:
-                    gc.enable()
         return _clients[key]
 
 

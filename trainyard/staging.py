@@ -26,7 +26,7 @@ from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumErro
 
 from trainyard import cache, integrity, progress, s3
 from trainyard.errors import DataError, StorageError
-from trainyard.home import write_json_atomic
+from trainyard.home import link_or_copy, write_json_atomic
 from trainyard.spec import Channel
 
 MAX_CONCURRENT_OBJECTS = 16
@@ -166,11 +166,7 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
         if not target.is_relative_to(folder):
             raise DataError(f"{obj.uri}: its key would be written outside the channel folder; rename it in S3")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.unlink(missing_ok=True)
-        try:
-            os.link(obj.path, target)
-        except OSError:  # another file system: copy instead
-            target.write_bytes(Path(obj.path).read_bytes())
+        link_or_copy(Path(obj.path), target)
     return folder
 
 

@@ -23,6 +23,7 @@ from pyarrow import fs as pafs
 
 from trainyard import datasets, s3, sharding
 from trainyard.errors import DataError
+from trainyard.home import link_or_copy
 from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
 
@@ -93,9 +94,9 @@ def describe(
             offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     sample_path = out_dir / "train.sample.npz"
-    sample_path.unlink(missing_ok=True)
-    # A sample of one row group is that row group's file: written once, not twice.
-    if not (cache_dir is not None and len(sample) == 1 and _linked(unit_path(cache_dir, sample[0][0]), sample_path)):
+    if cache_dir is not None and len(sample) == 1:  # that row group's file: written once, not twice
+        link_or_copy(unit_path(cache_dir, sample[0][0]), sample_path)
+    else:
         np.savez(sample_path, x=x, y=y)
     meta = datasets.schema_dict(schema)
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True)
@@ -141,14 +142,6 @@ def _open(filesystem: pafs.S3FileSystem, path: str) -> pq.ParquetFile:
 def unit_path(cache_dir: Path, unit_id: str) -> Path:
     """Where a row group's arrays are kept once read."""
     return cache_dir / (unit_id.replace("/", "_").replace(":", "_") + ".npz")
-
-
-def _linked(source: Path, target: Path) -> bool:
-    try:
-        os.link(source, target)
-        return True
-    except OSError:  # another file system, or no hard links there
-        return False
 
 
 def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:

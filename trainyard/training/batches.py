@@ -98,8 +98,8 @@ class StepData:
             losses[~scored] = self.memory.loss[rows[~scored]]
             self.memory.reused += int((~scored).sum())
         if scored.any():
-            pick = torch.from_numpy(np.flatnonzero(scored)).to(xb.device) if not scored.all() else None
-            xs, ys = (xb, yb) if pick is None else (xb[pick], yb[pick])
+            pick = torch.from_numpy(np.flatnonzero(scored)).to(xb.device)
+            xs, ys = (xb, yb) if len(pick) == len(xb) else (xb[pick], yb[pick])
             model.eval()  # scoring is inference: no dropout, batch-norm statistics left alone
             with torch.no_grad():
                 fresh = self.loss_fn(model(xs), ys)

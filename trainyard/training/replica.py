@@ -16,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from trainyard import collector
 from trainyard.errors import TrainyardError
 from trainyard.home import write_json_atomic
 from trainyard.training.plan import PLAN_FILE, attempt_dir
@@ -45,26 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="start from the job's latest S3 checkpoint")
     args = parser.parse_args(argv)
     parent = os.getppid()
-    # The imports below (torch, torchft, the engine, codecarbon) create objects that live as long as the
-    # process; the full collections they trigger walk an ever larger heap and free next to nothing
-    # (six of them, 0.5-0.7 s in all, measured in a group). So the collector waits, and what the
-    # imports made is then frozen out of every later collection's walk.
-    gc.disable()
-    from trainyard.carbon import BackgroundMeter
+    # The imports below (torch, torchft, the engine, codecarbon) make objects that live as long as the
+    # process: no collection while they run (collector.py), and what they made is then frozen out of
+    # every later collection's walk.
+    with collector.paused():
+        from trainyard.carbon import BackgroundMeter
 
-    # The group's own share of the machine (carbon.by_replica), started first, in a thread: where this
-    # machine has no saved hardware probe yet (carbon_probe), codecarbon's ~1.4 s of CPU for it then
-    # overlaps the imports and the wait for the plan. Off only to measure what metering costs.
-    energy = BackgroundMeter(f"replica-{args.replica}") if os.environ.get(METER_ENV) != "off" else None
-    # torchft's Rust side logs several lines per step at INFO: megabytes a minute, and time per step.
-    os.environ.setdefault("RUST_LOG", "warn")
-    import torch  # after argument parsing: a bad command line fails fast
+        # The group's own share of the machine (carbon.by_replica), started first, in a thread: where this
+        # machine has no saved hardware probe yet (carbon_probe), codecarbon's ~1.4 s of CPU for it then
+        # overlaps the imports and the wait for the plan. Off only to measure what metering costs.
+        energy = BackgroundMeter(f"replica-{args.replica}") if os.environ.get(METER_ENV) != "off" else None
+        # torchft's Rust side logs several lines per step at INFO: megabytes a minute, and time per step.
+        os.environ.setdefault("RUST_LOG", "warn")
+        import torch  # after argument parsing: a bad command line fails fast
 
-    torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
-    from trainyard.training.trainer import LEAVE, train_replica
+        torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
+        from trainyard.training.trainer import LEAVE, train_replica
 
-    gc.freeze()
-    gc.enable()
+        gc.freeze()
     # SIGTERM (a spot interruption notice, a scale-down) is a graceful leave at the next step
     # boundary: the other groups go on without this one. Before training starts it just exits.
     signal.signal(signal.SIGTERM, lambda *_: LEAVE.set())
