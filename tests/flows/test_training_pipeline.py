@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
-from trainyard import STAGES, s3
+from trainyard import STAGES, s3, streaming
 from trainyard.cli import app
 from trainyard.home import job_dir
 from trainyard.spec import parse_job
@@ -209,5 +209,5 @@ def test_streamed_train_channel_trains_without_staging_it(prefect_api, s3_server
     # 900 rows in 18 row groups, dealt 9 and 9: 450 rows a group, 32 a step -> 15 steps an epoch
     assert summary["compute"]["steps"] == 3 * 15
     assert summary["compute"]["samples_trained"] == 3 * 2 * 450
-    cached = list((job_dir(job_id) / "stream-cache").glob("*.npz"))
+    cached = list((job_dir(job_id) / "stream-cache").glob(f"*{streaming.UNIT_SUFFIX}"))
     assert len(cached) == 18  # each row group read from S3 once, then reused

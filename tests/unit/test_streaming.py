@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -43,11 +42,14 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     want = table.slice(400, 50).to_pandas()
     np.testing.assert_allclose(x[:, 0], want["f0"].to_numpy(np.float32))
     np.testing.assert_array_equal(y, want["label"].to_numpy())
-    assert len(list((tmp_path / "cache").glob("*.npz"))) == 1  # kept for the next epoch
+    assert list((tmp_path / "cache").iterdir()) == [
+        streaming.unit_path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2")
+    ]
+    np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/b.parquet#rg2")[1], y)  # kept for the next epoch
 
 
 @pytest.mark.parametrize("sample_rows, groups", [(50, 1), (150, 2)])
-def test_the_scaling_sample_is_the_first_row_groups_each_kept_for_the_first_epoch(
+def test_the_scaling_sample_is_the_first_rows_and_their_row_groups_are_kept_for_the_first_epoch(
     s3_endpoint, tmp_path, monkeypatch, sample_rows, groups
 ):
     monkeypatch.setattr(streaming, "SAMPLE_ROWS", sample_rows)
@@ -59,13 +61,16 @@ def test_the_scaling_sample_is_the_first_row_groups_each_kept_for_the_first_epoc
     cache = tmp_path / "cache"
     staged = streaming.describe(manifest, channel, "classification", tmp_path / "data", cache)
     sample = np.load(staged.train_data)
-    np.testing.assert_array_equal(sample["x"][:, 0], table["f0"].to_numpy()[: 100 * groups].astype(np.float32))
+    np.testing.assert_array_equal(sample["x"][:, 0], table["f0"].to_numpy()[:sample_rows].astype(np.float32))
+    np.testing.assert_array_equal(sample["y"], table["label"].to_numpy()[:sample_rows])
+    # the whole row groups the sample came from are kept, exactly, for the first epoch
     units = [streaming.unit_path(cache, f"s3://{bucket}/t/a.parquet#rg{i}") for i in range(groups)]
-    assert sorted(cache.glob("*.npz")) == sorted(units)
-    for i, unit in enumerate(units):
-        np.testing.assert_array_equal(np.load(unit)["x"], sample["x"][100 * i : 100 * (i + 1)])
-    # one row group: the sample is that row group's file, not a second copy of it
-    assert (Path(staged.train_data).stat().st_ino == units[0].stat().st_ino) is (groups == 1)
+    assert sorted(cache.iterdir()) == sorted(units)
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
+    for i in range(groups):
+        x, y = source.load(f"s3://{bucket}/t/a.parquet#rg{i}")
+        np.testing.assert_array_equal(x[:, 0], table["f0"].to_numpy()[100 * i : 100 * (i + 1)].astype(np.float32))
+        np.testing.assert_array_equal(y, table["label"].to_numpy()[100 * i : 100 * (i + 1)])
 
 
 def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numpy.random import default_rng  # imported at start-up, not lazily on the first batch's path
 
 from trainyard import sharding, streaming
 from trainyard.errors import DataError
@@ -206,7 +207,7 @@ class StreamSampler:
     def _order(self, epoch: int, slots: int, slot: int) -> tuple[list[tuple[str, int, int]], np.ndarray]:
         shares = self._shares_for(slots)
         share = shares[(slot + epoch) % slots if self.rotate else slot]
-        gen = np.random.default_rng(self.seed * _SEED_STRIDE + epoch * 1009 + slot)
+        gen = default_rng(self.seed * _SEED_STRIDE + epoch * 1009 + slot)
         units = [share[i] for i in gen.permutation(len(share))]
         if epoch == 0:  # begin with the row groups staging already read (its scaling sample): no wait on S3
             units.sort(key=lambda u: u[1] >= self.warm_rows)
@@ -218,7 +219,7 @@ class StreamSampler:
         key = (epoch, unit[0])
         if key not in self._shuffled:
             x, y = self._future(unit[0]).result()
-            order = np.random.default_rng([self.seed, epoch, unit[1]]).permutation(len(x))
+            order = default_rng([self.seed, epoch, unit[1]]).permutation(len(x))
             # Batches walk a row group in order; a group covering other slots walks a few at once.
             while len(self._shuffled) >= 4:
                 self._shuffled.pop(next(iter(self._shuffled)))
