@@ -64,13 +64,20 @@ def checksum_of(response: dict) -> dict | None:
 
 
 class Digester:
-    """Everything S3's record of an object lets us check, computed from its bytes in order (as they
-    arrive, for an object fetched with one GET)."""
+    """The size and one digest of an object's bytes, computed in order (as they arrive, for an object
+    fetched with one GET), to check against S3's record of it.
+
+    The digest is S3's flexible checksum where the object has one that can be checked against the
+    whole body (a full-object one, or a composite one whose part sizes are known), else the MD5 of a
+    single-part ETag. One is enough to catch corrupt bytes, and MD5 is the slowest of them: about
+    0.8 GB/s on one core, against 2 GB/s for SHA-256 and 7-28 GB/s for the CRCs here. S3 gives every
+    new object a CRC64NVME, so on S3 staging rarely computes an MD5.
+    """
 
     def __init__(self, etag: str, checksum: dict | None, part_sizes: list[int] | None = None):
         self.etag, self.checksum, self.size = etag, checksum, 0
-        self.md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) else None
         self.full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
+        self.md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) and not self.full else None
         self.hasher = None
         if self.full:
             composite = checksum["type"] == "COMPOSITE"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import random
+import zlib
 
-from trainyard.integrity import FollowingDigest
+from trainyard.integrity import Digester, FollowingDigest
 
 
 def test_parts_written_out_of_order_are_digested_in_order(tmp_path):
@@ -38,3 +40,23 @@ def test_a_gap_leaves_the_rest_undigested(tmp_path):
     target.write(b"x" * 10)
     target.close()
     assert seen == b""  # the first 10 bytes never came: the size check names the object
+
+
+def test_one_digest_is_computed_the_flexible_checksum_where_s3_has_one_else_the_md5():
+    data = b"trainyard" * 1000
+    etag = hashlib.md5(data).hexdigest()
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    cases = [
+        ({"algorithm": "CRC32", "value": crc, "type": "FULL_OBJECT"}, "size+crc32"),
+        ({"algorithm": "CRC32", "value": crc + "-2", "type": "COMPOSITE"}, "size+md5"),  # part sizes unknown
+        (None, "size+md5"),
+    ]
+    for checksum, checked in cases:
+        digester = Digester(etag, checksum)
+        digester.update(data)
+        assert digester.result(len(data)) == (None, checked)
+        assert (digester.md5 is None) is (checked != "size+md5")
+    wrong = Digester(etag, {"algorithm": "CRC32", "value": crc, "type": "FULL_OBJECT"})
+    wrong.update(data[:-1] + b"X")
+    problem, _ = wrong.result(len(data))
+    assert problem.startswith("CRC32 ")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests import s3_endpoints
@@ -58,7 +59,7 @@ def test_small_objects_and_a_multipart_object_are_staged_and_verified(s3_endpoin
     assert Path(m.objects[-1].path).read_bytes() == big
     for obj in m.objects[:-1]:
         assert Path(obj.path).read_bytes() == client.get_object(Bucket=bucket, Key=obj.key)["Body"].read()
-        assert "md5" in obj.verified_by  # single-part: the ETag is the MD5
+        assert obj.verified_by == "size+crc32"  # boto3 uploads with a CRC32, which both endpoints keep
     assert json.loads((tmp_path / "train.json").read_text())["digest"] == m.digest
     # staged again, unchanged: nothing moves, the lineage digest is the same
     again = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
@@ -85,7 +86,7 @@ def test_flexible_checksums_are_verified(s3_endpoint, tmp_path):
     client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000, ChecksumAlgorithm="SHA256")
     m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert m.objects[0].checksum["algorithm"] == "SHA256"
-    assert m.objects[0].verified_by == "size+md5+sha256"
+    assert m.objects[0].verified_by == "size+sha256"  # not the MD5 as well: one digest is enough
 
 
 def test_corrupted_bytes_are_fetched_again_then_the_object_is_named(s3_endpoint, fault_proxy, tmp_path):
@@ -94,11 +95,15 @@ def test_corrupted_bytes_are_fetched_again_then_the_object_is_named(s3_endpoint,
     put_parquet(client, bucket, "ch/a.parquet")
     fault_proxy.corrupt(1, method="GET", key="ch/a.parquet")
     m = stage(f"s3://{bucket}/ch/", tmp_path)  # one bad copy: fetched again, then good
-    assert fault_proxy.applied["corrupt"] == 1 and "md5" in m.objects[0].verified_by
-    put_parquet(client, bucket, "ch/b.parquet", seed=5)
+    assert fault_proxy.applied["corrupt"] == 1 and m.objects[0].verified_by == "size+crc32"
+    # uploaded with no flexible checksum: the single-part ETag's MD5 is what catches it
+    plain = s3_endpoint.client(Config(request_checksum_calculation="when_required"))
+    put_parquet(plain, bucket, "ch/b.parquet", seed=5)
     fault_proxy.corrupt(2, method="GET", key="ch/b.parquet")
     with pytest.raises(DataError, match=rf"s3://{bucket}/ch/b.parquet: downloaded bytes do not match.*MD5"):
         stage(f"s3://{bucket}/ch/", tmp_path)
+    fault_proxy.clear_faults()
+    assert stage(f"s3://{bucket}/ch/", tmp_path).objects[1].verified_by == "size+md5"
     assert not list(cache.objects_dir().glob("*/.*.part"))  # nothing half-written is left
 
 
