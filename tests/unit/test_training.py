@@ -131,6 +131,21 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
     assert recovery["bytes_moved"] >= 3 * 4 * params  # parameters and Adam's two moments, float32
 
 
+@pytest.mark.timeout(120)  # a guard: the blocking sleep this replaced would sit out the 600 s
+def test_a_restart_waiting_out_its_backoff_does_not_stop_the_watch(trainyard_home, monkeypatch):
+    # With a 10-minute backoff, the supervisor must go on watching the survivor meanwhile: it finishes
+    # the job, and the restart, no longer needed, is dropped (a blocking sleep would hang here).
+    monkeypatch.setattr(supervisor, "RETRY_BACKOFF_SECONDS", 600.0)
+    job, job_id, folder, plan = make_job(
+        trainyard_home, elastic={"fault_injection": [{"replica": 1, "at_step": 5, "kind": "kill"}]}
+    )
+    events = []
+    outcome, handle = run(job, job_id, folder, plan, events)
+    assert events == [("replica.failed", 1)]
+    assert outcome.stop_reason == "Completed" and outcome.replicas_finished == [0]
+    assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0)]
+
+
 def test_mean_reduced_loss_is_rejected_before_training(trainyard_home):
     job, job_id, folder, plan = make_job(
         trainyard_home, algorithm={"entrypoint": "tests.unit.test_training:mean_loss_build"}, resources={"replicas": 1}

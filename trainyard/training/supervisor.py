@@ -16,7 +16,7 @@ import torch
 from trainyard import algorithms, launch
 from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
-from trainyard.launch import LaunchHandle
+from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
@@ -114,7 +114,10 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     )
     epochs_seen = 0
     scaler = Scaler(handle, job, emit)
-    while live:
+    # A failed group's restart waits out its backoff here, while the loop goes on watching the others
+    # (a second failure, a hang, a stop request): replica -> (when, the failed attempt, from a checkpoint).
+    waiting: dict[int, tuple[float, ReplicaProcess, bool]] = {}
+    while live or waiting:
         for replica, proc in list(live.items()):
             code = launch.exit_code(handle, proc)
             if code is None:
@@ -139,7 +142,7 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             # A restart heals from a live group. With none left (or none ahead of a restarted group)
             # it would start over from step 0 alone; the S3 checkpoint, if the job writes them, is
             # the fallback for that.
-            lost = (not live and failure["step"] > 0) or failure.get("kind") == "NoPeerToHeal"
+            lost = (not live and not waiting and failure["step"] > 0) or failure.get("kind") == "NoPeerToHeal"
             resume = lost and job.elastic.checkpoint_every_steps is not None
             if lost and not resume and not job_done:
                 failure["message"] += (
@@ -151,18 +154,24 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                 and not job_done
                 and (resume or not lost)
             ):
-                time.sleep(RETRY_BACKOFF_SECONDS * 2**proc.attempt)
-                restarted = launch.start_replica(handle, replica, proc.attempt + 1, resume=resume)
+                waiting[replica] = (time.monotonic() + RETRY_BACKOFF_SECONDS * 2**proc.attempt, proc, resume)
+        ending = stop_requested(job_dir) or _ending(job_dir, finished, live)
+        for replica, (when, failed, resume) in list(waiting.items()):
+            if ending:  # finished or stopped while it waited: nothing to come back to
+                del waiting[replica]
+            elif time.monotonic() >= when:
+                del waiting[replica]
+                restarted = launch.start_replica(handle, replica, failed.attempt + 1, resume=resume)
                 handle.replicas.append(restarted)
                 emit(
                     "replica.restarted",
                     {"replica": replica, "attempt": restarted.attempt, "pid": restarted.pid, "from_checkpoint": resume},
                 )
                 live[replica] = restarted
-        if stop_requested(job_dir) or _ending(job_dir, finished, live):
+        if ending:
             # Withdrawn at once: a queued group must not take the room a finishing group frees.
             scaler.withdraw_unstarted(live)
-        else:
+        elif not waiting:  # a request is acted on once no restart is pending, so that it counts every group
             scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
         for replica, proc in live.items():
             silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
@@ -177,7 +186,8 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             stop_deadline = now + STOP_GRACE_SECONDS
         if stop_deadline is not None and now > stop_deadline:
             launch.shutdown(handle)  # stragglers stuck waiting for departed peers
-        time.sleep(POLL_SECONDS)
+        due = min((when for when, _, _ in waiting.values()), default=now + POLL_SECONDS)
+        time.sleep(min(POLL_SECONDS, max(0.0, due - now)))
     _report_progress(job_dir, handle, epochs_seen, on_progress)
     if not finished:
         last = failures[-1]["message"] if failures else "no group reported a result"
