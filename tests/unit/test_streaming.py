@@ -48,6 +48,26 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/b.parquet#rg2")[1], y)  # kept for the next epoch
 
 
+def test_row_groups_of_one_object_are_read_without_reading_its_footer_again(s3_endpoint, tmp_path, monkeypatch):
+    bucket = s3_endpoint.new_bucket()
+    table = blobs_table(500, seed=4)
+    for key in ("a", "b", "c", "d", "e"):
+        put_parquet(s3_endpoint, bucket, f"t/{key}.parquet", table.slice(0, 300), 100)
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    opened = []
+    real_open = streaming._open
+    monkeypatch.setattr(streaming, "_open", lambda fs, path: opened.append(path) or real_open(fs, path))
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
+    for key in ("a", "b", "c", "d", "e"):
+        for i in range(3):
+            x, y = source.load(f"s3://{bucket}/t/{key}.parquet#rg{i}")
+            np.testing.assert_array_equal(y, table["label"].to_numpy()[100 * i : 100 * (i + 1)])
+    assert opened == [f"{bucket}/t/{key}.parquet" for key in ("a", "b", "c", "d", "e")]  # a footer each
+    assert len(source._files) == source.OPEN_OBJECTS  # and only the last few objects kept open
+
+
 @pytest.mark.parametrize("sample_rows, groups", [(50, 1), (150, 2)])
 def test_the_scaling_sample_is_the_first_rows_and_their_row_groups_are_kept_for_the_first_epoch(
     s3_endpoint, tmp_path, monkeypatch, sample_rows, groups
