@@ -239,6 +239,21 @@ def _list_manifest(uri: str) -> list[StagedObject]:
         return list(pool.map(head, parsed))
 
 
+def fetch_object(uri: str, target: Path) -> StagedObject:
+    """One object outside any channel (a checkpoint) fetched to ``target`` as channel objects are:
+    under a temporary name, checked against S3's record (size and a checksum), renamed once whole."""
+    where = s3.S3Uri.parse(uri)
+    client = s3.client()
+    try:
+        head = client.head_object(Bucket=where.bucket, Key=where.key)
+    except (ClientError, BotoCoreError) as exc:
+        raise s3.describe_error(exc, uri) from exc
+    obj = StagedObject(where.bucket, where.key, head["ContentLength"], head["ETag"].strip('"'), path=str(target))
+    large = obj.size >= s3.TRANSFER_CONFIG.multipart_threshold
+    _fetch_verified(client, obj, None, _get_large if large else _get_small)
+    return obj
+
+
 def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, getter) -> int:
     """Fetch with ``getter`` to a temporary name, verify, rename; one more try on a mismatch."""
     target = Path(obj.path)

@@ -107,6 +107,24 @@ def test_corrupted_bytes_are_fetched_again_then_the_object_is_named(s3_endpoint,
     assert not list(cache.objects_dir().glob("*/.*.part"))  # nothing half-written is left
 
 
+def test_a_single_object_outside_any_channel_is_fetched_verified(s3_endpoint, fault_proxy, tmp_path):
+    # what the disaster fallback reads a checkpoint with
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    data = hashlib.sha256(b"state").digest() * 4000
+    client.put_object(Bucket=bucket, Key="ck/step-1.pt", Body=data)
+    fault_proxy.corrupt(1, method="GET", key="ck/step-1.pt")
+    obj = staging.fetch_object(f"s3://{bucket}/ck/step-1.pt", tmp_path / "ck.pt")
+    assert fault_proxy.applied["corrupt"] == 1 and obj.verified_by == "size+crc32"
+    assert (tmp_path / "ck.pt").read_bytes() == data and obj.size == len(data)
+    fault_proxy.corrupt(2, method="GET", key="ck/step-1.pt")
+    with pytest.raises(DataError, match=rf"s3://{bucket}/ck/step-1.pt: downloaded bytes do not match"):
+        staging.fetch_object(f"s3://{bucket}/ck/step-1.pt", tmp_path / "again.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]  # nothing half-written is left
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/ck/missing.pt"):
+        staging.fetch_object(f"s3://{bucket}/ck/missing.pt", tmp_path / "missing.pt")
+
+
 def test_corrupted_multipart_download_is_detected(s3_endpoint, fault_proxy, tmp_path):
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()

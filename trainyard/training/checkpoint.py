@@ -6,7 +6,8 @@ the latest checkpoint here. Off by default (``elastic.checkpoint_every_steps``):
 serialisation per checkpoint on the group that writes it (the upload runs in the background).
 
 Checkpoints are ``<output prefix>/<job id>/checkpoints/step-<step>.pt``; an upload that fails or is
-interrupted leaves no object (the transfer manager aborts it), so every listed one is whole.
+interrupted leaves no object (the transfer manager aborts it), so every listed one is whole; it is
+checked against the checksum its upload stored when it is read back.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from botocore.exceptions import BotoCoreError, ClientError
 
-from trainyard import outputs, s3
+from trainyard import outputs, s3, staging
 from trainyard.errors import StorageError
 from trainyard.spec import TrainingJob
 
@@ -83,12 +84,17 @@ def latest(job: TrainingJob, job_id: str) -> tuple[str, int] | None:
     return best
 
 
-def load(uri: str) -> tuple[dict, int]:
-    """A checkpoint's contents and its size in bytes."""
-    target = s3.S3Uri.parse(uri)
+def load(uri: str, scratch: Path) -> tuple[dict, int]:
+    """A checkpoint's contents and its size in bytes.
+
+    It is fetched into ``scratch`` as staging fetches a channel's objects (concurrent ranged parts
+    when large, checked against the checksum its upload stored, so corrupt bytes are fetched again or
+    named), then loaded memory-mapped: the group's memory holds it once, in its model and optimizer.
+    """
+    path = scratch / ".checkpoint.pt"
     try:
-        data = s3.client().get_object(Bucket=target.bucket, Key=target.key)["Body"].read()
-    except (ClientError, BotoCoreError) as exc:
-        raise s3.describe_error(exc, uri) from exc
-    # On the CPU: loading copies it into the group's model and optimizer, wherever they are.
-    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu"), len(data)
+        size = staging.fetch_object(uri, path).size
+        # On the CPU: loading copies it into the group's model and optimizer, wherever they are.
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=True), size
+    finally:
+        path.unlink(missing_ok=True)  # the mapped pages stay readable until the state is copied out

@@ -131,7 +131,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         found = checkpoint.latest(job, plan.job_id)
         if found is None:
             raise NoPeerToHeal(f"replica group {replica}: every group was lost before the first checkpoint")
-        saved, size = checkpoint.load(found[0])
+        saved, size = checkpoint.load(found[0], out)
         load_state_dict(saved["state"])
         manager.load_state_dict(saved["manager"])
         recovery = (recovery or {}) | {
