@@ -50,13 +50,15 @@ class Checkpointer:
             return
         buffer = io.BytesIO()
         torch.save({"step": step, "manager": manager_state, "state": state}, buffer)  # a snapshot, now
-        self._upload = threading.Thread(target=self._put, args=(step, buffer.getvalue()), daemon=True)
+        # The buffer itself goes to the upload thread: getvalue() would hold a second copy of the state
+        self._upload = threading.Thread(target=self._put, args=(step, buffer), daemon=True)
         self._upload.start()
 
-    def _put(self, step: int, data: bytes) -> None:
+    def _put(self, step: int, buffer: io.BytesIO) -> None:
         with tempfile.NamedTemporaryFile(dir=self.scratch, suffix=".pt") as tmp:
-            tmp.write(data)
+            tmp.write(buffer.getbuffer())
             tmp.flush()
+            buffer.close()  # on disk now: its memory is freed before the upload, not after
             try:
                 s3.upload_file(Path(tmp.name), str(self.prefix.join(f"step-{step:09d}.pt")))
                 self.written.append(step)
