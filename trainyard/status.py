@@ -96,10 +96,12 @@ def sifting_section(job, report, outcome) -> dict:
     return section
 
 
+# Per-epoch bookkeeping in the history, not the model's metrics: the FLOPs are in the summary's `compute`
+NOT_METRICS = ("epoch", "elapsed_seconds", "group_train_flops")
+
+
 def final_metrics(history: list[dict]) -> dict:
     """The last epoch's metrics."""
     if not history:
         return {}
-    return {k: v for k, v in history[-1].items() if k not in ("epoch", "elapsed_seconds")} | {
-        "epochs": history[-1]["epoch"]
-    }
+    return {k: v for k, v in history[-1].items() if k not in NOT_METRICS} | {"epochs": history[-1]["epoch"]}
