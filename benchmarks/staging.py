@@ -107,6 +107,7 @@ class Bench:
     workdir: Path
     aws: Path
     channels: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # name -> (uri, objects, bytes)
+    aws_env: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> what the CLI needs for it
 
 
 # --- child process: one Trainyard staging --------------------------------------------------------
@@ -190,11 +191,7 @@ def trainyard_stage(bench: Bench, name: str, home: Path) -> tuple[Proc, dict]:
 def aws_sync(bench: Bench, name: str, target: Path) -> Proc:
     uri = bench.channels[name][0]
     cmd = [str(bench.aws), "s3", "sync", uri, str(target), "--endpoint-url", bench.endpoint_url]
-    env = bench.env
-    if name == "large-crc32":
-        # rclone sends the whole object's CRC with each ranged GET, which the CLI's default response
-        # check rejects ("Expected checksum ... did not match"); Trainyard's client sets the same (s3.py)
-        env = {**env, "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}
+    env = {**bench.env, **bench.aws_env.get(name, {})}
     return run_measured([*cmd, "--no-progress", "--only-show-errors"], env, bench.endpoint_pid)
 
 
@@ -513,6 +510,9 @@ def upload(bench: Bench) -> None:
     if not head.get("ChecksumCRC32"):
         raise RuntimeError("the endpoint kept no CRC32 of large-crc32/blob-000.bin")
     bench.channels["large-crc32"] = (f"s3://{BUCKET}/large-crc32/", 1, size)
+    # rclone sends the whole object's CRC with each ranged GET, which the CLI's default response check
+    # rejects ("Expected checksum ... did not match"); Trainyard's client sets the same (s3.py)
+    bench.aws_env["large-crc32"] = {"AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}
     print(f"  uploaded the same bytes in one PUT with a CRC32, in {time.perf_counter() - start:.1f} s")
 
 

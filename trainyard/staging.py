@@ -228,27 +228,30 @@ def _list_manifest(uri: str) -> list[StagedObject]:
     parsed = [s3.S3Uri.parse(u) for u in uris]
 
     def head(target: s3.S3Uri) -> StagedObject:
-        try:
-            meta = client.head_object(Bucket=target.bucket, Key=target.key)
-        except ClientError as exc:
-            raise s3.describe_error(exc, str(target)) from exc
-        rel = str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}"
-        return StagedObject(target.bucket, target.key, meta["ContentLength"], meta["ETag"].strip('"'), rel)
+        return _head(client, target, str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}")
 
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
         return list(pool.map(head, parsed))
 
 
+def _head(client, target: s3.S3Uri, rel: str = "") -> StagedObject:
+    """One object as S3 describes it (HEAD), for objects not found by listing a prefix."""
+    try:
+        meta = client.head_object(Bucket=target.bucket, Key=target.key)
+    except ClientError as exc:
+        raise s3.describe_error(exc, str(target)) from exc
+    return StagedObject(target.bucket, target.key, meta["ContentLength"], meta["ETag"].strip('"'), rel)
+
+
 def fetch_object(uri: str, target: Path) -> StagedObject:
     """One object outside any channel (a checkpoint) fetched to ``target`` as channel objects are:
     under a temporary name, checked against S3's record (size and a checksum), renamed once whole."""
-    where = s3.S3Uri.parse(uri)
     client = s3.client()
     try:
-        head = client.head_object(Bucket=where.bucket, Key=where.key)
-    except (ClientError, BotoCoreError) as exc:
+        obj = _head(client, s3.S3Uri.parse(uri))
+    except BotoCoreError as exc:
         raise s3.describe_error(exc, uri) from exc
-    obj = StagedObject(where.bucket, where.key, head["ContentLength"], head["ETag"].strip('"'), path=str(target))
+    obj.path = str(target)
     large = obj.size >= s3.TRANSFER_CONFIG.multipart_threshold
     _fetch_verified(client, obj, None, _get_large if large else _get_small)
     return obj
