@@ -16,6 +16,7 @@ import torch
 from trainyard.errors import TrainingError
 
 CPU = torch.device("cpu")
+NCCL_NONBLOCKING_TIMEOUT_ENV = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
 
 
 def select(gpus_per_replica: int, replica: int) -> torch.device:
@@ -78,7 +79,25 @@ def process_group(device: torch.device, timeout: timedelta):
     """torchft's reconfigurable process group across groups: NCCL between GPUs, gloo between CPUs."""
     from torchft import ProcessGroupGloo, ProcessGroupNCCL
 
-    return ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+    if device.type != "cuda":
+        return ProcessGroupGloo(timeout=timeout)
+    # NCCL's non-blocking calls time out after this; torchft reads it when the group is made and, when it is
+    # unset, warns and sets it to the same timeout. Set here so that it holds before any NCCL call.
+    os.environ.setdefault(NCCL_NONBLOCKING_TIMEOUT_ENV, str(timeout.total_seconds()))
+    return ProcessGroupNCCL(timeout=timeout)
+
+
+def close_process_group(pg) -> None:
+    """Abort the group's NCCL communicators once it has left the job (gloo needs nothing).
+
+    torchft's ``Manager.shutdown`` drops the process group without aborting it, so NCCL's heartbeat monitor
+    runs on until the process exits, polling a TCPStore that is gone by then: the group's log ended with a
+    C++ stack trace ("Failed to check the should dump flag on TCPStore") after every clean finish on a GPU.
+    """
+    from torchft import ProcessGroupNCCL
+
+    if isinstance(pg, ProcessGroupNCCL):
+        pg.abort(errored=False)  # not a failure: torchft logs no error for it
 
 
 def cpu_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -97,8 +97,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         data.load_state_dict(state.get("sifter", {}))
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pg = devices.process_group(device, PG_TIMEOUT)
     manager = Manager(
-        pg=devices.process_group(device, PG_TIMEOUT),
+        pg=pg,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=job.resources.min_replicas,
@@ -220,6 +221,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 checkpointer.maybe_save(manager.current_step(), state_dict(), manager.state_dict())
     finally:
         manager.shutdown(wait=False)
+        devices.close_process_group(pg)
         if checkpointer is not None:
             checkpointer.close()
     result = report()
