@@ -18,7 +18,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from trainyard import collector
+from trainyard import botocore_loader, collector
 from trainyard.errors import StorageError
 
 
@@ -108,7 +108,7 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
             # botocore's models and endpoint rules: long-lived objects, which the collector would walk
             # the whole heap for (collector.py)
             with collector.paused():
-                session = boto3.session.Session()
+                session = boto3.session.Session(botocore_session=botocore_loader.session())
                 _clients[key] = (session, session.client("s3", config=_client_config()))
         return _clients[key]
 

@@ -67,3 +67,34 @@ def test_no_credentials_anywhere_gives_none(fresh_clients, monkeypatch):
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     assert s3.credentials() is None
+
+
+def test_a_client_is_built_without_listing_every_aws_service(fresh_clients, monkeypatch):
+    from botocore.loaders import Loader
+
+    from trainyard import botocore_loader
+
+    def full_scan(self, type_name):
+        raise AssertionError(f"listed every service for {type_name}")
+
+    monkeypatch.setattr(Loader, "list_available_services", full_scan)
+    assert s3.client().meta.service_model.service_name == "s3"
+    session = s3._session_and_client()[0]
+    assert isinstance(session._session.get_component("data_loader"), botocore_loader.QuickLoader)
+
+
+def test_the_quick_loader_knows_the_same_services_as_botocore(tmp_path, monkeypatch):
+    import botocore.exceptions
+    from botocore.loaders import Loader
+
+    from trainyard import botocore_loader
+
+    monkeypatch.setenv("AWS_DATA_PATH", str(tmp_path))
+    core = botocore_loader.session()
+    loader = core.get_component("data_loader")
+    assert str(tmp_path) in loader.search_paths  # AWS_DATA_PATH, as botocore's own loader reads it
+    known = loader.list_available_services("service-2")
+    assert "s3" in known and "sts" in known and "no-such-service" not in known and 3 not in known
+    assert list(known) == Loader().list_available_services("service-2")  # the full list, for whoever reads it
+    with pytest.raises(botocore.exceptions.UnknownServiceError, match="no-such-service"):
+        boto3.session.Session(botocore_session=core).client("no-such-service", region_name="us-east-1")

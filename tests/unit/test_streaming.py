@@ -45,7 +45,10 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     assert list((tmp_path / "cache").iterdir()) == [
         streaming.unit_path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2")
     ]
-    np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/b.parquet#rg2")[1], y)  # kept for the next epoch
+    kept_x, kept_y = source.load(f"s3://{bucket}/t/b.parquet#rg2")  # kept for the next epoch: mapped, not read
+    np.testing.assert_array_equal(kept_x, x)
+    np.testing.assert_array_equal(kept_y, y)
+    assert isinstance(kept_x, np.memmap) and not kept_x.flags.writeable and kept_x.dtype == np.float32
 
 
 def test_row_groups_of_one_object_are_read_without_reading_its_footer_again(s3_endpoint, tmp_path, monkeypatch):
@@ -146,3 +149,18 @@ def test_stream_needs_parquet(s3_endpoint, tmp_path):
     manifest = staging.list_channel("train", Channel(s3_uri=f"s3://{bucket}/t/", format="csv", label="label"))
     with pytest.raises(DataError, match="mode stream reads parquet"):
         streaming.describe(manifest, Channel(s3_uri=f"s3://{bucket}/t/", label="label"), "classification", tmp_path)
+
+
+def test_a_kept_row_group_reads_back_as_it_was_written(tmp_path):
+    path = tmp_path / f"unit{streaming.UNIT_SUFFIX}"
+    cases = [
+        (np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(4)),
+        (np.zeros((0, 3), np.float32), np.zeros(0, np.int64)),  # an empty row group: nothing to map
+        (np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)), np.array([0.5, 1.5], np.float32)),
+    ]
+    for x, y in cases:
+        streaming._save(path, x, y)
+        got_x, got_y = streaming._load(path)
+        np.testing.assert_array_equal(got_x, x)
+        np.testing.assert_array_equal(got_y, y)
+        assert got_x.shape == x.shape and got_y.dtype == y.dtype
