@@ -174,8 +174,8 @@ def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
 def _load(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A kept row group's arrays, mapped read-only from the file, not read into memory: batches touch
     only the pages of the rows they gather, and the page cache holds one copy for every group of the
-    machine. Reading copied the whole row group first: 18 MB took 3 ms, and 17-35 ms in a third of the
-    benchmark's runs, on the path to a group's first batch."""
+    machine. Reading copied the whole row group first: 18 MB took 3 ms, and 17-35 ms in 3 of 5 runs of
+    a probe like the staging benchmark's stream child, on the path to a group's first batch."""
     with path.open("rb") as f:
         return _map_next(f, path), _map_next(f, path)
 
