@@ -98,7 +98,7 @@ class Digester:
             return f"size {self.size} != {expected_size}", "size"
         checked = ["size"]
         if self.md5:
-            if self.md5.hexdigest() != self.etag:
+            if self.md5.hexdigest() != self.etag.lower():
                 return f"MD5 {self.md5.hexdigest()} != ETag {self.etag}", "size+md5"
             checked.append("md5")
         if self.hasher:
@@ -123,8 +123,10 @@ class _Composite:
             self._part.update(take)
             self._left -= len(take)
             data = data[len(take) :]
-            if self._left == 0 and (data or self._sizes):
+            if self._left == 0 and self._sizes:
                 self._next_part()
+            elif self._left == 0 and data:
+                return  # more bytes than the parts add up to (the object changed): the size check says so
 
     def _next_part(self) -> None:
         self._digests += self._part.digest()
@@ -134,6 +136,14 @@ class _Composite:
         outer = _Hasher(self.algorithm)
         outer.update(self._digests + self._part.digest())
         return outer.b64digest()
+
+
+def md5_etag(etag: str, response: dict) -> str:
+    """``etag`` where it is the MD5 of the bytes (as for a single-part upload), else ``""``: the ETag of an
+    object encrypted with SSE-KMS or SSE-C is not its MD5, and checking it would reject good bytes."""
+    if response.get("SSECustomerAlgorithm") or str(response.get("ServerSideEncryption", "")).startswith("aws:kms"):
+        return ""
+    return etag
 
 
 def _is_md5_etag(etag: str) -> bool:

@@ -7,6 +7,8 @@ import hashlib
 import random
 import zlib
 
+import pytest
+
 from trainyard.integrity import Digester, FollowingDigest
 
 
@@ -60,3 +62,31 @@ def test_one_digest_is_computed_the_flexible_checksum_where_s3_has_one_else_the_
     wrong.update(data[:-1] + b"X")
     problem, _ = wrong.result(len(data))
     assert problem.startswith("CRC32 ")
+
+
+@pytest.mark.timeout(20)
+def test_more_bytes_than_the_composite_parts_add_up_to_is_a_size_mismatch_not_a_hang():
+    # The object was replaced by a larger one after its part sizes were read.
+    part = b"abcd"
+    crc = base64.b64encode(zlib.crc32(part).to_bytes(4, "big")).decode()
+    digester = Digester("0" * 32 + "-1", {"algorithm": "CRC32", "value": crc + "-1", "type": "COMPOSITE"}, [4])
+    digester.update(part + b"e")
+    digester.update(b"fgh")
+    assert digester.result(4) == ("size 8 != 4", "size")
+
+
+def test_the_etag_of_an_encrypted_object_is_not_taken_for_its_md5():
+    from trainyard.integrity import md5_etag
+
+    data = b"encrypted at rest"
+    not_md5 = "0123456789abcdef0123456789abcdef"  # what S3 gives an SSE-KMS or SSE-C object
+    for response in ({"ServerSideEncryption": "aws:kms"}, {"ServerSideEncryption": "aws:kms:dsse"}):
+        digester = Digester(md5_etag(not_md5, response), None)
+        digester.update(data)
+        assert digester.result(len(data)) == (None, "size")
+    assert md5_etag(not_md5, {"SSECustomerAlgorithm": "AES256"}) == ""
+    plain = hashlib.md5(data).hexdigest()
+    assert md5_etag(plain, {"ServerSideEncryption": "AES256"}) == plain  # SSE-S3: the ETag is the MD5
+    digester = Digester(plain.upper(), None)  # hex digits in either case
+    digester.update(data)
+    assert digester.result(len(data)) == (None, "size+md5")
