@@ -33,9 +33,9 @@ def hit(path: Path, size: int) -> bool:
     try:
         if path.stat().st_size != size:
             return False
+        os.utime(path)  # recency, for eviction
     except FileNotFoundError:
-        return False
-    os.utime(path)  # recency, for eviction
+        return False  # not cached, or another job's eviction took it just now
     return True
 
 
@@ -50,7 +50,10 @@ def evict(keep: set[str], limit: int | None = None) -> dict:
     for path in objects_dir().glob("*/*"):
         if path.name.startswith("."):
             continue  # a download in progress
-        st = path.stat()
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue  # another job's eviction took it meanwhile
         entries.append((st.st_mtime, st.st_size, path))
     total = sum(size for _, size, _ in entries)
     evicted, freed = 0, 0

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from boto3.exceptions import S3TransferFailedError
+from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
 from trainyard import cache, integrity, progress, s3
@@ -226,6 +226,11 @@ def _list_manifest(uri: str) -> list[StagedObject]:
             raise DataError(f"{uri}: manifest entry {entry!r} is not an s3:// URI or a key")
         uris.append(prefix + value if prefix else value)
     parsed = [s3.S3Uri.parse(u) for u in uris]
+    seen: set[s3.S3Uri] = set()
+    for target in parsed:
+        if target in seen:  # two fetches of one object would share its temporary file
+            raise DataError(f"{uri}: the manifest lists {target} more than once; list each object once")
+        seen.add(target)
 
     def head(target: s3.S3Uri) -> StagedObject:
         return _head(client, target, str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}")
@@ -287,7 +292,8 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             response = client.get_object(
                 Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED"
             )
-            digester = integrity.Digester(obj.etag, integrity.checksum_of(response))
+            etag, checksum = integrity.md5_etag(obj.etag, response), integrity.checksum_of(response)
+            digester = integrity.Digester(etag, checksum)
             with tmp.open("wb") as f:
                 try:
                     for chunk in response["Body"].iter_chunks(1 << 20):
@@ -298,6 +304,12 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
                             on_bytes(len(chunk))
                 except FlexibleChecksumError:
                     pass  # botocore's own check, at the end of the body; the digester says what differs
+            if checksum and checksum["type"] == "COMPOSITE" and digester.hasher is None:
+                # A small multipart object (8 MiB parts of a 10 MiB file, say): its composite checksum is
+                # checked against the file once its part sizes are known, as a large object's is.
+                parts = _part_sizes(client, obj)
+                if parts:
+                    digester = _digest_file(tmp, etag, checksum, parts)
             return digester
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
@@ -324,20 +336,34 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             raise StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", True)
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
-        digester = integrity.Digester(obj.etag, checksum, parts)
+        etag = integrity.md5_etag(obj.etag, head)
+        digester = integrity.Digester(etag, checksum, parts)
         target = integrity.FollowingDigest(tmp, digester.update)
         try:
             client.download_fileobj(obj.bucket, obj.key, target, Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
         finally:
             target.close()
-    except (ClientError, BotoCoreError, S3TransferFailedError) as exc:
-        cause = exc.__cause__ if isinstance(exc, S3TransferFailedError) and exc.__cause__ else exc
-        raise s3.describe_error(cause, obj.uri) from exc
+        # The transfer manager's ranged GETs are not conditional on the ETag (it takes no IfMatch): an
+        # object replaced meanwhile by one of the same size would pass a size-only check. Asked again, S3
+        # says whether it was.
+        if client.head_object(Bucket=obj.bucket, Key=obj.key)["ETag"].strip('"') != obj.etag:
+            raise StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", True)
+    except (ClientError, BotoCoreError, Boto3Error) as exc:
+        # boto3 wraps the last error of a failed transfer (S3TransferFailedError's cause,
+        # RetriesExceededError's last_exception): describe that one, naming the object.
+        cause = (getattr(exc, "last_exception", None) or exc.__cause__) if isinstance(exc, Boto3Error) else None
+        raise s3.describe_error(cause or exc, obj.uri) from exc
     if target.rewritten:  # a retried part: what was digested on the way may not be what is on disk
-        digester = integrity.Digester(obj.etag, checksum, parts)
-        with tmp.open("rb") as f:
-            for chunk in iter(lambda: f.read(4 << 20), b""):
-                digester.update(chunk)
+        digester = _digest_file(tmp, etag, checksum, parts)
+    return digester
+
+
+def _digest_file(path: Path, etag: str, checksum: dict | None, parts: list[int] | None) -> integrity.Digester:
+    """A file's digest, read back from disk, against S3's record of the object."""
+    digester = integrity.Digester(etag, checksum, parts)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(4 << 20), b""):
+            digester.update(chunk)
     return digester
 
 
