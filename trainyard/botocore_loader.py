@@ -5,6 +5,8 @@ lists each of botocore's ~440 service folders and the API versions in each: 20 m
 S3 client took to build, paid once by every process that stages, streams or uploads (twice: for the
 service model and for its endpoint rules). Here the check looks in the one service's folder; the
 full list is still built for anything that reads it (an unknown service's error message lists it).
+It is a ``Sequence``, not a ``list``: enough for botocore and boto3 building clients, which is all
+this loader is for (it serves only the session ``trainyard.s3`` builds its S3 client from).
 """
 
 from __future__ import annotations

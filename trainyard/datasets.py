@@ -88,7 +88,7 @@ def infer_schema(table: pa.Table, channel: Channel, task: str, channel_name: str
             raise DataError(f"{where}: feature columns {missing} not found; columns are {table.column_names}")
         features = list(channel.features)
     else:
-        features = [c for c in table.column_names if c != label and _is_numeric(table.schema.field(c).type)]
+        features = [c for c in table.column_names if c != label and is_numeric(table.schema.field(c).type)]
     if not features:
         raise DataError(f"{where}: no numeric feature columns besides {label!r}; set inputs.{channel_name}.features")
     classes: list = []
@@ -106,7 +106,7 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
     if missing:
         raise DataError(f"{where}: columns {missing} not found; columns are {table.column_names}")
     for name in schema.features:
-        if not _is_numeric(table[name].type):
+        if not is_numeric(table[name].type):
             raise DataError(
                 f"{where}: feature {name!r} is {table[name].type}, not numeric; encode it or drop it from features"
             )
@@ -140,7 +140,7 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
                 "(those of the train channel, or inputs.train.classes)"
             )
     else:
-        if not _is_numeric(table[schema.label].type):
+        if not is_numeric(table[schema.label].type):
             raise DataError(f"{where}: label {schema.label!r} is {table[schema.label].type}; regression needs numbers")
         y = _numeric_numpy(table[schema.label]).astype(np.float32)
     return x, y
@@ -160,7 +160,7 @@ def _numeric_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _class_indices(col: pa.ChunkedArray, classes: list) -> tuple[np.ndarray, list[str]]:
     """Each label's index in ``classes`` (int64), and the label values that are not classes."""
-    numeric = _is_numeric(col.type) and not pa.types.is_boolean(col.type)
+    numeric = is_numeric(col.type) and not pa.types.is_boolean(col.type)
     if numeric and col.null_count == 0 and all(isinstance(c, int | float) and not isinstance(c, bool) for c in classes):
         raw = _numeric_numpy(col)  # vectorised: a Python loop over millions of labels takes seconds
         values = np.asarray(classes, dtype=np.result_type(raw.dtype, *(type(c) for c in classes)))
@@ -179,13 +179,14 @@ def check_labels(table: pa.Table, label: str, where: str) -> None:
     """Refuse missing (null or NaN) labels, naming the channel and the count."""
     col = table[label]
     nulls = col.null_count
-    if _is_numeric(col.type) and pa.types.is_floating(col.type):
+    if is_numeric(col.type) and pa.types.is_floating(col.type):
         nulls += int(pc.sum(pc.is_nan(col.fill_null(0.0))).as_py() or 0)
     if nulls:
         raise DataError(f"{where}: label {label!r} has {nulls} missing (null or NaN) values; drop or fix those rows")
 
 
-def _is_numeric(dtype: pa.DataType) -> bool:
+def is_numeric(dtype: pa.DataType) -> bool:
+    """Whether a column of this type can be a feature (integers, floats, booleans)."""
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
 
 

@@ -15,6 +15,7 @@ It is mapped back read-only (``np.memmap``), not read: see ``_load``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import threading
@@ -64,46 +65,81 @@ def describe(
     The sample is the channel's first ``SAMPLE_ROWS`` rows. The whole row groups they come from are
     kept in ``cache_dir`` (the groups' row-group cache), and the first epoch starts with them, so the
     first batch needs no further read from S3. The label column is read for the class list unless the
-    channel declares its ``classes``.
+    channel declares its ``classes``. Every object's footer is checked for the columns training reads,
+    so an object without them fails here, named, not hours into training.
     """
     if manifest.format != "parquet":
         raise DataError(f"channel {manifest.name!r}: mode stream reads parquet row groups; set format parquet")
+    where = f"channel {manifest.name!r} ({manifest.uri})"
     filesystem = arrow_filesystem()
-    layout, start, sample = [], 0, []
+    layout, start, sample, schemas = [], 0, [], {}
     for obj in manifest.objects:
         try:
-            parquet = _open(filesystem, f"{obj.bucket}/{obj.key}")
+            parquet, _ = _open(filesystem, f"{obj.bucket}/{obj.key}")
         except (OSError, pa.ArrowInvalid) as exc:
             raise DataError(f"{obj.uri}: cannot be read as parquet ({str(exc).splitlines()[0]})") from exc
         counts = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
-        layout.append({"id": obj.uri, "start": start, "end": start + sum(counts), "row_groups": counts})
+        end = start + sum(counts)
+        layout.append({"id": obj.uri, "etag": obj.etag, "size": obj.size, "start": start, "end": end})
+        layout[-1]["row_groups"] = counts
+        schemas[obj.uri] = parquet.schema_arrow
         start += sum(counts)
         for i in range(len(counts)):
             if sum(t.num_rows for _, t in sample) >= SAMPLE_ROWS:
                 break
-            sample.append((f"{obj.uri}#rg{i}", parquet.read_row_group(i)))
+            sample.append((f"{obj.uri}#rg{i}", _read_row_group(parquet, i, obj.uri)))
     if start == 0:
-        raise DataError(f"channel {manifest.name!r} ({manifest.uri}): the objects hold no rows")
-    table = pa.concat_tables([t for _, t in sample], promote_options="permissive")
-    schema = datasets.infer_schema(table, channel, task)
-    if task == "classification" and not channel.classes:
-        # Only the label column is read for the class list: parquet fetches just its column chunks.
-        labels = pq.read_table(
-            [f"{o.bucket}/{o.key}" for o in manifest.objects], columns=[schema.label], filesystem=filesystem
-        )
-        datasets.check_labels(labels, schema.label, f"channel 'train' ({manifest.uri})")
-        schema.classes = sorted(pc.unique(labels[schema.label]).to_pylist(), key=lambda v: (str(type(v)), v))
-    x, y = datasets.to_arrays(table, schema, f"channel 'train' ({manifest.uri})")
+        raise DataError(f"{where}: the objects hold no rows")
+    try:
+        table = pa.concat_tables([t for _, t in sample], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DataError(f"{where}: the first objects disagree on column types ({str(exc).splitlines()[0]})") from exc
+    classes = channel.classes
+    if task == "classification" and not classes and channel.label in table.column_names:
+        # From the whole label column, not the sample: a channel written sorted by label has one class in its
+        # first rows. Only the label column is read: parquet fetches just its column chunks.
+        _check_objects(schemas, [channel.label])
+        try:
+            labels = pq.read_table(
+                [f"{o.bucket}/{o.key}" for o in manifest.objects], columns=[channel.label], filesystem=filesystem
+            )
+        except (OSError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise DataError(f"{where}: the label column cannot be read ({str(exc).splitlines()[0]})") from exc
+        datasets.check_labels(labels, channel.label, where)
+        classes = sorted(pc.unique(labels[channel.label]).to_pylist(), key=lambda v: (str(type(v)), v))
+    schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name)
+    _check_objects(schemas, [*schema.features, schema.label], schema.features)
+    x, y = datasets.to_arrays(table, schema, where)
     if cache_dir is not None:
         offset = 0
+        etags = {o.uri: o.etag for o in manifest.objects}
         for unit_id, part in sample:
-            _save(unit_path(cache_dir, unit_id), x[offset : offset + part.num_rows], y[offset : offset + part.num_rows])
+            path = unit_path(cache_dir, unit_id, etags[unit_id.rpartition("#rg")[0]])
+            _save(path, x[offset : offset + part.num_rows], y[offset : offset + part.num_rows])
             offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     sample_path = out_dir / "train.sample.npz"
     np.savez(sample_path, x=x[:SAMPLE_ROWS], y=y[:SAMPLE_ROWS])
     meta = datasets.schema_dict(schema)
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True)
+
+
+def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: list[str] = ()) -> None:
+    """Each object has ``columns``, and those in ``numeric`` are numeric: else fail naming the object."""
+    for uri, schema in schemas.items():
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise DataError(f"{uri}: columns {missing} not found; columns are {schema.names}")
+        for name in numeric:
+            if not datasets.is_numeric(schema.field(name).type):
+                raise DataError(f"{uri}: feature {name!r} is {schema.field(name).type}, not numeric; encode it")
+
+
+def _read_row_group(parquet: pq.ParquetFile, index: int, uri: str, columns: list[str] | None = None) -> pa.Table:
+    try:
+        return parquet.read_row_group(index, columns=columns)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"{uri}: row group {index} cannot be read ({str(exc).splitlines()[0]})") from exc
 
 
 class RowGroupSource:
@@ -126,16 +162,13 @@ class RowGroupSource:
 
     def load(self, unit_id: str) -> tuple[np.ndarray, np.ndarray]:
         """``unit_id`` is ``<s3 uri>#rg<i>``."""
-        local = unit_path(self._cache_dir, unit_id)
+        uri, _, index = unit_id.rpartition("#rg")
+        local = unit_path(self._cache_dir, unit_id, self._objects[uri].get("etag", ""))
         if local.exists():
             return _load(local)
-        uri, _, index = unit_id.rpartition("#rg")
         columns = [*self._schema.features, self._schema.label]
-        try:
-            with self._lock:  # one reader at a time per open object
-                table = self._parquet(uri).read_row_group(int(index), columns=columns)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise DataError(f"{uri}: row group {index} cannot be read ({str(exc).splitlines()[0]})") from exc
+        with self._lock:  # one reader at a time per open object
+            table = _read_row_group(self._parquet(uri), int(index), uri, columns)
         x, y = datasets.to_arrays(table, self._schema, f"{uri} row group {index}")
         _save(local, x, y)
         return x, y
@@ -143,23 +176,46 @@ class RowGroupSource:
     def _parquet(self, uri: str) -> pq.ParquetFile:
         if uri not in self._files:
             self._fs = self._fs or arrow_filesystem()
-            self._files[uri] = _open(self._fs, uri[5:])
+            try:
+                parquet, size = _open(self._fs, uri[5:])
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise DataError(f"{uri}: cannot be read as parquet ({str(exc).splitlines()[0]})") from exc
+            _check_unchanged(parquet, size, self._objects[uri])
+            self._files[uri] = parquet
             while len(self._files) > self.OPEN_OBJECTS:
                 self._files.popitem(last=False)
         self._files.move_to_end(uri)
         return self._files[uri]
 
 
-def _open(filesystem: pafs.S3FileSystem, path: str) -> pq.ParquetFile:
+def _check_unchanged(parquet: pq.ParquetFile, size: int, staged: dict) -> None:
+    """Fail, naming the object, when it is not what staging described: pyarrow's reads cannot be made
+    conditional on the ETag, so its size and row groups are compared instead. Rows would otherwise be
+    lost, doubled or taken from another version of the object without a word."""
+    meta = parquet.metadata
+    counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    if counts != staged["row_groups"] or size != staged.get("size", size):
+        raise DataError(
+            f"{staged['id']}: changed since the channel was staged ({size} bytes in row groups of {counts} rows, "
+            f"{staged.get('size')} bytes and {staged['row_groups']} then); stage the channel again"
+        )
+
+
+def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int]:
+    """The object as a parquet file (its footer read), and its size in bytes."""
     # pre_buffer: a row group's column chunks are fetched as concurrent, coalesced range reads rather
     # than one after another (an 18 MB row group from a local endpoint: 55 ms -> 36 ms; more where
     # each request waits on a network round trip).
-    return pq.ParquetFile(filesystem.open_input_file(path), pre_buffer=True)
+    source = filesystem.open_input_file(path)
+    return pq.ParquetFile(source, pre_buffer=True), source.size()
 
 
-def unit_path(cache_dir: Path, unit_id: str) -> Path:
-    """Where a row group's arrays are kept once read."""
-    return cache_dir / (unit_id.replace("/", "_").replace(":", "_") + UNIT_SUFFIX)
+def unit_path(cache_dir: Path, unit_id: str, etag: str) -> Path:
+    """Where a row group's arrays are kept once read: named by a hash of the row group and its object's
+    ETag, so that no two objects (``a/b`` and ``a_b``) share a file, a changed object is read again, and
+    a long key still makes a short name."""
+    digest = hashlib.sha256(f"{unit_id}\0{etag}".encode()).hexdigest()[:32]
+    return cache_dir / f"{digest}-rg{unit_id.rpartition('#rg')[2]}{UNIT_SUFFIX}"
 
 
 def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:

@@ -42,8 +42,9 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     want = table.slice(400, 50).to_pandas()
     np.testing.assert_allclose(x[:, 0], want["f0"].to_numpy(np.float32))
     np.testing.assert_array_equal(y, want["label"].to_numpy())
+    etag = {o.uri: o.etag for o in manifest.objects}[f"s3://{bucket}/t/b.parquet"]
     assert list((tmp_path / "cache").iterdir()) == [
-        streaming.unit_path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2")
+        streaming.unit_path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2", etag)
     ]
     kept_x, kept_y = source.load(f"s3://{bucket}/t/b.parquet#rg2")  # kept for the next epoch: mapped, not read
     np.testing.assert_array_equal(kept_x, x)
@@ -87,7 +88,8 @@ def test_the_scaling_sample_is_the_first_rows_and_their_row_groups_are_kept_for_
     np.testing.assert_array_equal(sample["x"][:, 0], table["f0"].to_numpy()[:sample_rows].astype(np.float32))
     np.testing.assert_array_equal(sample["y"], table["label"].to_numpy()[:sample_rows])
     # the whole row groups the sample came from are kept, exactly, for the first epoch
-    units = [streaming.unit_path(cache, f"s3://{bucket}/t/a.parquet#rg{i}") for i in range(groups)]
+    etag = manifest.objects[0].etag
+    units = [streaming.unit_path(cache, f"s3://{bucket}/t/a.parquet#rg{i}", etag) for i in range(groups)]
     assert sorted(cache.iterdir()) == sorted(units)
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
     for i in range(groups):
@@ -164,3 +166,55 @@ def test_a_kept_row_group_reads_back_as_it_was_written(tmp_path):
         np.testing.assert_array_equal(got_x, x)
         np.testing.assert_array_equal(got_y, y)
         assert got_x.shape == x.shape and got_y.dtype == y.dtype
+
+
+def test_objects_whose_keys_differ_only_by_slash_and_underscore_keep_their_own_rows(s3_endpoint, tmp_path):
+    bucket = s3_endpoint.new_bucket()
+    table = blobs_table(200, seed=4)
+    put_parquet(s3_endpoint, bucket, "t/a_b.parquet", table.slice(0, 100), 50)
+    put_parquet(s3_endpoint, bucket, "t/a/b.parquet", table.slice(100), 50)
+    put_parquet(s3_endpoint, bucket, "t/" + "k" * 240 + ".parquet", table.slice(0, 50), 50)  # a long key
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
+    labels = table["label"].to_numpy()
+    for _ in range(2):  # read from S3, then from the kept copies
+        np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a_b.parquet#rg1")[1], labels[50:100])
+        np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a/b.parquet#rg1")[1], labels[150:200])
+        np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/{'k' * 240}.parquet#rg0")[1], labels[:50])
+
+
+def test_an_object_changed_after_staging_is_named_not_read(s3_endpoint, tmp_path):
+    bucket = s3_endpoint.new_bucket()
+    table = blobs_table(200, seed=5)
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 50)
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", table.slice(0, 150), 50)  # rewritten, a row group fewer
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
+    with pytest.raises(DataError, match=rf"s3://{bucket}/t/a.parquet: changed since the channel was staged"):
+        source.load(f"s3://{bucket}/t/a.parquet#rg3")
+
+
+def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_column_are_named(
+    s3_endpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(streaming, "SAMPLE_ROWS", 40)  # the sample holds one class only
+    bucket = s3_endpoint.new_bucket()
+    table = blobs_table(200, seed=6)
+    table = table.take(pa.array(np.argsort(table["label"].to_numpy(), kind="stable")))
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 50)
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    assert staged.schema["classes"] == [0, 1]
+    put_parquet(s3_endpoint, bucket, "t/b.parquet", table.drop_columns(["f2"]), 50)
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: columns \['f2'\] not found"):
+        streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    put_parquet(s3_endpoint, bucket, "t/b.parquet", table.drop_columns(["label"]), 50)
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: columns \['label'\] not found"):
+        streaming.describe(manifest, channel, "classification", tmp_path / "data")
