@@ -125,17 +125,23 @@ def test_a_single_object_outside_any_channel_is_fetched_verified(s3_endpoint, fa
         staging.fetch_object(f"s3://{bucket}/ck/missing.pt", tmp_path / "missing.pt")
 
 
-def test_corrupted_multipart_download_is_detected(s3_endpoint, fault_proxy, tmp_path):
+@pytest.mark.parametrize("mib, corruptions", [(20, 8), (10, 2)])
+def test_corrupted_multipart_download_is_detected(s3_endpoint, fault_proxy, tmp_path, mib, corruptions):
+    # 20 MiB: fetched by the transfer manager in ranged parts; 10 MiB (two parts of 8 MiB): under staging's
+    # 16 MiB threshold, fetched with one GET, and its composite checksum checked once its part sizes are known
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
-    put_big(client, bucket, "ch/big.bin", tmp_path, seed=7)
+    path = tmp_path / "blob"
+    path.write_bytes(hashlib.sha256(str(mib).encode()).digest() * (mib * 2**20 // 32))
+    client.upload_file(str(path), bucket, "ch/big.bin", Config=MULTIPART)
     # moto: multipart ETag, composite CRC32 (checked part by part); rclone: the ETag is the whole MD5
-    fault_proxy.corrupt(8, lambda method, target: method == "GET" and target.endswith("/ch/big.bin"))
+    fault_proxy.corrupt(corruptions, lambda method, target: method == "GET" and target.endswith("/ch/big.bin"))
     with pytest.raises(DataError, match=rf"s3://{bucket}/ch/big.bin: downloaded bytes do not match"):
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     fault_proxy.clear_faults()
     m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert m.objects[0].verified_by in ("size+crc32-composite", "size+md5")
+    assert Path(m.objects[0].path).read_bytes() == path.read_bytes()
 
 
 def test_a_multipart_object_replaced_during_its_download_is_not_staged(s3_endpoint, tmp_path, monkeypatch):
@@ -156,23 +162,6 @@ def test_a_multipart_object_replaced_during_its_download_is_not_staged(s3_endpoi
     with pytest.raises((StorageError, DataError), match=rf"s3://{bucket}/ch/big.bin: (changed in S3|downloaded bytes)"):
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert not cache.path_for(bucket, "ch/big.bin", listed_etag).exists()  # nothing cached under the old ETag
-
-
-def test_a_small_multipart_object_is_checked_against_its_composite_checksum(s3_endpoint, fault_proxy, tmp_path):
-    # 10 MiB in 8 MiB parts: under staging's 16 MiB threshold, so fetched with one GET
-    client = s3_endpoint.client()
-    bucket = s3_endpoint.new_bucket()
-    path = tmp_path / "ten"
-    path.write_bytes(hashlib.sha256(b"ten").digest() * (10 * 2**20 // 32))
-    client.upload_file(str(path), bucket, "ch/ten.bin", Config=MULTIPART)
-    fault_proxy.corrupt(2, lambda method, target: method == "GET" and target.endswith("/ch/ten.bin"))
-    with pytest.raises(DataError, match=rf"s3://{bucket}/ch/ten.bin: downloaded bytes do not match"):
-        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
-    fault_proxy.clear_faults()
-    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
-    # moto: multipart ETag and composite CRC32, checked part by part; rclone: the ETag is the whole MD5
-    assert m.objects[0].verified_by in ("size+crc32-composite", "size+md5")
-    assert Path(m.objects[0].path).read_bytes() == path.read_bytes()
 
 
 def test_throttling_and_dropped_connections_are_survived(s3_endpoint, fault_proxy, tmp_path):
