@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from trainyard.home import cache_dir
@@ -45,9 +46,15 @@ def max_bytes() -> int:
 
 def evict(keep: set[str], limit: int | None = None) -> dict:
     """Delete least recently used objects until the cache fits ``limit``; never those in ``keep``."""
+    return evict_files(objects_dir().glob("*/*"), keep, limit)
+
+
+def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None) -> dict:
+    """Delete the least recently used of ``paths`` until they fit ``limit`` (``TRAINYARD_CACHE_MAX_BYTES``);
+    never those in ``keep``, nor names starting with a dot (being written)."""
     limit = max_bytes() if limit is None else limit
     entries = []
-    for path in objects_dir().glob("*/*"):
+    for path in paths:
         if path.name.startswith("."):
             continue  # a download in progress
         try:

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from trainyard import datasets, s3, sharding
+from trainyard import cache, datasets, s3, sharding
 from trainyard.errors import DataError
 from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
@@ -150,6 +150,7 @@ class RowGroupSource:
     """
 
     OPEN_OBJECTS = 4
+    EVICT_EVERY = 16  # row groups written between looks at the folder's size (a look stats every file)
 
     def __init__(self, layout: list[dict], schema: dict, cache_dir: Path):
         self._objects = {o["id"]: o for o in layout}
@@ -158,19 +159,29 @@ class RowGroupSource:
         self._fs: pafs.S3FileSystem | None = None
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
         self._lock = threading.Lock()
+        self._written = 0
         cache_dir.mkdir(parents=True, exist_ok=True)
 
     def load(self, unit_id: str) -> tuple[np.ndarray, np.ndarray]:
         """``unit_id`` is ``<s3 uri>#rg<i>``."""
         uri, _, index = unit_id.rpartition("#rg")
         local = unit_path(self._cache_dir, unit_id, self._objects[uri].get("etag", ""))
-        if local.exists():
-            return _load(local)
+        try:
+            arrays = _load(local)
+            os.utime(local)  # recency, for eviction
+            return arrays
+        except FileNotFoundError:
+            pass  # not read yet, or evicted
         columns = [*self._schema.features, self._schema.label]
         with self._lock:  # one reader at a time per open object
             table = _read_row_group(self._parquet(uri), int(index), uri, columns)
         x, y = datasets.to_arrays(table, self._schema, f"{uri} row group {index}")
         _save(local, x, y)
+        self._written += 1
+        if self._written % self.EVICT_EVERY == 0:
+            # Kept under the cache's size cap, least recently used first: a channel larger than the disk
+            # still streams (an evicted row group is read from S3 again). Mapped arrays outlive their file.
+            cache.evict_files(self._cache_dir.glob(f"*{UNIT_SUFFIX}"), keep={str(local)})
         return x, y
 
     def _parquet(self, uri: str) -> pq.ParquetFile:

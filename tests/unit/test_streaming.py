@@ -218,3 +218,29 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
     manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
     with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: columns \['label'\] not found"):
         streaming.describe(manifest, channel, "classification", tmp_path / "data")
+
+
+def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_again(s3_endpoint, tmp_path, monkeypatch):
+    bucket = s3_endpoint.new_bucket()
+    table = blobs_table(600, seed=7)
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 100)
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    cache = tmp_path / "cache"
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
+    source.EVICT_EVERY = 1
+    source.load(f"s3://{bucket}/t/a.parquet#rg0")
+    unit_bytes = next(cache.iterdir()).stat().st_size
+    monkeypatch.setenv("TRAINYARD_CACHE_MAX_BYTES", str(2 * unit_bytes))
+    reads = []
+    real_read = streaming._read_row_group
+    monkeypatch.setattr(streaming, "_read_row_group", lambda pf, i, *a: reads.append(i) or real_read(pf, i, *a))
+    labels = table["label"].to_numpy()
+    for i in range(1, 6):
+        source.load(f"s3://{bucket}/t/a.parquet#rg{i}")
+        assert sum(p.stat().st_size for p in cache.iterdir()) <= 2 * unit_bytes
+    assert reads == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a.parquet#rg5")[1], labels[500:])  # kept
+    np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a.parquet#rg0")[1], labels[:100])  # evicted
+    assert reads == [1, 2, 3, 4, 5, 0]
