@@ -26,6 +26,15 @@ def put_parquet(endpoint, bucket: str, key: str, table, row_group_size: int) -> 
     endpoint.client().put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
 
 
+def stream_one_object(endpoint, tmp_path, table, row_group_size: int):
+    """``table`` as ``t/a.parquet`` in a new bucket, staged in stream mode: ``(bucket, channel, staged)``."""
+    bucket = endpoint.new_bucket()
+    put_parquet(endpoint, bucket, "t/a.parquet", table, row_group_size)
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    return bucket, channel, streaming.describe(manifest, channel, "classification", tmp_path / "data")
+
+
 def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp_path):
     bucket = s3_endpoint.new_bucket()
     table = blobs_table(500, seed=2)
@@ -186,12 +195,8 @@ def test_objects_whose_keys_differ_only_by_slash_and_underscore_keep_their_own_r
 
 
 def test_an_object_changed_after_staging_is_named_not_read(s3_endpoint, tmp_path):
-    bucket = s3_endpoint.new_bucket()
     table = blobs_table(200, seed=5)
-    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 50)
-    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
-    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
-    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    bucket, _, staged = stream_one_object(s3_endpoint, tmp_path, table, 50)
     put_parquet(s3_endpoint, bucket, "t/a.parquet", table.slice(0, 150), 50)  # rewritten, a row group fewer
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
     with pytest.raises(DataError, match=rf"s3://{bucket}/t/a.parquet: changed since the channel was staged"):
@@ -202,13 +207,9 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
     s3_endpoint, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(streaming, "SAMPLE_ROWS", 40)  # the sample holds one class only
-    bucket = s3_endpoint.new_bucket()
     table = blobs_table(200, seed=6)
     table = table.take(pa.array(np.argsort(table["label"].to_numpy(), kind="stable")))
-    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 50)
-    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
-    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
-    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    bucket, channel, staged = stream_one_object(s3_endpoint, tmp_path, table, 50)
     assert staged.schema["classes"] == [0, 1]
     put_parquet(s3_endpoint, bucket, "t/b.parquet", table.drop_columns(["f2"]), 50)
     manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
@@ -221,12 +222,8 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
 
 
 def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_again(s3_endpoint, tmp_path, monkeypatch):
-    bucket = s3_endpoint.new_bucket()
     table = blobs_table(600, seed=7)
-    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 100)
-    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
-    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
-    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    bucket, _, staged = stream_one_object(s3_endpoint, tmp_path, table, 100)
     cache = tmp_path / "cache"
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
     source.EVICT_EVERY = 1
