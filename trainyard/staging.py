@@ -313,9 +313,7 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             return digester
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
-                raise StorageError(
-                    f"{obj.uri}: changed in S3 while it was being staged; run the job again", transient=True
-                ) from exc
+                raise _changed(obj) from exc
             raise s3.describe_error(exc, obj.uri) from exc
         except (BotoCoreError, OSError) as exc:
             # The body broke off (a dropped connection):
@@ -333,7 +331,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     try:
         head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED")
         if head["ETag"].strip('"') != obj.etag:
-            raise StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", True)
+            raise _changed(obj)
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
         etag = integrity.md5_etag(obj.etag, head)
@@ -347,7 +345,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         # object replaced meanwhile by one of the same size would pass a size-only check. Asked again, S3
         # says whether it was.
         if client.head_object(Bucket=obj.bucket, Key=obj.key)["ETag"].strip('"') != obj.etag:
-            raise StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", True)
+            raise _changed(obj)
     except (ClientError, BotoCoreError, Boto3Error) as exc:
         # boto3 wraps the last error of a failed transfer (S3TransferFailedError's cause,
         # RetriesExceededError's last_exception): describe that one, naming the object.
@@ -356,6 +354,10 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     if target.rewritten:  # a retried part: what was digested on the way may not be what is on disk
         digester = _digest_file(tmp, etag, checksum, parts)
     return digester
+
+
+def _changed(obj: StagedObject) -> StorageError:
+    return StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", transient=True)
 
 
 def _digest_file(path: Path, etag: str, checksum: dict | None, parts: list[int] | None) -> integrity.Digester:

@@ -74,24 +74,28 @@ def describe(
     filesystem = arrow_filesystem()
     layout, start, sample, schemas = [], 0, [], {}
     for obj in manifest.objects:
-        try:
-            parquet, _ = _open(filesystem, f"{obj.bucket}/{obj.key}")
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise DataError(f"{obj.uri}: cannot be read as parquet ({str(exc).splitlines()[0]})") from exc
-        counts = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
-        end = start + sum(counts)
-        layout.append({"id": obj.uri, "etag": obj.etag, "size": obj.size, "start": start, "end": end})
-        layout[-1]["row_groups"] = counts
+        parquet, _ = _open(filesystem, f"{obj.bucket}/{obj.key}")
+        counts = _row_counts(parquet)
+        layout.append(
+            {
+                "id": obj.uri,
+                "etag": obj.etag,
+                "size": obj.size,
+                "start": start,
+                "end": start + sum(counts),
+                "row_groups": counts,
+            }
+        )
         schemas[obj.uri] = parquet.schema_arrow
         start += sum(counts)
         for i in range(len(counts)):
-            if sum(t.num_rows for _, t in sample) >= SAMPLE_ROWS:
+            if sum(t.num_rows for *_, t in sample) >= SAMPLE_ROWS:
                 break
-            sample.append((f"{obj.uri}#rg{i}", _read_row_group(parquet, i, obj.uri)))
+            sample.append((f"{obj.uri}#rg{i}", obj.etag, _read_row_group(parquet, i, obj.uri)))
     if start == 0:
         raise DataError(f"{where}: the objects hold no rows")
     try:
-        table = pa.concat_tables([t for _, t in sample], promote_options="permissive")
+        table = pa.concat_tables([t for *_, t in sample], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise DataError(f"{where}: the first objects disagree on column types ({str(exc).splitlines()[0]})") from exc
     classes = channel.classes
@@ -112,10 +116,9 @@ def describe(
     x, y = datasets.to_arrays(table, schema, where)
     if cache_dir is not None:
         offset = 0
-        etags = {o.uri: o.etag for o in manifest.objects}
-        for unit_id, part in sample:
-            path = unit_path(cache_dir, unit_id, etags[unit_id.rpartition("#rg")[0]])
-            _save(path, x[offset : offset + part.num_rows], y[offset : offset + part.num_rows])
+        for unit_id, etag, part in sample:
+            rows = slice(offset, offset + part.num_rows)
+            _save(unit_path(cache_dir, unit_id, etag), x[rows], y[rows])
             offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     sample_path = out_dir / "train.sample.npz"
@@ -187,10 +190,7 @@ class RowGroupSource:
     def _parquet(self, uri: str) -> pq.ParquetFile:
         if uri not in self._files:
             self._fs = self._fs or arrow_filesystem()
-            try:
-                parquet, size = _open(self._fs, uri[5:])
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise DataError(f"{uri}: cannot be read as parquet ({str(exc).splitlines()[0]})") from exc
+            parquet, size = _open(self._fs, uri[5:])
             _check_unchanged(parquet, size, self._objects[uri])
             self._files[uri] = parquet
             while len(self._files) > self.OPEN_OBJECTS:
@@ -203,8 +203,7 @@ def _check_unchanged(parquet: pq.ParquetFile, size: int, staged: dict) -> None:
     """Fail, naming the object, when it is not what staging described: pyarrow's reads cannot be made
     conditional on the ETag, so its size and row groups are compared instead. Rows would otherwise be
     lost, doubled or taken from another version of the object without a word."""
-    meta = parquet.metadata
-    counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    counts = _row_counts(parquet)
     if counts != staged["row_groups"] or size != staged.get("size", size):
         raise DataError(
             f"{staged['id']}: changed since the channel was staged ({size} bytes in row groups of {counts} rows, "
@@ -213,12 +212,19 @@ def _check_unchanged(parquet: pq.ParquetFile, size: int, staged: dict) -> None:
 
 
 def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int]:
-    """The object as a parquet file (its footer read), and its size in bytes."""
+    """The object ``bucket/key`` as a parquet file (its footer read), and its size in bytes."""
     # pre_buffer: a row group's column chunks are fetched as concurrent, coalesced range reads rather
     # than one after another (an 18 MB row group from a local endpoint: 55 ms -> 36 ms; more where
     # each request waits on a network round trip).
-    source = filesystem.open_input_file(path)
-    return pq.ParquetFile(source, pre_buffer=True), source.size()
+    try:
+        source = filesystem.open_input_file(path)
+        return pq.ParquetFile(source, pre_buffer=True), source.size()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise DataError(f"s3://{path}: cannot be read as parquet ({str(exc).splitlines()[0]})") from exc
+
+
+def _row_counts(parquet: pq.ParquetFile) -> list[int]:
+    return [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
 
 
 def unit_path(cache_dir: Path, unit_id: str, etag: str) -> Path:
