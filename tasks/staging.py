@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import retry_transient, stage_meter
-from trainyard import datasets, staging
+from trainyard import cache, datasets, staging
 from trainyard.spec import TrainingJob
 
 
@@ -19,8 +19,9 @@ def stage_inputs(job: TrainingJob, job_dir: str) -> dict:
     Returns the channel manifests' summaries, the prepared data, and the stage's time and energy.
     """
     logger = get_run_logger()
-    with stage_meter("staging", job) as record:
-        manifests = staging.stage_channels(job.channels(), Path(job_dir) / "staging")
+    # The pin keeps the cached objects from other jobs' eviction until prepare has read them.
+    with stage_meter("staging", job) as record, cache.Pin() as pin:
+        manifests = staging.stage_channels(job.channels(), Path(job_dir) / "staging", pin)
         staged = datasets.prepare(manifests, job.channels(), job.algorithm.task, Path(job_dir) / "data")
     record["channels"] = {name: m.summary() for name, m in manifests.items()}
     record["staged"] = staged

@@ -4,13 +4,19 @@ An object's cache name is a hash of (bucket, key, ETag): the same bytes are neve
 and an object changed in place gets a new name. The cache is kept under a size cap
 (``TRAINYARD_CACHE_MAX_BYTES``, default 100 GiB) by evicting the least recently used objects; a
 hit refreshes an object's time.
+
+Objects a job is using are pinned (``Pin``) until it has read them: another job's eviction, in this
+process or any other sharing ``TRAINYARD_HOME``, skips them even when the cache is over its cap.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from trainyard.home import cache_dir
@@ -29,6 +35,85 @@ def path_for(bucket: str, key: str, etag: str) -> Path:
     return objects_dir() / digest[:2] / digest
 
 
+def pins_dir() -> Path:
+    return cache_dir() / "pins"
+
+
+class Pin:
+    """Cache objects a job is using: no eviction removes them while the pin is held.
+
+    A pin is a file under ``cache/pins`` listing object paths, one a line, locked (``flock``) by its
+    holder for as long as it is held. The lock dies with the process, so the pin of a job that crashed
+    is found stale by the next eviction and removed. Use it as a context manager, and ``add`` paths
+    before checking or reading them.
+    """
+
+    def __init__(self) -> None:
+        folder = pins_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        name = uuid.uuid4().hex
+        # Locked under a dot name first, then renamed: an eviction never sees it unlocked (stale).
+        writing = folder / f".{name}.pin"
+        self._fd = os.open(writing, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self.path = folder / f"{name}.pin"
+        os.rename(writing, self.path)
+
+    def add(self, paths: Iterable[str | Path]) -> None:
+        """Pin ``paths``. An eviction already under way finishes first, so whatever is found in the
+        cache after this returns stays there until ``release``."""
+        data = memoryview("".join(f"{p}\n" for p in paths).encode())
+        with _eviction_lock(fcntl.LOCK_SH):
+            while data:
+                data = data[os.write(self._fd, data) :]
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)  # drops the lock
+        self._fd = -1
+
+    def __enter__(self) -> Pin:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def pinned() -> set[str]:
+    """Every path pinned by a live holder; pins whose holder died are removed on the way."""
+    paths: set[str] = set()
+    for pin in pins_dir().glob("*.pin"):
+        try:
+            fd = os.open(pin, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # released meanwhile
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: read what it pins (a line still being written is not whole)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    paths.update(line.decode() for line in f.read().split(b"\n")[:-1])
+            else:  # nobody holds it: its job ended without releasing it (killed)
+                pin.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return paths
+
+
+@contextlib.contextmanager
+def _eviction_lock(kind: int) -> Iterator[None]:
+    """Shared while pins are added, exclusive while an eviction reads them and deletes."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache_dir() / "eviction.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, kind)
+        yield
+    finally:
+        os.close(fd)
+
+
 def hit(path: Path, size: int) -> bool:
     """Whether the object is cached (complete: only verified files ever get their final name)."""
     try:
@@ -44,9 +129,11 @@ def max_bytes() -> int:
     return int(os.environ.get(CACHE_MAX_BYTES_ENV) or DEFAULT_MAX_BYTES)
 
 
-def evict(keep: set[str], limit: int | None = None) -> dict:
-    """Delete least recently used objects until the cache fits ``limit``; never those in ``keep``."""
-    return evict_files(objects_dir().glob("*/*"), keep, limit)
+def evict(keep: Iterable[str] = (), limit: int | None = None) -> dict:
+    """Delete least recently used objects until the cache fits ``limit``; never those in ``keep``, nor
+    those any job has pinned."""
+    with _eviction_lock(fcntl.LOCK_EX):
+        return evict_files(objects_dir().glob("*/*"), set(keep) | pinned(), limit)
 
 
 def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None) -> dict:

@@ -13,6 +13,7 @@ transfer manager (ranged, concurrent parts).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -89,26 +90,31 @@ class ChannelManifest:
         return cls(**{**data, "objects": [StagedObject(**o) for o in data.get("objects", [])]})
 
 
-def stage_channels(channels: dict[str, Channel], manifest_dir: Path) -> dict[str, ChannelManifest]:
+def stage_channels(
+    channels: dict[str, Channel], manifest_dir: Path, pin: cache.Pin | None = None
+) -> dict[str, ChannelManifest]:
     """Stage every channel with a progress bar; write each manifest to ``manifest_dir/<name>.json``.
 
-    Afterwards the cache is trimmed to its size cap, least recently used first, never evicting an
-    object of these channels.
+    The objects are pinned in the cache by ``pin``, which the caller releases once it has read them
+    (without one, they are pinned only while this runs). Afterwards the cache is trimmed to its size
+    cap, least recently used first, never evicting an object any job has pinned.
     A ``mode: stream`` channel is listed only: its replica groups read it from S3 themselves.
     """
-    manifests = {}
-    for name, channel in channels.items():
-        manifest = list_channel(name, channel)
-        if channel.mode == "stream":
-            for obj in manifest.objects:
-                obj.verified_by = "streamed"
-            manifests[name] = manifest
-        else:
-            label = f"staging {name} ({len(manifest.objects)} objects)"
-            with progress.bar(label, manifest.bytes, "bytes") as advance:
-                manifests[name] = fetch_channel(manifest, advance)
-        write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
-    cache.evict(keep={o.path for m in manifests.values() for o in m.objects if o.path})
+    with contextlib.ExitStack() as stack:
+        pin = pin or stack.enter_context(cache.Pin())
+        manifests = {}
+        for name, channel in channels.items():
+            manifest = list_channel(name, channel)
+            if channel.mode == "stream":
+                for obj in manifest.objects:
+                    obj.verified_by = "streamed"
+                manifests[name] = manifest
+            else:
+                label = f"staging {name} ({len(manifest.objects)} objects)"
+                with progress.bar(label, manifest.bytes, "bytes") as advance:
+                    manifests[name] = fetch_channel(manifest, advance, pin)
+            write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
+        cache.evict()
     return manifests
 
 
@@ -130,16 +136,22 @@ def list_channel(name: str, channel: Channel) -> ChannelManifest:
     return manifest
 
 
-def fetch_channel(manifest: ChannelManifest, on_bytes: ProgressFn | None = None) -> ChannelManifest:
+def fetch_channel(
+    manifest: ChannelManifest, on_bytes: ProgressFn | None = None, pin: cache.Pin | None = None
+) -> ChannelManifest:
     """Fetch every listed object into the cache, verified; fill in paths, bytes moved and the digest.
 
-    ``on_bytes`` is called with each chunk of bytes transferred (for a progress bar).
+    ``on_bytes`` is called with each chunk of bytes transferred (for a progress bar). ``pin`` keeps the
+    objects from eviction by other jobs from before they are looked up in the cache.
     """
     client = s3.client()
+    for obj in manifest.objects:
+        obj.path = str(cache.path_for(obj.bucket, obj.key, obj.etag))
+    if pin is not None:
+        pin.add(obj.path for obj in manifest.objects)
     small, large = [], []
     for obj in manifest.objects:
-        target = cache.path_for(obj.bucket, obj.key, obj.etag)
-        obj.path = str(target)
+        target = Path(obj.path)
         if cache.hit(target, obj.size):
             obj.verified_by = obj.verified_by or "cache"
             if on_bytes:

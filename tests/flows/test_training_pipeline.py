@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
-from trainyard import STAGES, s3, streaming
+from trainyard import STAGES, cache, s3, streaming
 from trainyard.cli import app
 from trainyard.home import job_dir
 from trainyard.spec import parse_job
@@ -64,6 +64,7 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert compute["flops_total"] == compute["flops_forward"] + compute["flops_backward"] + compute["flops_evaluation"]
     assert compute["samples_trained"] == 3 * 600
     assert summary["data"]["channels"]["train"]["objects"] == 2
+    assert not list(cache.pins_dir().glob("*.pin"))  # staging's pin on the cached objects was released
     # the model: registered, loadable, and its run holds the summary and the curves
     model = summary["model"]
     assert model["name"] == "test-job" and "champion" in model["aliases"]

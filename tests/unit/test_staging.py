@@ -256,6 +256,62 @@ def test_cache_evicts_least_recently_used_but_never_the_current_channel(s3_endpo
     assert [p.exists() for p in old] == [False, False, True]  # the two least recently used went
 
 
+def test_another_jobs_eviction_spares_the_objects_a_job_has_pinned_until_it_releases_them(
+    s3_endpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for name in ("first", "second"):
+        client.put_object(Bucket=bucket, Key=f"{name}/x.bin", Body=name.encode() * 500)
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "0")  # every object is over the cap
+    with cache.Pin() as pin:  # job 1 staged, and still reading what it staged
+        first = staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/first/", format="raw")}, tmp_path, pin)
+        stage(f"s3://{bucket}/second/", tmp_path / "job2", format="raw")  # job 2 stages and trims the cache
+        assert Path(first["train"].objects[0].path).read_bytes() == b"first" * 500
+    stage(f"s3://{bucket}/second/", tmp_path / "job3", format="raw")  # the next trim may take it
+    assert not Path(first["train"].objects[0].path).exists()
+    assert not list(cache.pins_dir().glob("*"))
+
+
+def test_a_pin_left_by_a_process_that_died_is_removed_by_the_next_eviction(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    obj = cache.path_for("b", "k", "e")
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(b"x" * 100)
+    held = cache.Pin()
+    held.add([obj])
+    killed = "import os; from trainyard import cache; p = cache.Pin(); p.add([{obj!r}]); os._exit(9)"
+    subprocess.run([sys.executable, "-c", killed.format(obj=str(obj))], check=False, cwd=Path(__file__).parents[2])
+    assert len(list(cache.pins_dir().glob("*.pin"))) == 2
+    assert cache.evict(limit=0)["evicted_objects"] == 0  # still pinned by the live holder
+    assert list(cache.pins_dir().glob("*.pin")) == [held.path]  # the dead one's pin is gone
+    held.release()
+    assert cache.evict(limit=0)["evicted_objects"] == 1 and not obj.exists()
+
+
+def test_a_pin_added_while_an_eviction_runs_waits_for_it_and_then_holds(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    obj = cache.path_for("b", "k", "e")
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(b"x" * 100)
+    with cache.Pin() as pin:
+        with cache._eviction_lock(cache.fcntl.LOCK_EX):  # an eviction is under way
+            adding = threading.Thread(target=pin.add, args=([obj],))
+            adding.start()
+            adding.join(0.5)
+            assert adding.is_alive()  # add waits: what the eviction deletes meanwhile is looked up afterwards
+        adding.join()
+        assert cache.pinned() == {str(obj)}
+        assert cache.evict(limit=0)["evicted_objects"] == 0
+    assert cache.pinned() == set()  # released on leaving the block
+
+
 def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_nothing(
     s3_endpoint, fault_proxy, tmp_path, monkeypatch
 ):
