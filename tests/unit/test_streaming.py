@@ -12,7 +12,7 @@ import pytest
 from tests import s3_endpoints
 from tests.conftest import blobs_table
 from trainyard import staging, streaming
-from trainyard.errors import DataError
+from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel, parse_job
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.sampling import StreamSampler, step_batch
@@ -107,7 +107,8 @@ def test_the_scaling_sample_is_the_first_rows_and_their_row_groups_are_kept_for_
         np.testing.assert_array_equal(y, table["label"].to_numpy()[100 * i : 100 * (i + 1)])
 
 
-def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):
+def numbered_rows_job(s3_endpoint, tmp_path) -> tuple:
+    """A streamed channel of 400 rows whose one feature is the row's number, in row groups of 50."""
     bucket = s3_endpoint.new_bucket()
     table = blobs_table(400, seed=3)
     table = table.append_column("row", pa.array(np.arange(400, dtype=np.float64)))
@@ -136,6 +137,11 @@ def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):
         staged.train_layout,
         streamed=True,
     )
+    return job, plan
+
+
+def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):
+    job, plan = numbered_rows_job(s3_endpoint, tmp_path)
     sampler = StreamSampler(job, plan, tmp_path / "cache")
     assert sampler.steps_per_epoch(2) == 10  # 200 rows a slot, 20 a step
     seen = {0: [], 1: []}
@@ -152,6 +158,30 @@ def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):
     assert sorted(sum((x[:, 0].int().tolist() for x, *_ in rows), [])) == sorted(
         sampler.slot_batch(0, 3, 2, 0)[0][:, 0].int().tolist() + sampler.slot_batch(0, 3, 2, 1)[0][:, 0].int().tolist()
     )
+
+
+def test_a_failed_read_ahead_is_read_again_when_needed_and_a_second_failure_is_raised(s3_endpoint, tmp_path):
+    job, plan = numbered_rows_job(s3_endpoint, tmp_path)
+    sampler = StreamSampler(job, plan, tmp_path / "cache")
+    load, failed = sampler.source.load, []
+    broken = sampler._order(0, 2, 1)[0][-1][0]  # the last row group the second slot reads
+
+    def flaky(unit_id):
+        if unit_id not in failed or unit_id == broken:  # every row group fails once; that one every time
+            failed.append(unit_id)
+            raise StorageError(f"{unit_id}: connection reset", transient=True)
+        return load(unit_id)
+
+    sampler.source.load = flaky
+    seen = []
+    for index in range(10):  # the first slot's 4 row groups: each failed once (read ahead), then was read
+        seen += sampler.slot_batch(0, index, 2, 0)[0][:, 0].int().tolist()
+    assert len(set(seen)) == len(seen) == 200
+    assert len(failed) == 4
+    with pytest.raises(StorageError, match="connection reset"):
+        for index in range(10):
+            sampler.slot_batch(0, index, 2, 1)
+    assert failed.count(broken) == 2  # tried once more, not again and again
 
 
 def test_stream_needs_parquet(s3_endpoint, tmp_path):

@@ -24,7 +24,7 @@ import torch
 from numpy.random import default_rng  # imported at start-up, not lazily on the first batch's path
 
 from trainyard import sharding, streaming
-from trainyard.errors import DataError
+from trainyard.errors import DataError, TrainyardError
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan
 
@@ -218,13 +218,26 @@ class StreamSampler:
         the arrays themselves would copy the whole row group before its first batch)."""
         key = (epoch, unit[0])
         if key not in self._shuffled:
-            x, y = self._future(unit[0]).result()
+            x, y = self._load(unit[0])
             order = default_rng([self.seed, epoch, unit[1]]).permutation(len(x))
             # Batches walk a row group in order; a group covering other slots walks a few at once.
             while len(self._shuffled) >= 4:
                 self._shuffled.pop(next(iter(self._shuffled)))
             self._shuffled[key] = (x, y, order)
         return self._shuffled[key]
+
+    def _load(self, unit_id: str) -> tuple[np.ndarray, np.ndarray]:
+        """A row group's arrays. A read ahead that failed is tried once more now that it is needed: it
+        may have been a network failure some time ago, and pyarrow spends its own retries within seconds.
+        A second failure is raised (the group fails, and the elastic retries take over)."""
+        future = self._future(unit_id)
+        try:
+            return future.result()
+        except (TrainyardError, OSError):
+            with self._lock:
+                if self._loaded.get(unit_id) is future:
+                    del self._loaded[unit_id]
+            return self._future(unit_id).result()
 
     def _future(self, unit_id: str) -> Future:
         with self._lock:
