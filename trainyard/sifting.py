@@ -6,14 +6,18 @@ Percentiles of fresh losses against their own recent history are uniform in stea
 expected kept fraction is ``E[U ** beta] = 1 / (1 + beta)``.
 
 Batches stay full and every group takes the same number of steps: each step draws
-``batch_size * (1 + beta)`` candidates (the sampler's global batch), scores them, and keeps
-``batch_size`` of them, drawn without replacement with weights ``p ** beta`` (Gumbel top-k, seeded by
-the step and group, so a redone step keeps the same samples). That keeps the steady-state kept
-fraction and the rule's preference for high-loss samples, without a variable number of candidates
-per step, which would tie each group's data position to its own history instead of to the step.
+``batch_size * (1 + beta)`` candidates (the sampler's global batch), scores them, and keeps exactly
+``batch_size`` of them by systematic sampling with inclusion probabilities ``c * p ** beta`` (capped
+at 1), ``c`` making them sum to ``batch_size`` (``inclusion_sample``; seeded by the step and group, so a
+redone step keeps the same samples). In steady state ``c`` is 1: each candidate is kept with
+smart sifting's own probability, not a flattened one (drawing ``batch_size`` without replacement
+with weights ``p ** beta`` keeps a 99th-percentile loss about 80% of the time instead of 99%, at
+beta 1). A fixed number of candidates per step keeps each group's data position tied to the step
+rather than to its own sifting history.
 
 A class balance guard keeps every class present among the candidates at no less than
-``min_class_fraction`` of its proportional share of the kept batch. The loss history is part of
+``min_class_fraction`` of its proportional share of the kept batch, rounded up: a class with only a
+few candidates in a group's share keeps at least one. The loss history is part of
 the replica group's torchft state, so a group that heals from a peer sifts as its peer does.
 """
 
@@ -70,10 +74,9 @@ class Sifter:
         """Indices of the ``keep`` candidates to train on; the losses then join the history."""
         weights = self.keep_probability(losses)
         rng = np.random.default_rng([self.seed, step, group])
-        keys = np.log(np.maximum(weights, 1e-12)) + rng.gumbel(size=len(losses))
-        order = np.argsort(-keys, kind="stable")
-        chosen = order[:keep]
+        chosen = inclusion_sample(weights, keep, rng)
         if labels is not None:
+            order = np.lexsort((rng.random(len(losses)), -weights))  # most likely kept first, ties at random
             chosen = self._balance(chosen, order, labels, keep)
         self._remember(losses, labels, chosen)
         return np.sort(chosen)
@@ -88,10 +91,10 @@ class Sifter:
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
         """Swap in each starved class's best candidates for the weakest kept ones of classes with
-        some to spare (by the draw's ranking)."""
+        some to spare (``order``: the candidates by keep probability, highest first)."""
         floor = self.config.min_class_fraction
         classes, counts = np.unique(labels, return_counts=True)
-        need = {c: math.floor(floor * keep * n / len(labels)) for c, n in zip(classes.tolist(), counts, strict=True)}
+        need = {c: math.ceil(floor * keep * n / len(labels)) for c, n in zip(classes.tolist(), counts, strict=True)}
         kept = np.zeros(len(labels), dtype=bool)
         kept[chosen] = True
         have = {c: int((labels[chosen] == c).sum()) for c in need}
@@ -144,6 +147,36 @@ class Sifter:
                 c: self.kept_by_class.get(c, 0) / n for c, n in sorted(self.scored_by_class.items()) if n
             },
         }
+
+
+def inclusion_sample(weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``k`` distinct indices, index ``i`` among them with probability ``min(1, c * weights[i])``, ``c``
+    such that these sum to ``k``: Madow's systematic sampling, over the items in a random order (the
+    order decides only which items tend to be drawn together)."""
+    n = len(weights)
+    if k >= n:
+        return np.arange(n)
+    w = np.maximum(np.asarray(weights, dtype=np.float64), 1e-12)
+    certain = np.zeros(n, dtype=bool)
+    while True:  # an item whose scaled weight reaches 1 is taken for certain, and the rest rescaled
+        scale = (k - certain.sum()) / w[~certain].sum()
+        over = ~certain & (w * scale >= 1.0)
+        if not over.any():
+            break
+        certain |= over
+    probability = np.where(certain, 1.0, w * scale)
+    order = rng.permutation(n)
+    edges = np.cumsum(probability[order])
+    edges *= k / edges[-1]  # exactly k, whatever the rounding
+    # One point in each unit interval: every item's span is at most 1 long, so it catches at most one.
+    hits = np.minimum(np.searchsorted(edges, rng.random() + np.arange(k), side="right"), n - 1)
+    picked = np.unique(order[hits])
+    if len(picked) < k:  # a point on a rounding edge: top up with the likeliest items not picked
+        ranked = np.argsort(-probability, kind="stable")
+        taken = np.zeros(n, dtype=bool)
+        taken[picked] = True
+        picked = np.union1d(picked, ranked[~taken[ranked]][: k - len(picked)])
+    return picked
 
 
 class LossMemory:

@@ -224,6 +224,15 @@ class Prefilter(_Model):
     reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
     seed: int = Field(default=0, description="Seed of the cross-fitting split and the reference models.")
 
+    @model_validator(mode="after")
+    def _leaves_rows(self) -> Prefilter:
+        if self.drop_learnt_fraction + self.drop_unlearnable_fraction >= 1:
+            raise ValueError(
+                f"drop_learnt_fraction {self.drop_learnt_fraction} + drop_unlearnable_fraction "
+                f"{self.drop_unlearnable_fraction} would drop every row; keep their sum under 1 (e.g. 0.2 and 0.05)"
+            )
+        return self
+
 
 class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
@@ -253,7 +262,8 @@ class Sifting(_Model):
         default=0.5,
         ge=0,
         le=1,
-        description="Class balance guard: each class keeps at least this fraction of its share of a batch.",
+        description="Class balance guard: each class keeps at least this fraction of its share of a batch "
+        "(rounded up).",
     )
 
     @property
@@ -435,6 +445,16 @@ class TrainingJob(_Model):
                     "sifting.score: reducible_loss needs the prefilter's reference losses: "
                     "remove sifting.prefilter.enabled: false"
                 )
+        pre = self.sifting.prefilter
+        if self.inputs.train.mode == "stream" and (
+            pre.enabled or pre.drop_learnt_fraction or pre.drop_unlearnable_fraction
+        ):
+            # Left unset, the prefilter is simply not run on a streamed channel (sifting.enabled's default must
+            # not turn a valid streamed job into an error); asked for, it would silently drop nothing.
+            problems.append(
+                "sifting.prefilter: a streamed channel is never read whole before training, so it cannot be "
+                "prefiltered: remove sifting.prefilter, or inputs.train.mode: file"
+            )
         if self.sifting.enabled and self.sifting.reuse_loss_epochs and self.inputs.train.mode == "stream":
             problems.append(
                 "sifting.reuse_loss_epochs: a streamed channel's rows are not all in memory to remember their losses: "

@@ -66,6 +66,45 @@ def test_the_keep_rule_keeps_one_in_one_plus_beta_in_steady_state():
         assert abs(kept.mean() - 1 / (1 + beta)) < 0.01
 
 
+def test_each_candidate_is_kept_with_smart_siftings_probability_and_batches_stay_full():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    rng = np.random.default_rng(0)
+    for beta in (1.0, 2.0):
+        sifter = Sifter(Sifting(enabled=True, beta=beta, loss_history_length=20_000), seed=0)
+        sifter.history = rng.exponential(size=20_000).astype(np.float32)
+        kept, probability = [], []
+        for step in range(400):
+            losses = rng.exponential(size=sifter.candidate_batch(64))
+            p = sifter.keep_probability(losses)
+            chosen = sifter.select(losses, None, sifter.keep_count(len(losses)), step, group=0)
+            assert len(chosen) == 64
+            kept.append(np.isin(np.arange(len(losses)), chosen))
+            probability.append(p)
+            sifter.history = sifter.history[: 20_000 - len(losses)]  # keep the reference distribution fixed
+            sifter.history = np.concatenate([sifter.history, rng.exponential(size=len(losses)).astype(np.float32)])
+        kept, probability = np.concatenate(kept), np.concatenate(probability)
+        # by percentile tenth: kept as often as percentile ** beta says (the 99th percentile ~99% at beta 1)
+        for low in np.arange(0.0, 1.0, 0.1):
+            tenth = (probability ** (1 / beta) >= low) & (probability ** (1 / beta) < low + 0.1)
+            assert abs(kept[tenth].mean() - probability[tenth].mean()) < 0.03, (beta, low)
+
+
+def test_a_class_with_only_a_few_easy_candidates_keeps_at_least_one():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=1.0, min_class_fraction=0.5), seed=0)
+    rng = np.random.default_rng(2)
+    sifter.history = rng.random(500).astype(np.float32)
+    for step in range(50):  # two groups' share of a batch of 64: 32 of 64 candidates, 3 of a rare class
+        losses, labels = rng.random(64), np.array([0] * 61 + [1] * 3)
+        losses[61:] = 0.0
+        chosen = sifter.select(losses, labels, 32, step=step, group=0)
+        assert (labels[chosen] == 1).sum() >= 1
+
+
 def test_sifting_keeps_full_batches_of_the_hardest_samples_and_guards_classes():
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting
@@ -77,12 +116,13 @@ def test_sifting_keeps_full_batches_of_the_hardest_samples_and_guards_classes():
     losses = rng.random(128)
     labels = np.array([0] * 120 + [1] * 8)
     losses[120:] = 0.0  # class 1 is all easy: the rule alone would starve it
+    before = sifter.history.copy()
     chosen = sifter.select(losses, labels, 64, step=20, group=0)
     assert len(chosen) == len(set(chosen.tolist())) == 64  # a full batch, no sample twice
     assert (labels[chosen] == 1).sum() >= 2  # half of its 4-sample share
     assert np.median(losses[chosen][labels[chosen] == 0]) > np.median(losses[:120])  # harder ones kept
     again = Sifter(Sifting(enabled=True, beta=1.0), seed=0)
-    again.history = sifter.history[:-128].copy()
+    again.history = before
     assert (again.select(losses, labels, 64, step=20, group=0) == chosen).all()  # a redone step keeps the same
 
 

@@ -208,3 +208,13 @@ def test_reusing_losses_needs_the_rows_in_memory():
     assert parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting.loss_reuse_epochs(streamed=True) == 0
     assert parse_job(minimal(sifting={"enabled": True, "reuse_loss_epochs": 2})).sifting.reuse_loss_epochs == 2
     assert any(p.startswith("sifting.reuse_loss_epochs") for p in problems(minimal(sifting={"reuse_loss_epochs": -1})))
+
+
+def test_prefilter_settings_that_cannot_work_are_refused():
+    both = {"enabled": True, "prefilter": {"drop_learnt_fraction": 0.6, "drop_unlearnable_fraction": 0.4}}
+    assert any(p.startswith("sifting.prefilter:") and "every row" in p for p in problems(minimal(sifting=both)))
+    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
+    asked = {"enabled": True, "prefilter": {"drop_unlearnable_fraction": 0.1}}
+    found = problems(minimal(inputs=streamed, sifting=asked))
+    assert any(p.startswith("sifting.prefilter:") and "inputs.train.mode: file" in p for p in found)
+    assert parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting.enabled  # unset: not run, no error
