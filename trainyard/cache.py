@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from trainyard.home import cache_dir
 
 CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 100 * 2**30
+PART_SUFFIX = ".part"  # a download being written, under a dot name
+STALE_PART_SECONDS = 3600  # a download writes every few seconds at worst: one this old was abandoned (killed)
 
 
 def objects_dir() -> Path:
@@ -53,7 +56,7 @@ class Pin:
         folder.mkdir(parents=True, exist_ok=True)
         name = uuid.uuid4().hex
         # Locked under a dot name first, then renamed: an eviction never sees it unlocked (stale).
-        writing = folder / f".{name}.pin"
+        writing = folder / f".{name}.pin.new"  # not matched by pinned()'s "*.pin"
         self._fd = os.open(writing, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         self.path = folder / f"{name}.pin"
@@ -142,12 +145,14 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
     limit = max_bytes() if limit is None else limit
     entries = []
     for path in paths:
-        if path.name.startswith("."):
-            continue  # a download in progress
         try:
             st = path.stat()
         except FileNotFoundError:
             continue  # another job's eviction took it meanwhile
+        if path.name.startswith("."):  # a download in progress; one left by a killed job goes
+            if path.name.endswith(PART_SUFFIX) and time.time() - st.st_mtime > STALE_PART_SECONDS:
+                path.unlink(missing_ok=True)
+            continue
         entries.append((st.st_mtime, st.st_size, path))
     total = sum(size for _, size, _ in entries)
     evicted, freed = 0, 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -21,3 +22,24 @@ def bar(description: str, total: float, unit: str = "items") -> Iterator[Callabl
     with Progress(TextColumn("{task.description}"), BarColumn(), count, TimeElapsedColumn(), transient=False) as prog:
         task = prog.add_task(description, total=total)
         yield lambda n: prog.advance(task, n)
+
+
+@contextmanager
+def transfer(description: str, total_bytes: int, total_objects: int) -> Iterator[tuple[Callable, Callable]]:
+    """A bar of bytes moved with the objects done beside it; yields ``(advance_bytes(n), objects_done(n))``,
+    both callable from any thread."""
+    if os.environ.get(PROGRESS_ENV, "1") == "0":
+        yield (lambda n: None), (lambda n=1: None)
+        return
+    objects = TextColumn("{task.fields[done]}/{task.fields[objects]} objects")
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), objects, TimeElapsedColumn())
+    with Progress(*columns, transient=False) as prog:
+        task = prog.add_task(description, total=total_bytes, done=0, objects=total_objects)
+        lock, done = threading.Lock(), [0]
+
+        def objects_done(n: int = 1) -> None:
+            with lock:  # objects finish on several threads
+                done[0] += n
+                prog.update(task, done=done[0])
+
+        yield (lambda n: prog.advance(task, n)), objects_done

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -110,9 +111,8 @@ def stage_channels(
                     obj.verified_by = "streamed"
                 manifests[name] = manifest
             else:
-                label = f"staging {name} ({len(manifest.objects)} objects)"
-                with progress.bar(label, manifest.bytes, "bytes") as advance:
-                    manifests[name] = fetch_channel(manifest, advance, pin)
+                with progress.transfer(f"staging {name}", manifest.bytes, len(manifest.objects)) as (moved, done):
+                    manifests[name] = fetch_channel(manifest, moved, pin, done)
             write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
         cache.evict()
     return manifests
@@ -137,13 +137,18 @@ def list_channel(name: str, channel: Channel) -> ChannelManifest:
 
 
 def fetch_channel(
-    manifest: ChannelManifest, on_bytes: ProgressFn | None = None, pin: cache.Pin | None = None
+    manifest: ChannelManifest,
+    on_bytes: ProgressFn | None = None,
+    pin: cache.Pin | None = None,
+    on_objects: Callable[[int], None] | None = None,
 ) -> ChannelManifest:
     """Fetch every listed object into the cache, verified; fill in paths, bytes moved and the digest.
 
-    ``on_bytes`` is called with each chunk of bytes transferred (for a progress bar). ``pin`` keeps the
-    objects from eviction by other jobs from before they are looked up in the cache.
+    ``on_bytes`` is called with each chunk of bytes transferred and ``on_objects`` with each count of
+    objects done (for a progress bar). ``pin`` keeps the objects from eviction by other jobs from before they are
+    looked up in the cache.
     """
+    on_objects = on_objects or (lambda n: None)
     client = s3.client()
     for obj in manifest.objects:
         obj.path = str(cache.path_for(obj.bucket, obj.key, obj.etag))
@@ -158,10 +163,17 @@ def fetch_channel(
                 on_bytes(obj.size)
             continue
         (large if obj.size >= s3.TRANSFER_CONFIG.multipart_threshold else small).append(obj)
+    on_objects(len(manifest.objects) - len(small) - len(large))  # the cached ones
+
+    def fetch(obj: StagedObject, getter) -> int:
+        moved = _fetch_verified(client, obj, on_bytes, getter)
+        on_objects(1)
+        return moved
+
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
-        moved = list(pool.map(lambda o: _fetch_verified(client, o, on_bytes, _get_small), small))
+        moved = list(pool.map(lambda o: fetch(o, _get_small), small))
     # Large objects one at a time: the transfer manager already fetches each in concurrent parts.
-    moved += [_fetch_verified(client, o, on_bytes, _get_large) for o in large]
+    moved += [fetch(o, _get_large) for o in large]
     manifest.bytes_downloaded = sum(moved)
     manifest.objects_downloaded = len(small) + len(large)
     return manifest
@@ -278,7 +290,8 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
     """Fetch with ``getter`` to a temporary name, verify, rename; one more try on a mismatch."""
     target = Path(obj.path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    # Unique per call: two stagings of one object in one process must not write into each other's file.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{cache.PART_SUFFIX}")
     moved = 0
     try:
         for attempt in (1, 2):
@@ -287,6 +300,8 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
             problem, obj.verified_by = digester.result(obj.size)
             obj.checksum = digester.checksum
             if problem is None:
+                # Read-only: a job's hard-linked copy (mirror) shares this file, and must not change the cache's.
+                tmp.chmod(0o444)
                 os.replace(tmp, target)
                 return moved
             if attempt == 2:
@@ -304,6 +319,11 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             response = client.get_object(
                 Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED"
             )
+            if response["ETag"].strip('"') != obj.etag:
+                # An endpoint that ignores If-Match (rclone does) sends whatever is there now; its own
+                # checksum would pass, and the new bytes would be cached under the old ETag.
+                response["Body"].close()
+                raise _changed(obj)
             etag, checksum = integrity.md5_etag(obj.etag, response), integrity.checksum_of(response)
             digester = integrity.Digester(etag, checksum)
             with tmp.open("wb") as f:
@@ -323,6 +343,8 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
                 if parts:
                     digester = _digest_file(tmp, etag, checksum, parts)
             return digester
+        except StorageError:
+            raise  # already says what happened (an OSError, which the body's breaking off below is too)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
                 raise _changed(obj) from exc

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from trainyard import cache, datasets, s3, sharding
-from trainyard.errors import DataError
+from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
 
@@ -108,7 +108,7 @@ def describe(
                 [f"{o.bucket}/{o.key}" for o in manifest.objects], columns=[channel.label], filesystem=filesystem
             )
         except (OSError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise DataError(f"{where}: the label column cannot be read ({str(exc).splitlines()[0]})") from exc
+            raise read_error(exc, where, "the label column cannot be read") from exc
         datasets.check_labels(labels, channel.label, where)
         classes = sorted(pc.unique(labels[channel.label]).to_pylist(), key=lambda v: (str(type(v)), v))
     schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name)
@@ -142,7 +142,23 @@ def _read_row_group(parquet: pq.ParquetFile, index: int, uri: str, columns: list
     try:
         return parquet.read_row_group(index, columns=columns)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise DataError(f"{uri}: row group {index} cannot be read ({str(exc).splitlines()[0]})") from exc
+        raise read_error(exc, uri, f"row group {index} cannot be read") from exc
+
+
+# The AWS SDK's error names for a request that is wrong in itself: trying again will not help.
+_PERMANENT = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "NO_SUCH_KEY", "RESOURCE_NOT_FOUND", "INVALID_ACCESS_KEY_ID")
+_PERMANENT += ("SIGNATURE_DOES_NOT_MATCH", "HTTP status 401", "HTTP status 403", "HTTP status 404")
+
+
+def read_error(exc: Exception, uri: str, what: str) -> DataError | StorageError:
+    """pyarrow's error, named for the object: a request S3 refused or failed (the AWS SDK's text says
+    "AWS Error") is a ``StorageError``, transient unless the request itself was wrong; anything else is
+    the object's content (``DataError``)."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "AWS Error" in first:
+        transient = not any(name in first for name in _PERMANENT)
+        return StorageError(f"{uri}: {what}: S3 refused or failed the request ({first})", transient=transient)
+    return DataError(f"{uri}: {what} ({first})")
 
 
 class RowGroupSource:
@@ -160,6 +176,7 @@ class RowGroupSource:
         self._schema = datasets.Schema(schema["features"], schema["label"], schema["task"], schema["classes"])
         self._cache_dir = cache_dir
         self._fs: pafs.S3FileSystem | None = None
+        self._signer: tuple | None = None  # the credentials self._fs signs with
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
         self._lock = threading.Lock()
         self._written = 0
@@ -188,6 +205,13 @@ class RowGroupSource:
         return x, y
 
     def _parquet(self, uri: str) -> pq.ParquetFile:
+        frozen = s3.credentials()
+        signer = (frozen.access_key, frozen.token) if frozen else None
+        if signer != self._signer:
+            # Credentials that expire (an assumed role, an instance profile) were refreshed since the
+            # file system was made with them: a new one signs with the new ones.
+            self._fs, self._signer = None, signer
+            self._files.clear()
         if uri not in self._files:
             self._fs = self._fs or arrow_filesystem()
             parquet, size = _open(self._fs, uri[5:])
@@ -220,7 +244,7 @@ def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int
         source = filesystem.open_input_file(path)
         return pq.ParquetFile(source, pre_buffer=True), source.size()
     except (OSError, pa.ArrowInvalid) as exc:
-        raise DataError(f"s3://{path}: cannot be read as parquet ({str(exc).splitlines()[0]})") from exc
+        raise read_error(exc, f"s3://{path}", "cannot be read as parquet") from exc
 
 
 def _row_counts(parquet: pq.ParquetFile) -> list[int]:

@@ -164,6 +164,41 @@ def test_a_multipart_object_replaced_during_its_download_is_not_staged(s3_endpoi
     assert not cache.path_for(bucket, "ch/big.bin", listed_etag).exists()  # nothing cached under the old ETag
 
 
+def test_a_small_object_replaced_after_listing_is_not_cached_under_its_old_etag(s3_endpoint, tmp_path):
+    # moto answers the conditional GET with 412; rclone ignores If-Match and sends the new bytes with their
+    # own (valid) checksum: the ETag it sends with them gives the replacement away.
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"first" * 100, ChecksumAlgorithm="CRC32")
+    manifest = staging.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/", format="raw"))
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"other" * 100, ChecksumAlgorithm="CRC32")
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/ch/a.bin: changed in S3") as failed:
+        staging.fetch_channel(manifest)
+    assert failed.value.transient  # the job's retry stages the new version
+    assert not cache.path_for(bucket, "ch/a.bin", manifest.objects[0].etag).exists()
+
+
+def test_the_progress_bar_counts_bytes_and_objects(s3_endpoint, tmp_path, monkeypatch, capsys):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for i in range(3):
+        client.put_object(Bucket=bucket, Key=f"ch/{i}.bin", Body=bytes(2000))
+    stage(f"s3://{bucket}/ch/0.bin", tmp_path, format="raw")  # one of them cached already
+    monkeypatch.setenv("TRAINYARD_PROGRESS", "1")
+    capsys.readouterr()
+    stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    shown = capsys.readouterr().out
+    assert "staging train" in shown and "6.0/6.0 kB" in shown and "3/3 objects" in shown
+
+
+def test_a_cached_object_is_read_only(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 100)
+    path = Path(stage(f"s3://{bucket}/ch/", tmp_path, format="raw").objects[0].path)
+    assert path.stat().st_mode & 0o777 == 0o444  # a job's hard-linked copy cannot change the cache's bytes
+
+
 def test_throttling_and_dropped_connections_are_survived(s3_endpoint, fault_proxy, tmp_path):
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
@@ -291,6 +326,22 @@ def test_a_pin_left_by_a_process_that_died_is_removed_by_the_next_eviction(tmp_p
     assert list(cache.pins_dir().glob("*.pin")) == [held.path]  # the dead one's pin is gone
     held.release()
     assert cache.evict(limit=0)["evicted_objects"] == 1 and not obj.exists()
+
+
+def test_a_download_abandoned_by_a_killed_job_is_removed_and_one_in_progress_is_not(tmp_path, monkeypatch):
+    import os
+    import time
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    folder = cache.path_for("b", "k", "e").parent
+    folder.mkdir(parents=True)
+    old, fresh = folder / ".x.123.ab.part", folder / ".y.456.cd.part"
+    old.write_bytes(b"x" * 100)
+    fresh.write_bytes(b"y" * 100)
+    hours_ago = time.time() - 2 * cache.STALE_PART_SECONDS
+    os.utime(old, (hours_ago, hours_ago))
+    cache.evict()
+    assert not old.exists() and fresh.exists()
 
 
 def test_a_pin_added_while_an_eviction_runs_waits_for_it_and_then_holds(tmp_path, monkeypatch):

@@ -271,3 +271,34 @@ def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_aga
     np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a.parquet#rg5")[1], labels[500:])  # kept
     np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a.parquet#rg0")[1], labels[:100])  # evicted
     assert reads == [1, 2, 3, 4, 5, 0]
+
+
+def test_read_errors_say_whether_s3_failed_or_the_object_is_bad():
+    network = OSError(
+        "When reading information for key 'k' in bucket 'b': AWS Error NETWORK_CONNECTION during GetObject"
+    )
+    denied = OSError("When reading information for key 'k' in bucket 'b': AWS Error ACCESS_DENIED during HeadObject")
+    corrupt = OSError("Couldn't deserialize thrift: TProtocolException: Invalid data")
+    made = [streaming.read_error(e, "s3://b/k", "row group 3 cannot be read") for e in (network, denied, corrupt)]
+    assert isinstance(made[0], StorageError) and made[0].transient  # tried again by the sampler and the retries
+    assert isinstance(made[1], StorageError) and not made[1].transient
+    assert isinstance(made[2], DataError) and not isinstance(made[2], StorageError)
+    assert all(str(m).startswith("s3://b/k: row group 3 cannot be read") for m in made)
+
+
+def test_a_streamed_groups_file_system_follows_refreshed_credentials(s3_endpoint, tmp_path, monkeypatch):
+    from trainyard import s3
+
+    monkeypatch.setattr(streaming, "SAMPLE_ROWS", 50)  # staging keeps only the first row group
+    _, _, staged = stream_one_object(s3_endpoint, tmp_path, blobs_table(200, seed=1), 50)
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
+    units = [u for u, *_ in streaming.units(staged.train_layout)]
+    source.load(units[1])
+    first = source._fs
+    source.load(units[2])
+    assert first is not None and source._fs is first  # the same credentials: the same file system
+    real = s3.credentials()
+    refreshed = type(real)(real.access_key, real.secret_key, "a-refreshed-session-token")
+    monkeypatch.setattr(s3, "credentials", lambda: refreshed)
+    x, _ = source.load(units[3])  # (neither endpoint checks the session token itself)
+    assert source._fs is not first and len(x) == 50
