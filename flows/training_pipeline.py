@@ -177,16 +177,17 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
 def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, model_uri: str) -> dict[str, str]:
     tags = {f"data.{name}.manifest_digest": c["manifest_digest"] for name, c in stages["staging"]["channels"].items()}
     tags |= {f"data.{name}.uri": c["uri"] for name, c in stages["staging"]["channels"].items()}
-    flops = outcome.flops
+    report = stages["filtering"]["report"]
+    compute = status.compute_section(outcome, report.scoring_flops if report else 0)
     tags |= {
-        "compute.flops_total": str(sum(flops.values())),
-        "compute.flops_scoring_forward": str(flops.get("scoring", 0)),
+        "compute.flops_total": str(compute["flops_total"]),
+        "compute.flops_scoring_forward": str(compute["flops_scoring_forward"]),
+        "compute.flops_prefilter": str(compute["flops_prefilter"]),
         "carbon.energy_kwh": f"{carbon_section['energy_kwh']:.6g}",
         "carbon.emissions_kg": f"{carbon_section['emissions_kg']:.6g}",
         "output.model_uri": model_uri,
         "prefect.flow_run_id": str(flow_run.get_id()),
     }
-    report = stages["filtering"]["report"]
     tags["sifting.prefilter_dropped"] = json.dumps(report.dropped or {}, sort_keys=True)
     if outcome.sifting:
         tags["sifting.kept_fraction"] = f"{outcome.sifting['kept_fraction']:.4f}"

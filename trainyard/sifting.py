@@ -146,6 +146,9 @@ class Sifter:
             "kept_fraction_by_class": {
                 c: self.kept_by_class.get(c, 0) / n for c, n in sorted(self.scored_by_class.items()) if n
             },
+            # the counts behind them: groups' reports are added up by count, not by averaging fractions
+            "kept_by_class": dict(self.kept_by_class),
+            "scored_by_class": dict(self.scored_by_class),
         }
 
 

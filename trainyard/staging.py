@@ -220,8 +220,8 @@ def _list_prefix(uri: str) -> list[StagedObject]:
     objects = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix):
         for item in page.get("Contents", []):
-            if _is_data_key(item["Key"]):
-                rel = item["Key"][len(prefix) :]
+            rel = item["Key"][len(prefix) :]
+            if _is_data_key(rel):
                 objects.append(StagedObject(root.bucket, item["Key"], item["Size"], item["ETag"].strip('"'), rel))
     return objects
 
@@ -424,10 +424,12 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
         return None  # the endpoint cannot say: the size alone is checked
 
 
-def _is_data_key(key: str) -> bool:
-    # Folder markers and Spark/Hadoop side files (_SUCCESS, .crc) are not data.
-    base = key.rsplit("/", 1)[-1]
-    return bool(base) and not base.startswith(("_", "."))
+def _is_data_key(rel: str) -> bool:
+    """Whether a key (relative to the channel's prefix) is data: folder markers, and Spark/Hadoop side
+    files and folders (``_SUCCESS``, ``.part-0.crc``, ``_temporary/``, ``.spark-staging-1/``) are not.
+    ``.`` and ``..`` are left in, for ``check_relative_key`` to refuse by name."""
+    parts = rel.split("/")
+    return bool(parts[-1]) and not any(p.startswith(("_", ".")) and p not in (".", "..") for p in parts)
 
 
 def _digest(objects: list[StagedObject]) -> str:

@@ -53,18 +53,26 @@ def primary_status(stop_reason: str) -> tuple[str, str]:
     return "Completed", "Completed"
 
 
-def compute_section(outcome, scoring_flops: int = 0) -> dict:
-    """The summary's ``compute`` section from a training outcome (FLOPs measured, not estimated)."""
+def compute_section(outcome, prefilter_flops: int = 0) -> dict:
+    """The summary's ``compute`` section from a training outcome (FLOPs measured, not estimated).
+
+    ``flops_scoring_forward`` is the online sifter's no-grad passes; ``flops_prefilter`` the offline
+    prefilter's (its reference models' training and scoring, or the champion's forward pass).
+    ``samples_seen`` counts the candidates drawn: trained, or ranked by the sifter and passed over.
+    """
     flops = outcome.flops if outcome else {"forward": 0, "backward": 0, "evaluation": 0}
-    scoring_flops += flops.get("scoring", 0)  # the offline prefilter's and the online sifter's
+    scoring = flops.get("scoring", 0)
+    trained = outcome.samples_trained if outcome else 0
+    passed_over = (outcome.sifting or {}).get("passed_over", 0) if outcome else 0
     return {
-        "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring_flops,
-        "flops_scoring_forward": scoring_flops,
+        "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring + prefilter_flops,
+        "flops_scoring_forward": scoring,
+        "flops_prefilter": prefilter_flops,
         "flops_forward": flops["forward"],
         "flops_backward": flops["backward"],
         "flops_evaluation": flops["evaluation"],
-        "samples_seen": outcome.samples_trained if outcome else 0,
-        "samples_trained": outcome.samples_trained if outcome else 0,
+        "samples_seen": trained + passed_over,
+        "samples_trained": trained,
         "steps": outcome.steps if outcome else 0,
     }
 

@@ -105,6 +105,30 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert header.startswith("job_id,") and row.startswith(f"{job_id},")
 
 
+def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
+    prefect_api, s3_server, bucket, mlflow_uri
+):
+    uris = upload_dataset(bucket, rows=800)
+    sifting = {"enabled": True, "beta": 1.0, "delay_steps": 2, "prefilter": {"drop_unlearnable_fraction": 0.05}}
+    summary, job_id = run_pipeline(job_dict(uris, sifting=sifting))
+    assert summary["status"] == "Completed", summary.get("failure_reason")
+    compute, section = summary["compute"], summary["sifting"]
+    parts = ("flops_forward", "flops_backward", "flops_evaluation", "flops_scoring_forward", "flops_prefilter")
+    assert compute["flops_total"] == sum(compute[k] for k in parts)
+    assert compute["flops_scoring_forward"] > 0 and compute["flops_prefilter"] > 0
+    assert compute["samples_seen"] == compute["samples_trained"] + section["online"]["passed_over"]
+    assert 0.3 < section["kept_fraction"] < 0.7  # 1 / (1 + beta)
+    assert set(section["online"]["kept_fraction_by_class"]) == {"0", "1"}
+    assert section["online"]["backward_forward_ratio"] > 1
+    pre = section["prefilter"]
+    assert pre["dropped"]["unlearnable"] == int(0.05 * (pre["total"] - pre["dropped"]["duplicate"])) > 0
+    assert len(section["kept_fraction_by_epoch"]) == 3
+    run = mlflow.MlflowClient(mlflow_uri).get_run(summary["model"]["run_id"])
+    assert run.data.tags["compute.flops_prefilter"] == str(compute["flops_prefilter"])
+    artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)}
+    assert "training_curves.png" in artifacts  # loss, accuracy and the kept fraction per epoch
+
+
 def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlflow_uri):
     uris = upload_dataset(bucket, rows=800)
     spec = job_dict(uris, carbon={"country_iso_code": "IRL", "budget_kg": 1e-9, "renewable_share": 0.25})

@@ -126,6 +126,28 @@ def test_sifting_keeps_full_batches_of_the_hardest_samples_and_guards_classes():
     assert (again.select(losses, labels, 64, step=20, group=0) == chosen).all()  # a redone step keeps the same
 
 
+def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
+    from trainyard.training.supervisor import _sifting_totals
+
+    def report(scored: dict, kept: dict) -> dict:
+        return {"scored": sum(scored.values()), "kept": sum(kept.values()), "passed_over": 0, "score": "loss"} | {
+            "scored_by_class": scored,
+            "kept_by_class": kept,
+            "kept_fraction_by_class": {c: kept.get(c, 0) / n for c, n in scored.items()},
+        }
+
+    # a group that scored 1,000 rows of class 0 and a restarted attempt that scored 10 (and kept them all)
+    totals = _sifting_totals(
+        [report({"0": 1000}, {"0": 500}), report({"0": 10, "1": 4}, {"0": 10, "1": 1})],
+        {
+            "forward": 100,
+            "backward": 200,
+            "scoring": 50,
+        },
+    )
+    assert totals["kept_fraction_by_class"] == {"0": 510 / 1010, "1": 0.25}  # not the mean of 0.5 and 1.0
+
+
 def test_learning_rate_schedules():
     from trainyard.spec import Hyperparameters
     from trainyard.training.epochs import learning_rate

@@ -51,7 +51,9 @@ def test_small_objects_and_a_multipart_object_are_staged_and_verified(s3_endpoin
     for i in range(40):
         put_parquet(client, bucket, f"ch/part-{i:03d}.parquet", seed=i)
     big = put_big(client, bucket, "ch/zz-big.bin", tmp_path)
-    client.put_object(Bucket=bucket, Key="ch/_SUCCESS", Body=b"")
+    # Spark's side files and folders: a marker, an uncommitted task's output, a checksum file
+    for key in ("ch/_SUCCESS", "ch/_temporary/0/task/part-000.parquet", "ch/.part-000.parquet.crc"):
+        client.put_object(Bucket=bucket, Key=key, Body=b"")
     m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert len(m.objects) == 41 and m.objects[-1].key == "ch/zz-big.bin"
     assert m.bytes == m.bytes_downloaded == sum(o.size for o in m.objects)

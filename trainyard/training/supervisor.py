@@ -280,17 +280,21 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
     """Every group's sifting, added up: kept fraction overall and per class, and what scoring cost."""
     scored = sum(r["scored"] for r in reports)
     kept = sum(r["kept"] for r in reports)
-    by_class: dict[str, list[float]] = {}
+    # Weighted by what each group scored: a restarted attempt that scored a few rows counts for a few.
+    kept_by_class: dict[str, int] = {}
+    scored_by_class: dict[str, int] = {}
     for report in reports:
-        for cls, fraction in report["kept_fraction_by_class"].items():
-            by_class.setdefault(cls, []).append(fraction)
+        for cls, n in report.get("scored_by_class", {}).items():
+            scored_by_class[cls] = scored_by_class.get(cls, 0) + n
+            kept_by_class[cls] = kept_by_class.get(cls, 0) + report["kept_by_class"].get(cls, 0)
     train_per_sample = (flops["forward"] + flops["backward"]) / kept if kept else 0.0
     totals = {
         "score": reports[0].get("score", "loss"),  # one job, one rule
         "scored": scored,
         "kept": kept,
+        "passed_over": sum(r.get("passed_over", 0) for r in reports),
         "kept_fraction": kept / scored if scored else 1.0,
-        "kept_fraction_by_class": {c: sum(v) / len(v) for c, v in sorted(by_class.items())},
+        "kept_fraction_by_class": {c: kept_by_class[c] / n for c, n in sorted(scored_by_class.items()) if n},
         # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.
         "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
         # What the scoring passes cost, against the training passes of the candidates the rule passed over.
