@@ -411,6 +411,13 @@ class TrainingJob(_Model):
         for name, channel in self.channels().items():
             if name not in ("train", "validation") and channel.mode == "stream":
                 problems.append(f"inputs.{name}.mode: only a parquet train channel can stream; use file")
+            if name not in ("train", "validation") and channel.distribution == "sharded":
+                # Laid out whole in TRAINYARD_CHANNEL_<NAME> for every group; accepting "sharded" would
+                # silently give each group everything.
+                problems.append(
+                    f"inputs.{name}.distribution: an extra channel's files are given whole to every group (side "
+                    "files for an entrypoint); use replicated. Only the train channel is sharded"
+                )
         for name, channel in self.table_channels().items():
             if self.algorithm.builtin is not None and channel.label is None:
                 problems.append(f"inputs.{name}.label: required for builtin algorithms; name the label column")

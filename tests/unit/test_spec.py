@@ -218,3 +218,11 @@ def test_prefilter_settings_that_cannot_work_are_refused():
     found = problems(minimal(inputs=streamed, sifting=asked))
     assert any(p.startswith("sifting.prefilter:") and "inputs.train.mode: file" in p for p in found)
     assert parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting.enabled  # unset: not run, no error
+
+
+def test_an_extra_channel_cannot_be_sharded():
+    extra = {"vocab": {"s3_uri": "s3://bkt/vocab/", "format": "raw", "distribution": "sharded"}}
+    inputs = {"train": {"s3_uri": "s3://bkt/train/", "label": "y"}} | extra
+    assert any(p.startswith("inputs.vocab.distribution:") for p in problems(minimal(inputs=inputs)))
+    inputs["vocab"]["distribution"] = "replicated"
+    assert parse_job(minimal(inputs=inputs)).channels()["vocab"].distribution == "replicated"
