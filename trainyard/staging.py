@@ -158,7 +158,11 @@ def fetch_channel(
     for obj in manifest.objects:
         target = Path(obj.path)
         if cache.hit(target, obj.size):
-            obj.verified_by = obj.verified_by or "cache"
+            # verified when it was fetched: its manifest entry says how, and with which checksum
+            known = cache.recall(target) or {}
+            obj.checksum = obj.checksum or known.get("checksum")
+            if not obj.verified_by:
+                obj.verified_by = f"cache ({known['verified_by']})" if known.get("verified_by") else "cache"
             if on_bytes:
                 on_bytes(obj.size)
             continue
@@ -167,6 +171,7 @@ def fetch_channel(
 
     def fetch(obj: StagedObject, getter) -> int:
         moved = _fetch_verified(client, obj, on_bytes, getter)
+        cache.remember(Path(obj.path), {"checksum": obj.checksum, "verified_by": obj.verified_by})
         on_objects(1)
         return moved
 

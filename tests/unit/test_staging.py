@@ -66,6 +66,9 @@ def test_small_objects_and_a_multipart_object_are_staged_and_verified(s3_endpoin
     # staged again, unchanged: nothing moves, the lineage digest is the same
     again = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert (again.bytes_downloaded, again.objects_downloaded, again.digest) == (0, 0, m.digest)
+    # and the manifest still has each object's checksum, and how it was checked when it was fetched
+    assert [o.checksum for o in again.objects] == [o.checksum for o in m.objects]
+    assert again.objects[0].checksum and again.objects[0].verified_by == "cache (size+crc32)"
 
 
 def test_an_object_changed_in_place_is_fetched_again(s3_endpoint, tmp_path):
