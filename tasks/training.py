@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from tasks._metering import stage_meter
-from trainyard import carbon, progress
+from trainyard import carbon, plots, progress
 from trainyard.launch import LaunchHandle
 from trainyard.live_metrics import LiveRun
 from trainyard.spec import TrainingJob
@@ -75,6 +75,11 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         try:
             with watch:
                 record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
+            # Every job that trained gets its curves (loss, metrics, kept fraction), stopped ones included:
+            # only a completed job is registered, with its own copy.
+            if record["outcome"].history:
+                path = Path(plan.train_data).parent / "training_curves.png"
+                live.log_file(plots.plot_history(record["outcome"].history, path, plan.job_id))
         finally:
             live.close()
         record["carbon_live"] = watch.samples

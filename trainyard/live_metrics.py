@@ -2,7 +2,7 @@
 
 They go to a run of their own in the model's experiment, ``<job id>-live``, tagged with the job id
 (``trainyard.live_job_id``): the registration run is made only once a model exists, and a job that
-fails or is stopped still leaves its live record.
+fails or is stopped still leaves its live record, with its training curves once training ended.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ class LiveRun:
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_file(self, path) -> None:
+        """Attach a file (the training curves) to the run."""
+        self.client.log_artifact(self.run_id, str(path))
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status)

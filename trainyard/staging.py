@@ -311,6 +311,8 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
                 return moved
             if attempt == 2:
                 raise DataError(f"{obj.uri}: downloaded bytes do not match S3's record ({problem}) after a retry")
+            if on_bytes:
+                on_bytes(-obj.size)  # fetched again: the bar counts the object's bytes once
     finally:
         tmp.unlink(missing_ok=True)
     raise AssertionError("unreachable")

@@ -133,10 +133,15 @@ def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlf
     uris = upload_dataset(bucket, rows=800)
     spec = job_dict(uris, carbon={"country_iso_code": "IRL", "budget_kg": 1e-9, "renewable_share": 0.25})
     spec["hyperparameters"]["epochs"] = 2000
-    summary, _ = run_pipeline(spec)
+    summary, job_id = run_pipeline(spec)
     assert summary["status"] == "Stopped" and summary["failure_reason"] == "CarbonBudgetExceeded"
     assert summary["metrics"].get("epochs", 0) < 2000  # stopped at the first reading past the budget
     assert summary["model"] is None  # a stopped job registers nothing
+    if summary["metrics"].get("epochs"):  # but its live run has its curves
+        where = f"tags.`trainyard.live_job_id` = '{job_id}'"
+        live = mlflow.search_runs(experiment_names=["test-job"], filter_string=where)
+        artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(live.run_id[0])}
+        assert "training_curves.png" in artifacts
     c = summary["carbon"]
     assert c["budget_exceeded"] and c["emissions_kg"] > c["budget_kg"]
     assert c["scope2_market_based_kg"] == pytest.approx(0.75 * c["scope2_location_based_kg"])

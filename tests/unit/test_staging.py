@@ -99,8 +99,11 @@ def test_corrupted_bytes_are_fetched_again_then_the_object_is_named(s3_endpoint,
     bucket = s3_endpoint.new_bucket()
     put_parquet(client, bucket, "ch/a.parquet")
     fault_proxy.corrupt(1, method="GET", key="ch/a.parquet")
-    m = stage(f"s3://{bucket}/ch/", tmp_path)  # one bad copy: fetched again, then good
+    m = staging.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/"))
+    shown = []  # what a progress bar is told
+    staging.fetch_channel(m, shown.append)  # one bad copy: fetched again, then good
     assert fault_proxy.applied["corrupt"] == 1 and m.objects[0].verified_by == "size+crc32"
+    assert sum(shown) == m.objects[0].size and m.bytes_downloaded == 2 * m.objects[0].size  # shown once, moved twice
     # uploaded with no flexible checksum: the single-part ETag's MD5 is what catches it
     plain = s3_endpoint.client(Config(request_checksum_calculation="when_required"))
     put_parquet(plain, bucket, "ch/b.parquet", seed=5)
@@ -270,6 +273,10 @@ def test_missing_bucket_prefix_and_empty_channel_are_named(s3_endpoint, tmp_path
     bucket = s3_endpoint.new_bucket()
     with pytest.raises(DataError, match=f"no objects under s3://{bucket}/empty/"):
         stage(f"s3://{bucket}/empty/", tmp_path)
+    # a prefix with only a job's side files (a Spark job that wrote nothing) is empty too
+    s3_endpoint.client().put_object(Bucket=bucket, Key="markers/_SUCCESS", Body=b"")
+    with pytest.raises(DataError, match=f"no objects under s3://{bucket}/markers/"):
+        stage(f"s3://{bucket}/markers/", tmp_path)
 
 
 def test_denied_request_is_clear(s3_endpoint, tmp_path, monkeypatch):
