@@ -42,6 +42,7 @@ class Sifter:
         self.passed_over = 0  # candidates the keep rule ranked and did not keep (not those before delay_steps)
         self.kept_by_class: dict[str, int] = {}
         self.scored_by_class: dict[str, int] = {}
+        self._undo: tuple | None = None  # (step, group) and the state before it: a redone step starts from it
 
     @property
     def candidates_per_kept(self) -> float:
@@ -72,6 +73,7 @@ class Sifter:
 
     def select(self, losses: np.ndarray, labels: np.ndarray | None, keep: int, step: int, group: int) -> np.ndarray:
         """Indices of the ``keep`` candidates to train on; the losses then join the history."""
+        self._begin(step, group)
         weights = self.keep_probability(losses)
         rng = np.random.default_rng([self.seed, step, group])
         chosen = inclusion_sample(weights, keep, rng)
@@ -81,13 +83,25 @@ class Sifter:
         self._remember(losses, labels, chosen)
         return np.sort(chosen)
 
-    def record_uniform(self, labels: np.ndarray | None, candidates: int, keep: int) -> None:
+    def record_uniform(self, labels: np.ndarray | None, candidates: int, keep: int, step: int, group: int) -> None:
         """Count a step before sifting starts (its first ``keep`` candidates are trained on)."""
+        self._begin(step, group)
         self.scored += candidates
         self.kept += keep
         if labels is not None:
             self._count(self.scored_by_class, labels)
             self._count(self.kept_by_class, labels[:keep])
+
+    def _begin(self, step: int, group: int) -> None:
+        """A step that did not commit is done again (torchft): undo what its first try added to the
+        history and the counts, so it selects as before and is counted once."""
+        if self._undo is not None and self._undo[0] == (step, group):
+            history, scored, kept, passed_over, kept_by_class, scored_by_class = self._undo[1]
+            self.history, self.scored, self.kept, self.passed_over = history, scored, kept, passed_over
+            self.kept_by_class, self.scored_by_class = dict(kept_by_class), dict(scored_by_class)
+        # (the history array is replaced, never changed in place: keeping a reference is enough)
+        before = (self.history, self.scored, self.kept, self.passed_over, dict(self.kept_by_class))
+        self._undo = ((step, group), (*before, dict(self.scored_by_class)))
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
         """Swap in each starved class's best candidates for the weakest kept ones of classes with
@@ -134,6 +148,7 @@ class Sifter:
 
     def load_state_dict(self, state: dict) -> None:
         self.history = state["history"].numpy().astype(np.float32)
+        self._undo = None  # a healed group's history is its peer's
 
     def report(self) -> dict:
         """Kept fraction overall and per class (of the samples this group scored)."""

@@ -91,6 +91,26 @@ def test_each_candidate_is_kept_with_smart_siftings_probability_and_batches_stay
             assert abs(kept[tenth].mean() - probability[tenth].mean()) < 0.03, (beta, low)
 
 
+def test_a_redone_step_selects_as_before_and_is_counted_once():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=1.0), seed=0)
+    rng = np.random.default_rng(3)
+    sifter.history = rng.random(500).astype(np.float32)
+    sifter.select(rng.random(128), None, 64, step=20, group=0)
+    losses, labels = rng.random(128), rng.integers(0, 2, 128)
+    first = sifter.select(losses, labels, 64, step=21, group=0)
+    counts = (sifter.scored, sifter.kept, sifter.passed_over, dict(sifter.kept_by_class), sifter.history.copy())
+    again = sifter.select(losses, labels, 64, step=21, group=0)  # the step did not commit: torchft redoes it
+    assert (again == first).all()
+    assert (sifter.scored, sifter.kept, sifter.passed_over, sifter.kept_by_class) == counts[:4]
+    assert (sifter.history == counts[4]).all()  # its losses joined the history once
+    sifter.record_uniform(labels, 128, 64, step=22, group=0)
+    sifter.record_uniform(labels, 128, 64, step=22, group=0)
+    assert sifter.scored == counts[0] + 128
+
+
 def test_a_class_with_only_a_few_easy_candidates_keeps_at_least_one():
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting

@@ -71,7 +71,7 @@ class StepData:
         global_count = sum(self.sifter.keep_count(n) for n in member_sizes(self.sampler, index, slots, members))
         labels = yb.numpy() if self.classification else None
         if not self.sifter.active(step):
-            self.sifter.record_uniform(labels, len(xb), keep)  # candidates are in random order already
+            self.sifter.record_uniform(labels, len(xb), keep, step, rank)  # candidates are in random order already
             self._trained = (rows[:keep], epoch) if rows is not None else None
             return xb[:keep].to(self.device), yb[:keep].to(self.device), global_count
         xb, yb = xb.to(self.device), yb.to(self.device)
