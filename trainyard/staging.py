@@ -170,10 +170,10 @@ def fetch_channel(
     on_objects(len(manifest.objects) - len(small) - len(large))  # the cached ones
 
     def fetch(obj: StagedObject, getter) -> int:
-        moved = _fetch_verified(client, obj, on_bytes, getter)
+        transferred = _fetch_verified(client, obj, on_bytes, getter)
         cache.remember(Path(obj.path), {"checksum": obj.checksum, "verified_by": obj.verified_by})
         on_objects(1)
-        return moved
+        return transferred
 
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
         moved = list(pool.map(lambda o: fetch(o, _get_small), small))
@@ -300,7 +300,9 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
     moved = 0
     try:
         for attempt in (1, 2):
-            digester = getter(client, obj, tmp, on_bytes)  # digests the bytes as they arrive
+            shown: list[int] = []  # what the progress bar was told
+            told = _telling(on_bytes, shown) if on_bytes else None
+            digester = getter(client, obj, tmp, told)  # digests the bytes as they arrive
             moved += obj.size
             problem, obj.verified_by = digester.result(obj.size)
             obj.checksum = digester.checksum
@@ -312,10 +314,20 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
             if attempt == 2:
                 raise DataError(f"{obj.uri}: downloaded bytes do not match S3's record ({problem}) after a retry")
             if on_bytes:
-                on_bytes(-obj.size)  # fetched again: the bar counts the object's bytes once
+                on_bytes(-sum(shown))  # fetched again: the bar counts the object's bytes once
     finally:
         tmp.unlink(missing_ok=True)
     raise AssertionError("unreachable")
+
+
+def _telling(on_bytes: ProgressFn, shown: list[int]) -> ProgressFn:
+    """``on_bytes``, noting each count in ``shown`` too (append: safe from the transfer threads)."""
+
+    def told(n: int) -> None:
+        shown.append(n)
+        on_bytes(n)
+
+    return told
 
 
 def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None) -> integrity.Digester:

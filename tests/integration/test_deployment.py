@@ -64,7 +64,13 @@ def deployed(prefect_server, tmp_path_factory):
         for worker in workers:
             worker.terminate()
         for worker in workers:
-            worker.wait(timeout=30)
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                # Still waiting on a flow run it is cancelling (CI saw the process pool's worker do so once
+                # after the withdrawn-group test); what the tests check has been checked by now.
+                worker.kill()
+                worker.wait(timeout=30)
 
 
 def _summary(job_id: str) -> dict:
