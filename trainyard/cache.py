@@ -21,12 +21,12 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from trainyard.home import cache_dir, write_json_atomic
+from trainyard.home import cache_dir
 
 CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 100 * 2**30
 PART_SUFFIX = ".part"  # a download being written, under a dot name
-META_SUFFIX = ".meta.json"  # beside an object: what was checked when it was fetched (remember)
+META_XATTR = "user.trainyard.verified"  # on an object: what was checked when it was fetched (remember)
 STALE_PART_SECONDS = 3600  # a download writes every few seconds at worst: one this old was abandoned (killed)
 
 
@@ -120,16 +120,19 @@ def _eviction_lock(kind: int) -> Iterator[None]:
 
 
 def remember(path: Path, record: dict) -> None:
-    """Keep what was checked of a cached object (its checksum, how it was verified) beside it, so a
-    later staging that finds it cached can put the same in its manifest."""
-    write_json_atomic(path.with_name(path.name + META_SUFFIX), record)
+    """Keep what was checked of a fetched object (its checksum, how it was verified) with the file, so a
+    later staging that finds it cached can put the same in its manifest. It is an extended attribute:
+    one system call, and it goes wherever the file is renamed or linked. Where the file system has
+    none, nothing is kept, and such a manifest says only that the object came from the cache."""
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no os.setxattr (macOS)
+        os.setxattr(path, META_XATTR, json.dumps(record, separators=(",", ":")).encode())
 
 
 def recall(path: Path) -> dict | None:
-    """What ``remember`` kept for ``path``; None when nothing was (or it cannot be read)."""
+    """What ``remember`` kept with ``path``; None when nothing was (or it cannot be read)."""
     try:
-        return json.loads(path.with_name(path.name + META_SUFFIX).read_text())
-    except (FileNotFoundError, ValueError):
+        return json.loads(os.getxattr(path, META_XATTR))
+    except (OSError, AttributeError, ValueError):
         return None
 
 
@@ -169,8 +172,6 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
             if path.name.endswith(PART_SUFFIX) and time.time() - st.st_mtime > STALE_PART_SECONDS:
                 path.unlink(missing_ok=True)
             continue
-        if path.name.endswith(META_SUFFIX):
-            continue  # goes with its object
         entries.append((st.st_mtime, st.st_size, path))
     total = sum(size for _, size, _ in entries)
     evicted, freed = 0, 0
@@ -180,7 +181,6 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
         if str(path) in keep:
             continue
         path.unlink(missing_ok=True)
-        path.with_name(path.name + META_SUFFIX).unlink(missing_ok=True)
         evicted += 1
         freed += size
     return {"cache_bytes": total - freed, "evicted_objects": evicted, "evicted_bytes": freed}

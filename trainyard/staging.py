@@ -171,7 +171,6 @@ def fetch_channel(
 
     def fetch(obj: StagedObject, getter) -> int:
         transferred = _fetch_verified(client, obj, on_bytes, getter)
-        cache.remember(Path(obj.path), {"checksum": obj.checksum, "verified_by": obj.verified_by})
         on_objects(1)
         return transferred
 
@@ -307,6 +306,7 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
             problem, obj.verified_by = digester.result(obj.size)
             obj.checksum = digester.checksum
             if problem is None:
+                cache.remember(tmp, {"checksum": obj.checksum, "verified_by": obj.verified_by})
                 # Read-only: a job's hard-linked copy (mirror) shares this file, and must not change the cache's.
                 tmp.chmod(0o444)
                 os.replace(tmp, target)
