@@ -160,26 +160,33 @@ def champion_losses(
         return None, 0, f"{HOLDOUT}; the champion could not be used: {why}"
     losses = np.full(len(x), np.nan)
     chosen = np.flatnonzero(rows)
+    # A regression job's own loss is on standardised targets (algorithms._scaled_mse): the reference's
+    # must be on the same scale, or reducible loss (loss - reference) would be dominated by one of them.
+    scale = (float(y.std()) or 1.0) if task == "regression" else 1.0
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             for part in np.array_split(chosen, max(1, math.ceil(len(chosen) / CHAMPION_BATCH))):
                 outputs = champion.model(torch.from_numpy(x[part]))
-                losses[part] = _reference_loss(outputs, torch.from_numpy(y[part]), task, num_outputs).numpy()
+                scored = _reference_loss(outputs, torch.from_numpy(y[part]), task, num_outputs, scale)
+                losses[part] = scored.numpy()
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # another model's inputs or outputs
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, 0, f"{HOLDOUT}; the champion {champion.label} does not fit this data ({detail})"
     return losses, counter.get_total_flops(), f"champion {champion.label}"
 
 
-def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, num_outputs: int) -> torch.Tensor:
-    """Per-row loss of a reference model's outputs: only their ranking matters (learnt / unlearnable)."""
+def _reference_loss(
+    outputs: torch.Tensor, labels: torch.Tensor, task: str, num_outputs: int, scale: float = 1.0
+) -> torch.Tensor:
+    """Per-row loss of a reference model's outputs, on the job's own loss scale (``scale``: the label's
+    standard deviation for regression)."""
     if task == "classification":
         if outputs.dim() != 2 or outputs.shape[1] != num_outputs:
             raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {num_outputs} classes")
         return torch.nn.functional.cross_entropy(outputs.float(), labels, reduction="none")
     if outputs.numel() != len(labels):
         raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {len(labels)} rows")
-    return (outputs.reshape(-1).float() - labels.float()) ** 2
+    return ((outputs.reshape(-1).float() - labels.float()) / scale) ** 2
 
 
 def duplicates(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -97,6 +97,25 @@ def test_a_champion_that_does_not_fit_the_data_falls_back_to_the_holdout_models(
         assert 1 - result.keep[flipped].mean() > 0.6 and result.flops > 0
 
 
+def test_a_regression_champions_losses_are_on_the_jobs_loss_scale():
+    from trainyard import algorithms
+    from trainyard.spec import Algorithm, Hyperparameters
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    y = (1000 * x[:, 0] + rng.normal(scale=50, size=300)).astype(np.float32)  # in large units
+    champion = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Flatten(0))
+    with torch.no_grad():
+        champion[0].weight.copy_(torch.tensor([[1000.0, 0, 0, 0]]))
+        champion[0].bias.zero_()
+    losses, _, _ = filtering.champion_losses(
+        x, y, np.ones(300, bool), filtering.Champion(champion, "r v1"), "regression", 1
+    )
+    _, job_loss = algorithms.build(Algorithm(builtin="linear-regression"), Hyperparameters(), x, y, 1)
+    same = job_loss(champion(torch.from_numpy(x)), torch.from_numpy(y)).detach().numpy()
+    assert np.allclose(losses, same, rtol=1e-4)  # what reducible loss subtracts is on the scale it subtracts from
+
+
 def test_only_a_loss_based_champion_prefilter_needs_the_registry():
     assert filtering.wants_champion(Sifting(enabled=True, prefilter=CHAMPION_BASED))
     assert not filtering.wants_champion(Sifting(enabled=True, prefilter=CHAMPION_BASED), streamed=True)
