@@ -151,11 +151,10 @@ def max_bytes() -> int:
     return int(os.environ.get(CACHE_MAX_BYTES_ENV) or DEFAULT_MAX_BYTES)
 
 
-def evict(keep: Iterable[str] = (), limit: int | None = None) -> dict:
-    """Delete least recently used objects until the cache fits ``limit``; never those in ``keep``, nor
-    those any job has pinned."""
+def evict(limit: int | None = None) -> dict:
+    """Delete least recently used objects until the cache fits ``limit``; never those a job has pinned."""
     with _eviction_lock(fcntl.LOCK_EX):
-        return evict_files(objects_dir().glob("*/*"), set(keep) | pinned(), limit)
+        return evict_files(objects_dir().glob("*/*"), pinned(), limit)
 
 
 def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None) -> dict:

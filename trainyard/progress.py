@@ -12,14 +12,18 @@ from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progres
 PROGRESS_ENV = "TRAINYARD_PROGRESS"
 
 
+def _shown() -> bool:
+    return os.environ.get(PROGRESS_ENV, "1") != "0"
+
+
 @contextmanager
-def bar(description: str, total: float, unit: str = "items") -> Iterator[Callable[[float], None]]:
-    """A progress bar; yields ``advance(n)``. ``unit="bytes"`` shows sizes."""
-    if os.environ.get(PROGRESS_ENV, "1") == "0":
+def bar(description: str, total: float) -> Iterator[Callable[[float], None]]:
+    """A progress bar counting items; yields ``advance(n)``."""
+    if not _shown():
         yield lambda n: None
         return
-    count = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
-    with Progress(TextColumn("{task.description}"), BarColumn(), count, TimeElapsedColumn(), transient=False) as prog:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as prog:
         task = prog.add_task(description, total=total)
         yield lambda n: prog.advance(task, n)
 
@@ -28,7 +32,7 @@ def bar(description: str, total: float, unit: str = "items") -> Iterator[Callabl
 def transfer(description: str, total_bytes: int, total_objects: int) -> Iterator[tuple[Callable, Callable]]:
     """A bar of bytes moved with the objects done beside it; yields ``(advance_bytes(n), objects_done(n))``,
     both callable from any thread."""
-    if os.environ.get(PROGRESS_ENV, "1") == "0":
+    if not _shown():
         yield (lambda n: None), (lambda n=1: None)
         return
     objects = TextColumn("{task.fields[done]}/{task.fields[objects]} objects")

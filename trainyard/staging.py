@@ -338,7 +338,7 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             response = client.get_object(
                 Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED"
             )
-            if response["ETag"].strip('"') != obj.etag:
+            if _replaced(obj, response["ETag"]):
                 # An endpoint that ignores If-Match (rclone does) sends whatever is there now; its own
                 # checksum would pass, and the new bytes would be cached under the old ETag.
                 response["Body"].close()
@@ -383,7 +383,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     checksum (and, for a composite one, the part sizes it needs) come from a HEAD first."""
     try:
         head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED")
-        if head["ETag"].strip('"') != obj.etag:
+        if _replaced(obj, head["ETag"]):
             raise _changed(obj)
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
@@ -397,7 +397,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         # The transfer manager's ranged GETs are not conditional on the ETag (it takes no IfMatch): an
         # object replaced meanwhile by one of the same size would pass a size-only check. Asked again, S3
         # says whether it was.
-        if client.head_object(Bucket=obj.bucket, Key=obj.key)["ETag"].strip('"') != obj.etag:
+        if _replaced(obj, client.head_object(Bucket=obj.bucket, Key=obj.key)["ETag"]):
             raise _changed(obj)
     except (ClientError, BotoCoreError, Boto3Error) as exc:
         # boto3 wraps the last error of a failed transfer (S3TransferFailedError's cause,
@@ -407,6 +407,11 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     if target.rewritten:  # a retried part: what was digested on the way may not be what is on disk
         digester = _digest_file(tmp, etag, checksum, parts)
     return digester
+
+
+def _replaced(obj: StagedObject, etag: str) -> bool:
+    """Whether S3's ``etag`` (quoted, as S3 sends it) is of another version than the one listed."""
+    return etag.strip('"') != obj.etag
 
 
 def _changed(obj: StagedObject) -> StorageError:
