@@ -74,7 +74,8 @@ def describe(
     filesystem = arrow_filesystem()
     layout, start, sample, schemas = [], 0, [], {}
     for obj in manifest.objects:
-        parquet, _ = _open(filesystem, f"{obj.bucket}/{obj.key}")
+        parquet, size, etag = _open(filesystem, f"{obj.bucket}/{obj.key}")
+        _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
         counts = _row_counts(parquet)
         layout.append(
             {
@@ -214,8 +215,8 @@ class RowGroupSource:
             self._files.clear()
         if uri not in self._files:
             self._fs = self._fs or arrow_filesystem()
-            parquet, size = _open(self._fs, uri[5:])
-            _check_unchanged(parquet, size, self._objects[uri])
+            parquet, size, etag = _open(self._fs, uri[5:])
+            _check_unchanged(parquet, size, etag, self._objects[uri], "staged")
             self._files[uri] = parquet
             while len(self._files) > self.OPEN_OBJECTS:
                 self._files.popitem(last=False)
@@ -223,26 +224,35 @@ class RowGroupSource:
         return self._files[uri]
 
 
-def _check_unchanged(parquet: pq.ParquetFile, size: int, staged: dict) -> None:
-    """Fail, naming the object, when it is not what staging described: pyarrow's reads cannot be made
-    conditional on the ETag, so its size and row groups are compared instead. Rows would otherwise be
-    lost, doubled or taken from another version of the object without a word."""
+def _check_unchanged(parquet: pq.ParquetFile, size: int, etag: str, staged: dict, when: str) -> None:
+    """Fail, naming the object, when it is not the version the channel was ``when`` ("listed" or
+    "staged") with: rows would otherwise be lost, doubled or taken from another version without a word.
+
+    pyarrow's reads cannot be made conditional on the ETag, so the ETag is compared when the object is
+    opened (as is its size, and, once described, its row groups); an object replaced between that and a
+    later range read of it is not caught."""
     counts = _row_counts(parquet)
-    if counts != staged["row_groups"] or size != staged.get("size", size):
+    replaced = etag and staged.get("etag") and etag != staged["etag"]
+    if replaced or size != staged.get("size", size) or counts != staged.get("row_groups", counts):
+        then = f"{staged.get('size')} bytes" + (
+            f" in row groups of {staged['row_groups']} rows" if "row_groups" in staged else ""
+        )
         raise DataError(
-            f"{staged['id']}: changed since the channel was staged ({size} bytes in row groups of {counts} rows, "
-            f"{staged.get('size')} bytes and {staged['row_groups']} then); stage the channel again"
+            f"{staged['id']}: changed since the channel was {when} (now ETag {etag or '?'}, {size} bytes in row "
+            f"groups of {counts} rows; then ETag {staged.get('etag') or '?'}, {then}); stage the channel again"
         )
 
 
-def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int]:
-    """The object ``bucket/key`` as a parquet file (its footer read), and its size in bytes."""
+def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int, str]:
+    """The object ``bucket/key`` as a parquet file (its footer read), its size in bytes and its ETag
+    (unquoted; ``""`` where the endpoint sent none), from the HEAD pyarrow makes to open it."""
     # pre_buffer: a row group's column chunks are fetched as concurrent, coalesced range reads rather
     # than one after another (an 18 MB row group from a local endpoint: 55 ms -> 36 ms; more where
     # each request waits on a network round trip).
     try:
         source = filesystem.open_input_file(path)
-        return pq.ParquetFile(source, pre_buffer=True), source.size()
+        etag = (source.metadata().get("ETag") or b"").decode(errors="replace").strip('"')
+        return pq.ParquetFile(source, pre_buffer=True), source.size(), etag
     except (OSError, pa.ArrowInvalid) as exc:
         raise read_error(exc, f"s3://{path}", "cannot be read as parquet") from exc
 

@@ -233,6 +233,30 @@ def test_an_object_changed_after_staging_is_named_not_read(s3_endpoint, tmp_path
         source.load(f"s3://{bucket}/t/a.parquet#rg3")
 
 
+def test_an_object_replaced_by_one_of_the_same_size_and_row_groups_is_caught_by_its_etag(s3_endpoint, tmp_path):
+    table = blobs_table(200, seed=5)
+
+    def plain(t: pa.Table) -> bytes:  # uncompressed, no dictionary: other values of the same types, same size
+        buf = io.BytesIO()
+        pq.write_table(t, buf, row_group_size=50, compression="none", use_dictionary=False)
+        return buf.getvalue()
+
+    bucket, client = s3_endpoint.new_bucket(), s3_endpoint.client()
+    client.put_object(Bucket=bucket, Key="t/a.parquet", Body=plain(table))
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    other = plain(table.set_column(0, "f0", pa.array(table["f0"].to_numpy() + 1.0)))
+    assert len(other) == len(plain(table)) and other != plain(table)
+    client.put_object(Bucket=bucket, Key="t/a.parquet", Body=other)
+
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
+    with pytest.raises(DataError, match=rf"s3://{bucket}/t/a.parquet: changed since the channel was staged \(now ETag"):
+        source.load(f"s3://{bucket}/t/a.parquet#rg3")
+    with pytest.raises(DataError, match=rf"s3://{bucket}/t/a.parquet: changed since the channel was listed"):
+        streaming.describe(manifest, channel, "classification", tmp_path / "data2")
+
+
 def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_column_are_named(
     s3_endpoint, tmp_path, monkeypatch
 ):
