@@ -81,6 +81,9 @@ CAPABILITIES: dict[str, dict[str, bool]] = {
         "range_get_ok": True,
         # GetObject(IfMatch=<some other ETag>) fails with 412 PreconditionFailed.
         "if_match_honoured": True,
+        # PutBucketVersioning(Enabled), two PUTs of one key: GetObject(VersionId=<the first>) gives
+        # the first body.
+        "versioning": True,
     },
     "rclone": {
         # As for moto: stored in memory by ``serve s3`` and returned on HEAD and GET (even without
@@ -108,6 +111,8 @@ CAPABILITIES: dict[str, dict[str, bool]] = {
         "range_get_ok": False,
         # If-Match is ignored: 200 and the body whatever the ETag.
         "if_match_honoured": False,
+        # PutBucketVersioning: 501 NotImplemented.
+        "versioning": False,
     },
 }
 
@@ -281,6 +286,20 @@ def probe_capabilities(env: Mapping[str, str]) -> dict[str, bool]:
         client.get_object(Bucket=bucket, Key="plain", IfMatch='"' + "0" * 32 + '"')["Body"].read()
 
     caps["if_match_honoured"] = refused(get_if_other_etag)
+
+    def versions_kept() -> bool:  # last: a versioned bucket would change nothing above, but keep it apart
+        client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        first = client.put_object(Bucket=bucket, Key="versioned", Body=b"first").get("VersionId")
+        client.put_object(Bucket=bucket, Key="versioned", Body=b"second")
+        return (
+            bool(first)
+            and client.get_object(Bucket=bucket, Key="versioned", VersionId=first)["Body"].read() == b"first"
+        )
+
+    try:
+        caps["versioning"] = versions_kept()
+    except ClientError:
+        caps["versioning"] = False
     return caps
 
 

@@ -1,7 +1,9 @@
 """Stage 1, staging: list, fetch and verify a channel's objects from S3 into a content-addressed cache.
 
 Each object is cached under a name derived from (bucket, key, ETag), so an unchanged object is
-never fetched twice and an object changed in place is fetched again. A download lands under a
+never fetched twice and an object changed in place is fetched again. A manifest may pin an object's
+version (``s3://b/k?versionId=...``, or ``{"s3_uri": ..., "version_id": ...}``): that version is what
+is fetched, and its ETag, which names its content, keys it in the cache. A download lands under a
 temporary name and is renamed only once it matches what S3 says of it (``integrity``); a mismatch
 is fetched once more, then fails naming the object. The channel's manifest (objects, sizes,
 checksums, and a digest of it all) is the data lineage later stages record.
@@ -17,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,10 +52,16 @@ class StagedObject:
     checksum: dict | None = None
     verified_by: str = ""
     path: str = ""
+    version_id: str = ""  # the version a manifest pinned; "" for the latest
 
     @property
     def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}"
+        return f"s3://{self.bucket}/{self.key}" + (f"?versionId={self.version_id}" if self.version_id else "")
+
+    @property
+    def version(self) -> dict:
+        """The ``VersionId`` argument of S3 calls that read this object: the pinned one, else none."""
+        return {"VersionId": self.version_id} if self.version_id else {}
 
 
 @dataclass(slots=True)
@@ -108,6 +117,11 @@ def stage_channels(
             manifest = list_channel(name, channel)
             if channel.mode == "stream":
                 for obj in manifest.objects:
+                    if obj.version_id:
+                        raise DataError(
+                            f"{obj.uri}: mode stream reads the latest version of each object (pyarrow cannot "
+                            "read another); stage a manifest that pins versions with mode file"
+                        )
                     obj.verified_by = "streamed"
                 manifests[name] = manifest
             else:
@@ -247,33 +261,45 @@ def _list_manifest(uri: str) -> list[StagedObject]:
     prefix = None
     if entries and isinstance(entries[0], dict) and "prefix" in entries[0]:
         prefix, entries = entries[0]["prefix"], entries[1:]
-    uris = []
+    parsed = []
     for entry in entries:
         value = entry.get("s3_uri") if isinstance(entry, dict) else entry
         if not isinstance(value, str):
             raise DataError(f"{uri}: manifest entry {entry!r} is not an s3:// URI or a key")
-        uris.append(prefix + value if prefix else value)
-    parsed = [s3.S3Uri.parse(u) for u in uris]
+        value, version = _split_version(value)
+        version = str(entry.get("version_id") or version) if isinstance(entry, dict) else version
+        parsed.append((s3.S3Uri.parse(prefix + value if prefix else value), version))
     seen: set[s3.S3Uri] = set()
-    for target in parsed:
-        if target in seen:  # two fetches of one object would share its temporary file
+    for target, _ in parsed:
+        if target in seen:  # both would be laid out at one path, whatever their versions
             raise DataError(f"{uri}: the manifest lists {target} more than once; list each object once")
         seen.add(target)
 
-    def head(target: s3.S3Uri) -> StagedObject:
-        return _head(client, target, str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}")
+    def head(entry: tuple[s3.S3Uri, str]) -> StagedObject:
+        target, version = entry
+        return _head(client, target, str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}", version)
 
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
         return list(pool.map(head, parsed))
 
 
-def _head(client, target: s3.S3Uri, rel: str = "") -> StagedObject:
-    """One object as S3 describes it (HEAD), for objects not found by listing a prefix."""
+def _split_version(value: str) -> tuple[str, str]:
+    """``s3://b/k?versionId=v`` as ``("s3://b/k", "v")`` (the form S3's console links to a version
+    with); anything else as ``(value, "")``. A key that itself ends in ``?versionId=...`` needs the
+    manifest's ``{"s3_uri": ..., "version_id": ...}`` form instead."""
+    match = re.fullmatch(r"(s3://.+)\?versionId=([^&?/]+)", value)
+    return (match[1], match[2]) if match else (value, "")
+
+
+def _head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> StagedObject:
+    """One object (or one version of it) as S3 describes it (HEAD), for objects not found by listing a prefix."""
+    obj = StagedObject(target.bucket, target.key, 0, "", rel, version_id=version_id)
     try:
-        meta = client.head_object(Bucket=target.bucket, Key=target.key)
+        meta = client.head_object(Bucket=target.bucket, Key=target.key, **obj.version)
     except ClientError as exc:
-        raise s3.describe_error(exc, str(target)) from exc
-    return StagedObject(target.bucket, target.key, meta["ContentLength"], meta["ETag"].strip('"'), rel)
+        raise s3.describe_error(exc, obj.uri) from exc
+    obj.size, obj.etag = meta["ContentLength"], meta["ETag"].strip('"')
+    return obj
 
 
 def fetch_object(uri: str, target: Path) -> StagedObject:
@@ -336,7 +362,7 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         written = 0
         try:
             response = client.get_object(
-                Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED"
+                Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED", **obj.version
             )
             if _replaced(obj, response["ETag"]):
                 # An endpoint that ignores If-Match (rclone does) sends whatever is there now; its own
@@ -382,7 +408,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     """The transfer manager's ranged, concurrent download, digested while the parts land; the
     checksum (and, for a composite one, the part sizes it needs) come from a HEAD first."""
     try:
-        head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED")
+        head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED", **obj.version)
         if _replaced(obj, head["ETag"]):
             raise _changed(obj)
         checksum = integrity.checksum_of(head)
@@ -391,13 +417,15 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         digester = integrity.Digester(etag, checksum, parts)
         target = integrity.FollowingDigest(tmp, digester.update)
         try:
-            client.download_fileobj(obj.bucket, obj.key, target, Config=s3.TRANSFER_CONFIG, Callback=on_bytes)
+            client.download_fileobj(
+                obj.bucket, obj.key, target, ExtraArgs=obj.version or None, Config=s3.TRANSFER_CONFIG, Callback=on_bytes
+            )
         finally:
             target.close()
         # The transfer manager's ranged GETs are not conditional on the ETag (it takes no IfMatch): an
         # object replaced meanwhile by one of the same size would pass a size-only check. Asked again, S3
         # says whether it was.
-        if _replaced(obj, client.head_object(Bucket=obj.bucket, Key=obj.key)["ETag"]):
+        if _replaced(obj, client.head_object(Bucket=obj.bucket, Key=obj.key, **obj.version)["ETag"]):
             raise _changed(obj)
     except (ClientError, BotoCoreError, Boto3Error) as exc:
         # boto3 wraps the last error of a failed transfer (S3TransferFailedError's cause,
@@ -434,14 +462,15 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
         return None
     try:
         attrs = client.get_object_attributes(
-            Bucket=obj.bucket, Key=obj.key, ObjectAttributes=["ObjectParts"], MaxParts=count
+            Bucket=obj.bucket, Key=obj.key, ObjectAttributes=["ObjectParts"], MaxParts=count, **obj.version
         )
         parts = attrs.get("ObjectParts", {}).get("Parts") or []
         if len(parts) == count:
             return [p["Size"] for p in sorted(parts, key=lambda p: p["PartNumber"])]
         with ThreadPoolExecutor(max_workers=8) as pool:
             heads = pool.map(
-                lambda n: client.head_object(Bucket=obj.bucket, Key=obj.key, PartNumber=n), range(1, count + 1)
+                lambda n: client.head_object(Bucket=obj.bucket, Key=obj.key, PartNumber=n, **obj.version),
+                range(1, count + 1),
             )
             return [h["ContentLength"] for h in heads]
     except ClientError:
@@ -459,5 +488,6 @@ def _is_data_key(rel: str) -> bool:
 def _digest(objects: list[StagedObject]) -> str:
     h = hashlib.sha256()
     for obj in objects:
-        h.update(f"{obj.bucket}\0{obj.key}\0{obj.size}\0{obj.etag}\n".encode())
+        version = f"\0{obj.version_id}" if obj.version_id else ""  # unpinned digests stay as they were
+        h.update(f"{obj.bucket}\0{obj.key}\0{obj.size}\0{obj.etag}{version}\n".encode())
     return "sha256:" + h.hexdigest()

@@ -267,6 +267,43 @@ def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
         stage(f"s3://{bucket}/bad.jsonl", tmp_path, s3_data_type="manifest", format="raw")
 
 
+def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
+    s3_endpoint.skip_unless("versioning")
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    small_v1 = client.put_object(Bucket=bucket, Key="d/a.bin", Body=b"version one")["VersionId"]
+    client.put_object(Bucket=bucket, Key="d/a.bin", Body=b"version two")
+    big_v1 = put_big(client, bucket, "d/big.bin", tmp_path, seed=1)  # ranged parts, each asked of that version
+    big_v1_id = client.list_object_versions(Bucket=bucket, Prefix="d/big.bin")["Versions"][0]["VersionId"]
+    put_big(client, bucket, "d/big.bin", tmp_path, seed=2)
+    lines = [
+        f"s3://{bucket}/d/a.bin?versionId={small_v1}",
+        {"s3_uri": f"s3://{bucket}/d/big.bin", "version_id": big_v1_id},
+    ]
+    client.put_object(Bucket=bucket, Key="m.jsonl", Body="\n".join(json.dumps(line) for line in lines).encode())
+
+    m = stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="raw")
+    assert [(o.key, o.version_id) for o in m.objects] == [("d/a.bin", small_v1), ("d/big.bin", big_v1_id)]
+    assert Path(m.objects[0].path).read_bytes() == b"version one" and Path(m.objects[1].path).read_bytes() == big_v1
+    assert all(o.verified_by.startswith("size+") for o in m.objects)
+    assert json.loads((tmp_path / "train.json").read_text())["objects"][0]["version_id"] == small_v1
+    again = stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="raw")
+    assert (again.bytes_downloaded, again.digest) == (0, m.digest)
+    # the same objects unpinned are the latest versions: other bytes, another lineage digest
+    client.put_object(Bucket=bucket, Key="latest.json", Body=json.dumps([f"s3://{bucket}/d/a.bin"]).encode())
+    latest = stage(f"s3://{bucket}/latest.json", tmp_path, s3_data_type="manifest", format="raw")
+    assert Path(latest.objects[0].path).read_bytes() == b"version two" and latest.objects[0].version_id == ""
+
+    client.put_object(
+        Bucket=bucket, Key="gone.json", Body=json.dumps([f"s3://{bucket}/d/a.bin?versionId=nope"]).encode()
+    )
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/d/a.bin\?versionId=nope"):
+        stage(f"s3://{bucket}/gone.json", tmp_path, s3_data_type="manifest", format="raw")
+    with pytest.raises(DataError, match=rf"d/a.bin\?versionId={small_v1}: mode stream reads the latest version"):
+        stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="parquet", mode="stream")
+
+
 def test_missing_bucket_prefix_and_empty_channel_are_named(s3_endpoint, tmp_path):
     with pytest.raises(StorageError, match="s3://no-such-bucket-here/x/: bucket does not exist"):
         stage("s3://no-such-bucket-here/x/", tmp_path)
