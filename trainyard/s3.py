@@ -7,6 +7,7 @@ profile, credentials from the usual chain. ``s3://`` URIs stay strings; they nev
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import boto3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from trainyard import botocore_loader, collector
 from trainyard.errors import StorageError
@@ -122,15 +123,32 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
             return StorageError(f"{uri}: bucket does not exist; create it or fix the bucket name")
         if code in ("NoSuchKey", "404", "NotFound"):
             return StorageError(f"{uri}: no such object")
+        if code == "NoSuchVersion":
+            return StorageError(f"{uri}: no such version of the object; check the version id")
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
             return StorageError(f"{uri}: access denied ({code}); check the AWS credentials and the bucket policy")
         message = exc.response.get("Error", {}).get("Message", "")
         return StorageError(f"{uri}: S3 error {code or status}: {message}", transient=(status or 0) >= 500)
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return StorageError(
+            f"{uri}: no AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
+            "or run where a role provides them"
+        )
     if isinstance(exc, BotoCoreError):
         return StorageError(
             f"{uri}: could not reach S3 ({exc}); check AWS_ENDPOINT_URL_S3 and the network", transient=True
         )
+    if disk_full(exc):
+        return StorageError(
+            f"{uri}: the disk is full ({exc}); free space under TRAINYARD_HOME, or set TRAINYARD_CACHE_MAX_BYTES "
+            "below what it can hold"
+        )
     return StorageError(f"{uri}: {exc}")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a write found no space (or no quota) left: trying again will not help."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def upload_file(path: Path, uri: str) -> str:

@@ -203,6 +203,15 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
     Every target is checked to resolve inside ``folder``: nothing is ever written outside it.
     """
     folder = folder.resolve()
+    by_rel = {obj.rel: obj for obj in manifest.objects}
+    for obj in manifest.objects:
+        parts = obj.rel.split("/")
+        for above in ("/".join(parts[:n]) for n in range(1, len(parts))):
+            if above in by_rel:  # "a" and "a/b": one path cannot be both a file and a folder
+                raise DataError(
+                    f"{by_rel[above].uri} and {obj.uri}: the first would be laid out as a file where the second "
+                    "needs a folder; rename one of them in S3"
+                )
     for obj in manifest.objects:
         target = (folder / obj.rel).resolve()
         if not target.is_relative_to(folder):
@@ -248,7 +257,10 @@ def _list_manifest(uri: str) -> list[StagedObject]:
     """A manifest: a JSON list of s3:// URIs, SageMaker's ``[{"prefix": ...}, "rel", ...]``, or JSONL."""
     where = s3.S3Uri.parse(uri)
     client = s3.client()
-    text = client.get_object(Bucket=where.bucket, Key=where.key)["Body"].read().decode("utf-8")
+    try:
+        text = client.get_object(Bucket=where.bucket, Key=where.key)["Body"].read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{uri}: a manifest must be UTF-8 JSON or JSON lines ({exc})") from exc
     try:
         entries = json.loads(text)
     except json.JSONDecodeError:
@@ -399,7 +411,7 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             # take back the progress and try again, a bounded number of times.
             if on_bytes and written:
                 on_bytes(-written)
-            if attempt == STREAM_ATTEMPTS:
+            if attempt == STREAM_ATTEMPTS or s3.disk_full(exc):
                 raise s3.describe_error(exc, obj.uri) from exc
     raise AssertionError("unreachable")
 
@@ -427,7 +439,9 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         # says whether it was.
         if _replaced(obj, client.head_object(Bucket=obj.bucket, Key=obj.key, **obj.version)["ETag"]):
             raise _changed(obj)
-    except (ClientError, BotoCoreError, Boto3Error) as exc:
+    except (ClientError, BotoCoreError, Boto3Error, OSError) as exc:
+        if isinstance(exc, OSError) and not s3.disk_full(exc):
+            raise  # not S3's doing, nor the disk's being full: a bug, with its traceback
         # boto3 wraps the last error of a failed transfer (S3TransferFailedError's cause,
         # RetriesExceededError's last_exception): describe that one, naming the object.
         cause = (getattr(exc, "last_exception", None) or exc.__cause__) if isinstance(exc, Boto3Error) else None

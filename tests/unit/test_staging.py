@@ -3,6 +3,7 @@ with a fault-injecting proxy for throttling, dropped connections and corrupted b
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -15,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from tests import s3_endpoints
 from tests.conftest import blobs_table
-from trainyard import cache, outputs, s3, staging
+from trainyard import cache, integrity, outputs, s3, staging
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel, parse_job
 
@@ -265,6 +266,19 @@ def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
     client.put_object(Bucket=bucket, Key="bad.jsonl", Body=json.dumps(f"s3://{bucket}/files/nope.bin").encode())
     with pytest.raises(StorageError, match=f"s3://{bucket}/files/nope.bin"):
         stage(f"s3://{bucket}/bad.jsonl", tmp_path, s3_data_type="manifest", format="raw")
+    client.put_object(Bucket=bucket, Key="latin1.json", Body=f'["s3://{bucket}/files/\xe9"]'.encode("latin-1"))
+    with pytest.raises(DataError, match=f"s3://{bucket}/latin1.json: a manifest must be UTF-8"):
+        stage(f"s3://{bucket}/latin1.json", tmp_path, s3_data_type="manifest", format="raw")
+
+
+def test_a_key_that_is_a_folder_of_another_is_named_before_anything_is_laid_out(tmp_path):
+    source = tmp_path / "object"
+    source.write_bytes(b"x")
+    objects = [staging.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source)) for rel in ("a", "a/b", "c")]
+    manifest = staging.ChannelManifest("train", "s3://b/ch/", "raw", objects)
+    with pytest.raises(DataError, match="s3://b/ch/a and s3://b/ch/a/b: the first would be laid out as a file"):
+        staging.mirror(manifest, tmp_path / "mirror")
+    assert not (tmp_path / "mirror").exists()
 
 
 def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
@@ -322,6 +336,42 @@ def test_denied_request_is_clear(s3_endpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     with pytest.raises(StorageError, match=f"s3://{bucket}/x/: access denied"):
         stage(f"s3://{bucket}/x/", tmp_path)
+
+
+def test_no_credentials_are_named_as_such_and_not_retried_as_a_network_error(s3_endpoint, tmp_path, monkeypatch):
+    bucket = s3_endpoint.new_bucket()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageError, match=f"s3://{bucket}/x/: no AWS credentials") as failed:
+        stage(f"s3://{bucket}/x/", tmp_path)
+    assert not failed.value.transient
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_a_full_disk_is_named_not_retried_and_leaves_no_partial_file(s3_endpoint, tmp_path, monkeypatch, size):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    if size == "small":
+        client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000)
+    else:
+        put_big(client, bucket, "ch/a.bin", tmp_path)
+    writes = []
+
+    def no_space(self, data):
+        writes.append(len(data))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    # where each path writes what it fetched: the small GET's digest-then-write, the transfer manager's file
+    writer = (integrity.Digester, "update") if size == "small" else (integrity.FollowingDigest, "write")
+    monkeypatch.setattr(*writer, no_space)
+    with pytest.raises(StorageError, match=f"s3://{bucket}/ch/a.bin: the disk is full") as failed:
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert not failed.value.transient
+    assert len(writes) == 1  # not tried again
+    assert not [p for p in cache.objects_dir().rglob("*") if p.is_file()]  # nothing half-written kept
 
 
 def test_cache_evicts_least_recently_used_but_never_the_current_channel(s3_endpoint, tmp_path, monkeypatch):
