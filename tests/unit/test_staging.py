@@ -371,7 +371,9 @@ def test_a_full_disk_is_named_not_retried_and_leaves_no_partial_file(s3_endpoint
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert not failed.value.transient
     assert len(writes) == 1  # not tried again
-    assert not [p for p in cache.objects_dir().rglob("*") if p.is_file()]  # nothing half-written kept
+    etag = client.head_object(Bucket=bucket, Key="ch/a.bin")["ETag"].strip('"')
+    assert not cache.path_for(bucket, "ch/a.bin", etag).exists()
+    assert not list(cache.objects_dir().rglob(f"*{cache.PART_SUFFIX}"))  # nothing half-written kept
 
 
 def test_cache_evicts_least_recently_used_but_never_the_current_channel(s3_endpoint, tmp_path, monkeypatch):
