@@ -101,7 +101,27 @@ def sifting_section(job, report, outcome) -> dict:
             f"FLOP ratio {ratio:.2f}, beta {job.sifting.beta:g}); raise sifting.beta, set sifting.reuse_loss_epochs, "
             "or turn sifting off for this model"
         )
+    if prefilter_warning := _prefilter_cost_warning(report, outcome):
+        section["warning"] = " ".join(filter(None, [section.get("warning"), prefilter_warning]))
     return section
+
+
+def _prefilter_cost_warning(report, outcome) -> str | None:
+    """A warning when the prefilter's scoring cost more than the training passes of the rows it dropped
+    could have: at most every dropped row trained (forward and backward) in every epoch that ran."""
+    if not report or not report.scoring_flops or not outcome or not outcome.samples_trained:
+        return None
+    per_row = (outcome.flops["forward"] + outcome.flops["backward"]) / outcome.samples_trained
+    dropped, epochs = report.total - report.kept, len(outcome.history)
+    saved_at_most = dropped * epochs * per_row
+    if report.scoring_flops < saved_at_most:
+        return None
+    return (
+        f"the prefilter cost more compute than it saved: scoring the rows took {report.scoring_flops:.3g} FLOPs, "
+        f"training the {dropped} rows it dropped for {epochs} epochs would have taken at most {saved_at_most:.3g}; "
+        "let it drop exact duplicates only (sifting.prefilter.drop_learnt_fraction and drop_unlearnable_fraction 0), "
+        "or turn it off (sifting.prefilter.enabled: false) for a job this short"
+    )
 
 
 # Per-epoch bookkeeping in the history, not the model's metrics: the FLOPs are in the summary's `compute`

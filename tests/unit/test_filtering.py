@@ -138,3 +138,34 @@ def test_reducible_loss_sifting_gets_every_kept_rows_reference_loss(tmp_path):
     clean = np.setdiff1d(np.arange(2000), flipped)  # the kept rows are the first 2000, in order
     # Wrong labels are what a reference cannot fit: most of them rank above nine in ten clean rows.
     assert np.median(reference[flipped]) > np.percentile(reference[clean], 90)
+
+
+def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about():
+    from types import SimpleNamespace
+
+    from trainyard.spec import parse_job
+    from trainyard.status import sifting_section
+
+    job = parse_job(
+        {
+            "name": "warn",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": "s3://data/train/", "label": "label"}},
+            "output": {"s3_uri": "s3://data/out/"},
+        }
+    )
+    # 3 epochs, 1,000 FLOPs to train a row once (forward and backward): 10 dropped rows spared at most 30,000
+    outcome = SimpleNamespace(
+        flops={"forward": 1_000_000, "backward": 2_000_000, "evaluation": 0, "scoring": 0},
+        samples_trained=3_000,
+        history=[{}, {}, {}],
+        sifting=None,
+    )
+
+    def report(scoring_flops: int) -> filtering.FilterReport:
+        return filtering.FilterReport("train.npz", total=1_010, kept=1_000, scoring_flops=scoring_flops)
+
+    warning = sifting_section(job, report(30_000), outcome)["warning"]
+    assert warning.startswith("the prefilter cost more compute than it saved") and "at most 3e+04" in warning
+    assert "warning" not in sifting_section(job, report(29_999), outcome)
+    assert "warning" not in sifting_section(job, report(0), outcome)  # exact duplicates: nothing scored
