@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainyard.errors import SpecError
 
@@ -238,9 +238,21 @@ class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
-    beta: float = Field(default=1.0, gt=0, description="Keep probability = loss percentile ** beta.")
+    # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
+    beta: float = Field(
+        default=1.0,
+        gt=0,
+        validation_alias=AliasChoices("beta", "beta_value"),
+        description="Keep probability = loss percentile ** beta (smart sifting's beta_value).",
+    )
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
-    delay_steps: int = Field(default=10, ge=0, description="Steps trained on everything before sifting starts.")
+    delay_steps: int = Field(
+        default=10,
+        ge=0,
+        validation_alias=AliasChoices("delay_steps", "sift_delay"),
+        description="Steps trained on everything before sifting starts (smart sifting's sift_delay, whose default "
+        "is 1000: longer than many small jobs).",
+    )
     score: Literal["loss", "reducible_loss"] = Field(
         default="loss",
         description="What ranks a candidate: 'loss' (smart sifting's rule) or 'reducible_loss' (RHO-LOSS: its loss "

@@ -226,3 +226,12 @@ def test_an_extra_channel_cannot_be_sharded():
     assert any(p.startswith("inputs.vocab.distribution:") for p in problems(minimal(inputs=inputs)))
     inputs["vocab"]["distribution"] = "replicated"
     assert parse_job(minimal(inputs=inputs)).channels()["vocab"].distribution == "replicated"
+
+
+def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
+    sifting = parse_job(minimal(sifting={"enabled": True, "beta_value": 0.5, "sift_delay": 1000})).sifting
+    assert (sifting.beta, sifting.delay_steps) == (0.5, 1000)
+    assert parse_job(minimal(sifting={"beta": 2})).sifting.beta == 2  # our own names, as before
+    assert any(p.startswith("sifting.beta_value:") for p in problems(minimal(sifting={"beta_value": -1})))
+    both = problems(minimal(sifting={"beta": 1, "beta_value": 2}))  # one knob, given twice
+    assert any(p.startswith("sifting.beta_value:") for p in both)
