@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -32,6 +33,11 @@ STALE_PART_SECONDS = 3600  # a download writes every few seconds at worst: one t
 
 def objects_dir() -> Path:
     return cache_dir() / "objects"
+
+
+def rowgroups_dir() -> Path:
+    """Row groups of streamed channels, kept as arrays once read (``streaming.unit_path`` names them)."""
+    return cache_dir() / "rowgroups"
 
 
 def path_for(bucket: str, key: str, etag: str) -> Path:
@@ -151,10 +157,14 @@ def max_bytes() -> int:
     return int(os.environ.get(CACHE_MAX_BYTES_ENV) or DEFAULT_MAX_BYTES)
 
 
-def evict(limit: int | None = None) -> dict:
-    """Delete least recently used objects until the cache fits ``limit``; never those a job has pinned."""
+def evict(limit: int | None = None, keep: Iterable[str] = ()) -> dict:
+    """Delete the least recently used objects and kept row groups until the cache fits ``limit`` (one cap for
+    both); never the objects a job has pinned, nor the files in ``keep``.
+
+    A row group a job is training on is not pinned: its arrays are memory-mapped, and outlive their file."""
     with _eviction_lock(fcntl.LOCK_EX):
-        return evict_files(objects_dir().glob("*/*"), pinned(), limit)
+        files = itertools.chain(objects_dir().glob("*/*"), rowgroups_dir().glob("*"))
+        return evict_files(files, pinned() | set(keep), limit)
 
 
 def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None) -> dict:

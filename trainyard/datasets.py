@@ -15,12 +15,11 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from trainyard import staging
+from trainyard import cache, staging
 from trainyard.errors import DataError
 from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
 
-STREAM_CACHE = "stream-cache"  # in the job folder: row groups a streamed channel's groups have read
 BLOCK_ROWS = 1 << 16  # rows of features converted at a time (to_arrays): 64Ki x 16 float32 columns is 4 MiB
 _READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}
 
@@ -226,9 +225,7 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
     if channels["train"].mode == "stream":
         from trainyard import streaming  # streaming builds on this module
 
-        streamed = streaming.describe(
-            manifests["train"], channels["train"], task, out_dir, out_dir.parent / STREAM_CACHE
-        )
+        streamed = streaming.describe(manifests["train"], channels["train"], task, out_dir, cache.rowgroups_dir())
         schema = Schema(**{k: v for k, v in streamed.schema.items() if k != "num_outputs"})
         paths["train"], rows["train"], layout = streamed.train_data, streamed.rows["train"], streamed.train_layout
     else:

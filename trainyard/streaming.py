@@ -4,7 +4,8 @@ channel is fully read.
 Staging reads only the parquet footers (row counts per row group), the label column (the classes)
 and the first row groups (the feature scaling); nothing else is downloaded. Each replica group then
 reads the row groups of its share as it needs them, one ahead in a background thread, and keeps what
-it read on local disk so later epochs do not go back to S3. The step count per epoch comes from the
+it read in the machine's cache (``cache.rowgroups_dir``, under the cache's one size cap), so later epochs,
+and later jobs that read the same objects the same way, do not go back to S3. The step count per epoch comes from the
 footers, so every group agrees on it without reading anything.
 
 A row group kept on disk is its two arrays as plain ``.npy`` records, one after the other (features,
@@ -16,6 +17,7 @@ It is mapped back read-only (``np.memmap``), not read: see ``_load``.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import threading
@@ -119,7 +121,7 @@ def describe(
         offset = 0
         for unit_id, etag, part in sample:
             rows = slice(offset, offset + part.num_rows)
-            _save(unit_path(cache_dir, unit_id, etag), x[rows], y[rows])
+            _save(unit_path(cache_dir, unit_id, etag, schema), x[rows], y[rows])
             offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     sample_path = out_dir / "train.sample.npz"
@@ -163,14 +165,15 @@ def read_error(exc: Exception, uri: str, what: str) -> DataError | StorageError:
 
 
 class RowGroupSource:
-    """Row groups of a streamed channel as arrays: from the local copy if read before, else from S3.
+    """Row groups of a streamed channel as arrays: from the local copy if read before (by this job, or by
+    another that read the same objects with the same schema), else from S3.
 
     The last few objects read stay open with their footers, so the next row group of an object costs
     one ranged read, not a footer read first (a round trip each, 20-50 ms on S3).
     """
 
     OPEN_OBJECTS = 4
-    EVICT_EVERY = 16  # row groups written between looks at the folder's size (a look stats every file)
+    EVICT_EVERY = 16  # row groups written between looks at the cache's size (a look stats every file)
 
     def __init__(self, layout: list[dict], schema: dict, cache_dir: Path):
         self._objects = {o["id"]: o for o in layout}
@@ -186,7 +189,7 @@ class RowGroupSource:
     def load(self, unit_id: str) -> tuple[np.ndarray, np.ndarray]:
         """``unit_id`` is ``<s3 uri>#rg<i>``."""
         uri, _, index = unit_id.rpartition("#rg")
-        local = unit_path(self._cache_dir, unit_id, self._objects[uri].get("etag", ""))
+        local = unit_path(self._cache_dir, unit_id, self._objects[uri].get("etag", ""), self._schema)
         try:
             arrays = _load(local)
             os.utime(local)  # recency, for eviction
@@ -202,7 +205,7 @@ class RowGroupSource:
         if self._written % self.EVICT_EVERY == 0:
             # Kept under the cache's size cap, least recently used first: a channel larger than the disk
             # still streams (an evicted row group is read from S3 again). Mapped arrays outlive their file.
-            cache.evict_files(self._cache_dir.glob(f"*{UNIT_SUFFIX}"), keep={str(local)})
+            cache.evict(keep={str(local)})
         return x, y
 
     def _parquet(self, uri: str) -> pq.ParquetFile:
@@ -261,17 +264,20 @@ def _row_counts(parquet: pq.ParquetFile) -> list[int]:
     return [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
 
 
-def unit_path(cache_dir: Path, unit_id: str, etag: str) -> Path:
-    """Where a row group's arrays are kept once read: named by a hash of the row group and its object's
-    ETag, so that no two objects (``a/b`` and ``a_b``) share a file, a changed object is read again, and
-    a long key still makes a short name."""
-    digest = hashlib.sha256(f"{unit_id}\0{etag}".encode()).hexdigest()[:32]
+def unit_path(cache_dir: Path, unit_id: str, etag: str, schema: datasets.Schema) -> Path:
+    """Where a row group's arrays are kept once read: named by a hash of the row group, its object's ETag
+    and the schema that made the arrays (features, label, classes), so that no two objects (``a/b`` and
+    ``a_b``) share a file, a changed object is read again, jobs that read the same row group the same way
+    share it, and a long key still makes a short name."""
+    made_by = json.dumps([schema.features, schema.label, schema.task, schema.classes], default=str)
+    digest = hashlib.sha256(f"{unit_id}\0{etag}\0{made_by}".encode()).hexdigest()[:32]
     return cache_dir / f"{digest}-rg{unit_id.rpartition('#rg')[2]}{UNIT_SUFFIX}"
 
 
 def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # a dot name, as a download's: eviction passes over it, and removes it once stale (a killed writer's)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}{cache.PART_SUFFIX}")
     with tmp.open("wb") as f:
         np.lib.format.write_array(f, x, allow_pickle=False)
         np.lib.format.write_array(f, y, allow_pickle=False)

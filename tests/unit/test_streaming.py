@@ -11,7 +11,8 @@ import pytest
 
 from tests import s3_endpoints
 from tests.conftest import blobs_table
-from trainyard import staging, streaming
+from trainyard import cache as shared_cache
+from trainyard import datasets, staging, streaming
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel, parse_job
 from trainyard.training.plan import TrainingPlan
@@ -24,6 +25,10 @@ def put_parquet(endpoint, bucket: str, key: str, table, row_group_size: int) -> 
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=row_group_size)
     endpoint.client().put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+
+
+def schema_of(staged) -> datasets.Schema:
+    return datasets.Schema(**{k: v for k, v in staged.schema.items() if k != "num_outputs"})
 
 
 def stream_one_object(endpoint, tmp_path, table, row_group_size: int):
@@ -53,7 +58,7 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     np.testing.assert_array_equal(y, want["label"].to_numpy())
     etag = {o.uri: o.etag for o in manifest.objects}[f"s3://{bucket}/t/b.parquet"]
     assert list((tmp_path / "cache").iterdir()) == [
-        streaming.unit_path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2", etag)
+        streaming.unit_path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2", etag, schema_of(staged))
     ]
     kept_x, kept_y = source.load(f"s3://{bucket}/t/b.parquet#rg2")  # kept for the next epoch: mapped, not read
     np.testing.assert_array_equal(kept_x, x)
@@ -98,7 +103,9 @@ def test_the_scaling_sample_is_the_first_rows_and_their_row_groups_are_kept_for_
     np.testing.assert_array_equal(sample["y"], table["label"].to_numpy()[:sample_rows])
     # the whole row groups the sample came from are kept, exactly, for the first epoch
     etag = manifest.objects[0].etag
-    units = [streaming.unit_path(cache, f"s3://{bucket}/t/a.parquet#rg{i}", etag) for i in range(groups)]
+    units = [
+        streaming.unit_path(cache, f"s3://{bucket}/t/a.parquet#rg{i}", etag, schema_of(staged)) for i in range(groups)
+    ]
     assert sorted(cache.iterdir()) == sorted(units)
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
     for i in range(groups):
@@ -276,9 +283,10 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
 
 
 def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_again(s3_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))  # a cache of its own, to count
     table = blobs_table(600, seed=7)
     bucket, _, staged = stream_one_object(s3_endpoint, tmp_path, table, 100)
-    cache = tmp_path / "cache"
+    cache = shared_cache.rowgroups_dir()
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
     source.EVICT_EVERY = 1
     source.load(f"s3://{bucket}/t/a.parquet#rg0")
@@ -326,3 +334,28 @@ def test_a_streamed_groups_file_system_follows_refreshed_credentials(s3_endpoint
     monkeypatch.setattr(s3, "credentials", lambda: refreshed)
     x, _ = source.load(units[3])  # (neither endpoint checks the session token itself)
     assert source._fs is not first and len(x) == 50
+
+
+def test_row_groups_are_shared_by_later_jobs_that_read_them_alike_under_the_caches_one_cap(
+    s3_endpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    table = blobs_table(300, seed=8)
+    bucket, _, staged = stream_one_object(s3_endpoint, tmp_path, table, 100)
+    rows = shared_cache.rowgroups_dir()
+    reads = []
+    real_read = streaming._read_row_group
+    monkeypatch.setattr(streaming, "_read_row_group", lambda pf, i, *a: reads.append(i) or real_read(pf, i, *a))
+    units = [f"s3://{bucket}/t/a.parquet#rg{i}" for i in range(3)]
+    for _ in range(2):  # a job, then a later one streaming the same objects with the same schema
+        source = streaming.RowGroupSource(staged.train_layout, staged.schema, rows)
+        for unit in units:
+            source.load(unit)
+        assert reads == [0, 1, 2]  # the later job read nothing from S3
+    fewer = streaming.RowGroupSource(staged.train_layout, {**staged.schema, "features": ["f0", "f1"]}, rows)
+    x, _ = fewer.load(units[0])  # other features: other arrays, read again
+    assert x.shape == (100, 2) and reads == [0, 1, 2, 0]
+    assert len(list(rows.glob(f"*{streaming.UNIT_SUFFIX}"))) == 4
+    # one cap for downloaded objects and kept row groups: the cache's trim takes row groups too
+    shared_cache.evict(limit=0)
+    assert not list(rows.iterdir())

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 from torch.distributed import TCPStore
 
-from trainyard import algorithms
-from trainyard.datasets import STREAM_CACHE
+from trainyard import algorithms, cache
 from trainyard.home import write_json_atomic
 from trainyard.spec import TrainingJob
 from trainyard.training import checkpoint
@@ -77,7 +76,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     # The epoch in progress: its number, its first step, and how many groups it was dealt to.
     cursor = {"epoch": 0, "start_step": 0, "slots": 0}
 
-    data = StepData(job, plan, x_train, y_train, job_dir / STREAM_CACHE, loss_fn, meter, device)
+    data = StepData(job, plan, x_train, y_train, cache.rowgroups_dir(), loss_fn, meter, device)
 
     def state_dict() -> dict:
         return {
