@@ -320,7 +320,7 @@ def child_stream(mode: str, uri: str) -> None:
     training start. ``stream``: list it, read the footers, the label column and a scaling sample,
     then the first batch's row group from S3, as a replica group in stream mode does.
     """
-    from trainyard import datasets, staging, streaming
+    from trainyard import cache, datasets, staging, streaming
     from trainyard.spec import parse_job
     from trainyard.training.plan import TrainingPlan
     from trainyard.training.sampling import StreamSampler
@@ -342,7 +342,7 @@ def child_stream(mode: str, uri: str) -> None:
         result = {"staged_s": staged_s, "ready_s": time.perf_counter() - start}
     else:
         staged = streaming.describe(
-            manifests["train"], job.inputs.train, "classification", home / "data", home / "stream-cache"
+            manifests["train"], job.inputs.train, "classification", home / "data", cache.rowgroups_dir()
         )
         described_s = time.perf_counter() - start
         plan = TrainingPlan(
@@ -356,7 +356,7 @@ def child_stream(mode: str, uri: str) -> None:
             staged.train_layout,
             streamed=True,
         )
-        x, _ = StreamSampler(job, plan, home / "stream-cache").slot_batch(0, 0, 1, 0)
+        x, _ = StreamSampler(job, plan, cache.rowgroups_dir()).slot_batch(0, 0, 1, 0)
         result = {
             "listed_s": staged_s,
             "described_s": described_s,

@@ -1,9 +1,10 @@
-"""The content-addressed object cache under ``TRAINYARD_HOME/cache/objects``.
+"""The machine's cache under ``TRAINYARD_HOME/cache``: staged objects (``objects/``) and the row
+groups streamed channels have read (``rowgroups/``, named by ``streaming.unit_path``).
 
 An object's cache name is a hash of (bucket, key, ETag): the same bytes are never fetched twice,
-and an object changed in place gets a new name. The cache is kept under a size cap
-(``TRAINYARD_CACHE_MAX_BYTES``, default 100 GiB) by evicting the least recently used objects; a
-hit refreshes an object's time.
+and an object changed in place gets a new name. The cache is kept under one size cap
+(``TRAINYARD_CACHE_MAX_BYTES``, default 100 GiB) by evicting the least recently used files of
+either kind; a hit refreshes a file's time.
 
 Objects a job is using are pinned (``Pin``) until it has read them: another job's eviction, in this
 process or any other sharing ``TRAINYARD_HOME``, skips them even when the cache is over its cap.

@@ -26,7 +26,7 @@ def home() -> Path:
 
 
 def cache_dir() -> Path:
-    """Content-addressed cache of staged objects."""
+    """The machine's cache: staged objects and streamed row groups (``trainyard.cache``)."""
     return _sub("cache")
 
 

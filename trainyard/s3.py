@@ -128,7 +128,9 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
             return StorageError(f"{uri}: access denied ({code}); check the AWS credentials and the bucket policy")
         message = exc.response.get("Error", {}).get("Message", "")
-        return StorageError(f"{uri}: S3 error {code or status}: {message}", transient=(status or 0) >= 500)
+        # 501 NotImplemented: the endpoint lacks the feature; asking again will not add it
+        transient = (status or 0) >= 500 and status != 501 and code != "NotImplemented"
+        return StorageError(f"{uri}: S3 error {code or status}: {message}", transient=transient)
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return StorageError(
             f"{uri}: no AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "

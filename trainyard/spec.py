@@ -278,6 +278,14 @@ class Sifting(_Model):
         "(rounded up).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        for ours, theirs in (("beta", "beta_value"), ("delay_steps", "sift_delay")):
+            if isinstance(data, dict) and ours in data and theirs in data:
+                raise ValueError(f"{ours} and {theirs} are one setting (smart sifting's name for it); give one")
+        return data
+
     @property
     def prefilter_on(self) -> bool:
         """Whether the filtering stage prefilters: ``prefilter.enabled``, else whenever sifting is on."""

@@ -25,9 +25,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
+from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceeded
 
 from trainyard import cache, integrity, progress, s3
 from trainyard.errors import DataError, StorageError
@@ -296,11 +298,12 @@ def _list_manifest(uri: str) -> list[StagedObject]:
 
 
 def _split_version(value: str) -> tuple[str, str]:
-    """``s3://b/k?versionId=v`` as ``("s3://b/k", "v")`` (the form S3's console links to a version
-    with); anything else as ``(value, "")``. A key that itself ends in ``?versionId=...`` needs the
-    manifest's ``{"s3_uri": ..., "version_id": ...}`` form instead."""
-    match = re.fullmatch(r"(s3://.+)\?versionId=([^&?/]+)", value)
-    return (match[1], match[2]) if match else (value, "")
+    """``s3://b/k?versionId=v`` (or a prefix-relative ``k?versionId=v``) as ``("s3://b/k", "v")``, the
+    version percent-decoded (the form S3's console links to a version with); anything else as
+    ``(value, "")``. A key that itself ends in ``?versionId=...`` needs the manifest's
+    ``{"s3_uri": ..., "version_id": ...}`` form instead."""
+    match = re.fullmatch(r"(.+)\?versionId=([^&?]+)", value)
+    return (match[1], unquote(match[2])) if match else (value, "")
 
 
 def _head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> StagedObject:
@@ -310,8 +313,22 @@ def _head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> Stag
         meta = client.head_object(Bucket=target.bucket, Key=target.key, **obj.version)
     except ClientError as exc:
         raise s3.describe_error(exc, obj.uri) from exc
+    if wrong := _wrong_version(obj, meta):
+        raise wrong
     obj.size, obj.etag = meta["ContentLength"], meta["ETag"].strip('"')
     return obj
+
+
+def _wrong_version(obj: StagedObject, response: dict) -> StorageError | None:
+    """The error when S3 did not answer for the version ``obj`` pins: an endpoint that keeps no versions
+    (rclone) ignores ``VersionId`` and answers for the latest, whose bytes would be staged as the pinned ones."""
+    if obj.version_id and response.get("VersionId") != obj.version_id:
+        sent = f"version {response['VersionId']}" if response.get("VersionId") else "no version id"
+        return StorageError(
+            f"{obj.uri}: S3 answered with {sent}, not the version pinned; "
+            "the endpoint may not keep object versions (use one that does, or unpin it)"
+        )
+    return None
 
 
 def fetch_object(uri: str, target: Path) -> StagedObject:
@@ -376,11 +393,11 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             response = client.get_object(
                 Bucket=obj.bucket, Key=obj.key, IfMatch=f'"{obj.etag}"', ChecksumMode="ENABLED", **obj.version
             )
-            if _replaced(obj, response["ETag"]):
-                # An endpoint that ignores If-Match (rclone does) sends whatever is there now; its own
-                # checksum would pass, and the new bytes would be cached under the old ETag.
+            # An endpoint that ignores If-Match (rclone does) sends whatever is there now; its own
+            # checksum would pass, and the new bytes would be cached under the old ETag.
+            if wrong := (_changed(obj) if _replaced(obj, response["ETag"]) else _wrong_version(obj, response)):
                 response["Body"].close()
-                raise _changed(obj)
+                raise wrong
             etag, checksum = integrity.md5_etag(obj.etag, response), integrity.checksum_of(response)
             digester = integrity.Digester(etag, checksum)
             with tmp.open("wb") as f:
@@ -421,8 +438,8 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     checksum (and, for a composite one, the part sizes it needs) come from a HEAD first."""
     try:
         head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED", **obj.version)
-        if _replaced(obj, head["ETag"]):
-            raise _changed(obj)
+        if wrong := (_changed(obj) if _replaced(obj, head["ETag"]) else _wrong_version(obj, head)):
+            raise wrong
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
         etag = integrity.md5_etag(obj.etag, head)
@@ -439,12 +456,14 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         # says whether it was.
         if _replaced(obj, client.head_object(Bucket=obj.bucket, Key=obj.key, **obj.version)["ETag"]):
             raise _changed(obj)
-    except (ClientError, BotoCoreError, Boto3Error, OSError) as exc:
-        if isinstance(exc, OSError) and not s3.disk_full(exc):
+    except (ClientError, BotoCoreError, Boto3Error, TransferRetriesExceeded, OSError) as exc:
+        # (botocore's timeouts are OSErrors too: BotoCoreError is tested first)
+        if not isinstance(exc, BotoCoreError) and isinstance(exc, OSError) and not s3.disk_full(exc):
             raise  # not S3's doing, nor the disk's being full: a bug, with its traceback
-        # boto3 wraps the last error of a failed transfer (S3TransferFailedError's cause,
+        # boto3 and s3transfer wrap the last error of a failed transfer (S3TransferFailedError's cause,
         # RetriesExceededError's last_exception): describe that one, naming the object.
-        cause = (getattr(exc, "last_exception", None) or exc.__cause__) if isinstance(exc, Boto3Error) else None
+        wrapped = isinstance(exc, Boto3Error | TransferRetriesExceeded)
+        cause = (getattr(exc, "last_exception", None) or exc.__cause__) if wrapped else None
         raise s3.describe_error(cause or exc, obj.uri) from exc
     if target.rewritten:  # a retried part: what was digested on the way may not be what is on disk
         digester = _digest_file(tmp, etag, checksum, parts)

@@ -101,14 +101,19 @@ def sifting_section(job, report, outcome) -> dict:
             f"FLOP ratio {ratio:.2f}, beta {job.sifting.beta:g}); raise sifting.beta, set sifting.reuse_loss_epochs, "
             "or turn sifting off for this model"
         )
-    if prefilter_warning := _prefilter_cost_warning(report, outcome):
+    if prefilter_warning := _prefilter_cost_warning(job, report, outcome):
         section["warning"] = " ".join(filter(None, [section.get("warning"), prefilter_warning]))
     return section
 
 
-def _prefilter_cost_warning(report, outcome) -> str | None:
+def _prefilter_cost_warning(job, report, outcome) -> str | None:
     """A warning when the prefilter's scoring cost more than the training passes of the rows it dropped
-    could have: at most every dropped row trained (forward and backward) in every epoch that ran."""
+    could have: at most every dropped row trained (forward and backward) in every epoch that ran.
+
+    Not for reducible-loss sifting: its reference losses rank every candidate online, so they are what
+    the scoring is for, whatever it drops (the spec refuses turning that prefilter off)."""
+    if job.sifting.by_reducible_loss:
+        return None
     if not report or not report.scoring_flops or not outcome or not outcome.samples_trained:
         return None
     per_row = (outcome.flops["forward"] + outcome.flops["backward"]) / outcome.samples_trained

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import threading
+import uuid
 from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlparse
@@ -35,6 +37,8 @@ from trainyard import cache, datasets, s3, sharding
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel
 from trainyard.staging import ChannelManifest
+
+log = logging.getLogger(__name__)
 
 SAMPLE_ROWS = 20_000  # rows read at staging to fit the built-in models' feature scaling
 UNIT_SUFFIX = ".rowgroup.npy"  # a kept row group: features then labels, two .npy records in one file
@@ -173,7 +177,7 @@ class RowGroupSource:
     """
 
     OPEN_OBJECTS = 4
-    EVICT_EVERY = 16  # row groups written between looks at the cache's size (a look stats every file)
+    EVICT_EVERY_BYTES = 256 << 20  # kept between looks at the cache's size (at most a 16th of the cap)
 
     def __init__(self, layout: list[dict], schema: dict, cache_dir: Path):
         self._objects = {o["id"]: o for o in layout}
@@ -183,7 +187,7 @@ class RowGroupSource:
         self._signer: tuple | None = None  # the credentials self._fs signs with
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
         self._lock = threading.Lock()
-        self._written = 0
+        self._unevicted = 0  # bytes kept since the last look at the cache's size
         cache_dir.mkdir(parents=True, exist_ok=True)
 
     def load(self, unit_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -200,11 +204,13 @@ class RowGroupSource:
         with self._lock:  # one reader at a time per open object
             table = _read_row_group(self._parquet(uri), int(index), uri, columns)
         x, y = datasets.to_arrays(table, self._schema, f"{uri} row group {index}")
-        _save(local, x, y)
-        self._written += 1
-        if self._written % self.EVICT_EVERY == 0:
-            # Kept under the cache's size cap, least recently used first: a channel larger than the disk
-            # still streams (an evicted row group is read from S3 again). Mapped arrays outlive their file.
+        if _save(local, x, y):
+            self._unevicted += x.nbytes + y.nbytes
+        # Kept under the cache's size cap, least recently used first: a channel larger than the disk still
+        # streams (an evicted row group is read from S3 again). Mapped arrays outlive their file. A look
+        # stats every file of the cache under its lock, so it waits for a 16th of the cap to be written.
+        if self._unevicted > min(self.EVICT_EVERY_BYTES, cache.max_bytes() // 16):
+            self._unevicted = 0
             cache.evict(keep={str(local)})
         return x, y
 
@@ -233,17 +239,19 @@ def _check_unchanged(parquet: pq.ParquetFile, size: int, etag: str, staged: dict
 
     pyarrow's reads cannot be made conditional on the ETag, so the ETag is compared when the object is
     opened (as is its size, and, once described, its row groups); an object replaced between that and a
-    later range read of it is not caught."""
+    later range read of it is not caught. Changed since listing (seconds ago, while staging) is transient,
+    as staging's own check is: the task's retry lists it again. Changed since staging is the data's."""
     counts = _row_counts(parquet)
     replaced = etag and staged.get("etag") and etag != staged["etag"]
     if replaced or size != staged.get("size", size) or counts != staged.get("row_groups", counts):
         then = f"{staged.get('size')} bytes" + (
             f" in row groups of {staged['row_groups']} rows" if "row_groups" in staged else ""
         )
-        raise DataError(
+        message = (
             f"{staged['id']}: changed since the channel was {when} (now ETag {etag or '?'}, {size} bytes in row "
             f"groups of {counts} rows; then ETag {staged.get('etag') or '?'}, {then}); stage the channel again"
         )
+        raise StorageError(message, transient=True) if when == "listed" else DataError(message)
 
 
 def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int, str]:
@@ -266,7 +274,7 @@ def _row_counts(parquet: pq.ParquetFile) -> list[int]:
 
 def unit_path(cache_dir: Path, unit_id: str, etag: str, schema: datasets.Schema) -> Path:
     """Where a row group's arrays are kept once read: named by a hash of the row group, its object's ETag
-    and the schema that made the arrays (features, label, classes), so that no two objects (``a/b`` and
+    and the schema that made the arrays (features, label, task, classes), so that no two objects (``a/b`` and
     ``a_b``) share a file, a changed object is read again, jobs that read the same row group the same way
     share it, and a long key still makes a short name."""
     made_by = json.dumps([schema.features, schema.label, schema.task, schema.classes], default=str)
@@ -274,14 +282,28 @@ def unit_path(cache_dir: Path, unit_id: str, etag: str, schema: datasets.Schema)
     return cache_dir / f"{digest}-rg{unit_id.rpartition('#rg')[2]}{UNIT_SUFFIX}"
 
 
-def _save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+def _save(path: Path, x: np.ndarray, y: np.ndarray) -> bool:
+    """Keep a row group's arrays at ``path``; False, with nothing left behind, when the disk is full.
+
+    Keeping one only spares a later read from S3, so a full disk costs that read, not the job: the
+    cache is trimmed to its cap (which may be set above what the disk holds) and training goes on."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # a dot name, as a download's: eviction passes over it, and removes it once stale (a killed writer's)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}{cache.PART_SUFFIX}")
-    with tmp.open("wb") as f:
-        np.lib.format.write_array(f, x, allow_pickle=False)
-        np.lib.format.write_array(f, y, allow_pickle=False)
-    os.replace(tmp, path)  # groups on one machine may race to write the same row group
+    # a dot name, as a download's: eviction passes over it, and removes it once stale (a killed writer's);
+    # unique, as groups on one machine (or pods sharing one file system) may race to write the same row group
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{cache.PART_SUFFIX}")
+    try:
+        with tmp.open("wb") as f:
+            np.lib.format.write_array(f, x, allow_pickle=False)
+            np.lib.format.write_array(f, y, allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if not s3.disk_full(exc):
+            raise
+        log.warning("row group not kept, the disk is full (%s): it will be read from S3 again when needed", exc)
+        cache.evict()
+        return False
+    return True
 
 
 def _load(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -169,3 +169,7 @@ def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about(
     assert warning.startswith("the prefilter cost more compute than it saved") and "at most 3e+04" in warning
     assert "warning" not in sifting_section(job, report(29_999), outcome)
     assert "warning" not in sifting_section(job, report(0), outcome)  # exact duplicates: nothing scored
+    rho = job.model_copy(
+        update={"sifting": job.sifting.model_copy(update={"enabled": True, "score": "reducible_loss"})}
+    )
+    assert "warning" not in sifting_section(rho, report(30_000), outcome)  # its reference ranks every candidate

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ReadTimeoutError
 
 from tests import s3_endpoints
 from tests.conftest import blobs_table
@@ -308,6 +308,8 @@ def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
     client.put_object(Bucket=bucket, Key="latest.json", Body=json.dumps([f"s3://{bucket}/d/a.bin"]).encode())
     latest = stage(f"s3://{bucket}/latest.json", tmp_path, s3_data_type="manifest", format="raw")
     assert Path(latest.objects[0].path).read_bytes() == b"version two" and latest.objects[0].version_id == ""
+    unpinned = staging._digest([staging.StagedObject(o.bucket, o.key, o.size, o.etag) for o in m.objects])
+    assert m.digest != unpinned  # the version is part of the lineage
 
     client.put_object(
         Bucket=bucket, Key="gone.json", Body=json.dumps([f"s3://{bucket}/d/a.bin?versionId=nope"]).encode()
@@ -316,6 +318,20 @@ def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
         stage(f"s3://{bucket}/gone.json", tmp_path, s3_data_type="manifest", format="raw")
     with pytest.raises(DataError, match=rf"d/a.bin\?versionId={small_v1}: mode stream reads the latest version"):
         stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="parquet", mode="stream")
+
+
+def test_a_pinned_version_the_endpoint_does_not_have_is_refused_not_replaced_by_the_latest(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="d/a.bin", Body=b"latest")
+    # SageMaker's prefix form, with the version on the key; rclone keeps no versions and answers for the latest
+    pinned = [{"prefix": f"s3://{bucket}/d/"}, "a.bin?versionId=3HL4kqtJlcpXroDTDmJ%2BrmSpXd3d"]
+    client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps(pinned).encode())
+    with pytest.raises(
+        StorageError, match=rf"s3://{bucket}/d/a.bin\?versionId=3HL4kqtJlcpXroDTDmJ\+rmSpXd3d"
+    ) as failed:
+        stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
+    assert not failed.value.transient
 
 
 def test_missing_bucket_prefix_and_empty_channel_are_named(s3_endpoint, tmp_path):
@@ -374,6 +390,20 @@ def test_a_full_disk_is_named_not_retried_and_leaves_no_partial_file(s3_endpoint
     etag = client.head_object(Bucket=bucket, Key="ch/a.bin")["ETag"].strip('"')
     assert not cache.path_for(bucket, "ch/a.bin", etag).exists()
     assert not list(cache.objects_dir().rglob(f"*{cache.PART_SUFFIX}"))  # nothing half-written kept
+
+
+def test_a_timeout_on_a_large_objects_requests_is_named_and_transient(s3_endpoint, tmp_path, monkeypatch):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    put_big(client, bucket, "ch/a.bin", tmp_path)
+
+    def timed_out(**kwargs):  # botocore's timeouts are OSErrors as well as BotoCoreErrors
+        raise ReadTimeoutError(endpoint_url=s3_endpoint.endpoint_url)
+
+    monkeypatch.setattr(s3.client(), "head_object", timed_out)
+    with pytest.raises(StorageError, match=f"s3://{bucket}/ch/a.bin: could not reach S3") as failed:
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert failed.value.transient
 
 
 def test_cache_evicts_least_recently_used_but_never_the_current_channel(s3_endpoint, tmp_path, monkeypatch):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import io
+import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -260,8 +263,9 @@ def test_an_object_replaced_by_one_of_the_same_size_and_row_groups_is_caught_by_
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
     with pytest.raises(DataError, match=rf"s3://{bucket}/t/a.parquet: changed since the channel was staged \(now ETag"):
         source.load(f"s3://{bucket}/t/a.parquet#rg3")
-    with pytest.raises(DataError, match=rf"s3://{bucket}/t/a.parquet: changed since the channel was listed"):
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/t/a.parquet: changed since the channel was listed") as e:
         streaming.describe(manifest, channel, "classification", tmp_path / "data2")
+    assert e.value.transient  # listed seconds ago: staging again finds the new version
 
 
 def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_column_are_named(
@@ -288,7 +292,7 @@ def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_aga
     bucket, _, staged = stream_one_object(s3_endpoint, tmp_path, table, 100)
     cache = shared_cache.rowgroups_dir()
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
-    source.EVICT_EVERY = 1
+    source.EVICT_EVERY_BYTES = 0
     source.load(f"s3://{bucket}/t/a.parquet#rg0")
     unit_bytes = next(cache.iterdir()).stat().st_size
     monkeypatch.setenv("TRAINYARD_CACHE_MAX_BYTES", str(2 * unit_bytes))
@@ -355,7 +359,33 @@ def test_row_groups_are_shared_by_later_jobs_that_read_them_alike_under_the_cach
     fewer = streaming.RowGroupSource(staged.train_layout, {**staged.schema, "features": ["f0", "f1"]}, rows)
     x, _ = fewer.load(units[0])  # other features: other arrays, read again
     assert x.shape == (100, 2) and reads == [0, 1, 2, 0]
-    assert len(list(rows.glob(f"*{streaming.UNIT_SUFFIX}"))) == 4
-    # one cap for downloaded objects and kept row groups: the cache's trim takes row groups too
-    shared_cache.evict(limit=0)
-    assert not list(rows.iterdir())
+    kept = list(rows.glob(f"*{streaming.UNIT_SUFFIX}"))
+    assert len(kept) == 4
+    # one cap for downloaded objects and kept row groups, least recently used first, whichever the kind
+    objects = {}
+    for name, age in (("older", 1000), ("newer", -1000)):  # seconds before the row groups were last used
+        path = shared_cache.objects_dir() / "ab" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (time.time() - age, time.time() - age))
+        objects[name] = path
+    row_bytes = sum(p.stat().st_size for p in kept)
+    shared_cache.evict(limit=row_bytes + 1000)
+    assert not objects["older"].exists() and objects["newer"].exists() and all(p.exists() for p in kept)
+    shared_cache.evict(limit=1000)
+    assert objects["newer"].exists() and not any(p.exists() for p in kept)
+
+
+def test_a_full_disk_leaves_a_row_group_unkept_and_training_goes_on(s3_endpoint, tmp_path, monkeypatch):
+    table = blobs_table(200, seed=9)
+    bucket, _, staged = stream_one_object(s3_endpoint, tmp_path, table, 100)
+    kept = tmp_path / "cache"
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, kept)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np.lib.format, "write_array", no_space)
+    x, y = source.load(f"s3://{bucket}/t/a.parquet#rg1")
+    np.testing.assert_array_equal(y, table["label"].to_numpy()[100:])
+    assert x.shape == (100, 4) and not list(kept.iterdir())  # not kept, and no partial file left
