@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
+import urllib3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
@@ -136,7 +137,8 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
             f"{uri}: no AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
             "or run where a role provides them"
         )
-    if isinstance(exc, BotoCoreError):
+    if isinstance(exc, BotoCoreError | ConnectionError | TimeoutError | urllib3.exceptions.HTTPError):
+        # (the raw socket errors are what s3transfer's retries end on, as their last error)
         return StorageError(
             f"{uri}: could not reach S3 ({exc}); check AWS_ENDPOINT_URL_S3 and the network", transient=True
         )

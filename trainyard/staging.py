@@ -322,7 +322,9 @@ def _head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> Stag
 def _wrong_version(obj: StagedObject, response: dict) -> StorageError | None:
     """The error when S3 did not answer for the version ``obj`` pins: an endpoint that keeps no versions
     (rclone) ignores ``VersionId`` and answers for the latest, whose bytes would be staged as the pinned ones."""
-    if obj.version_id and response.get("VersionId") != obj.version_id:
+    # The "null" version (stored before versioning was on) comes without the header, on S3 and moto alike
+    answered = response.get("VersionId") or ("null" if obj.version_id == "null" else None)
+    if obj.version_id and answered != obj.version_id:
         sent = f"version {response['VersionId']}" if response.get("VersionId") else "no version id"
         return StorageError(
             f"{obj.uri}: S3 answered with {sent}, not the version pinned; "
@@ -457,9 +459,10 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         if _replaced(obj, client.head_object(Bucket=obj.bucket, Key=obj.key, **obj.version)["ETag"]):
             raise _changed(obj)
     except (ClientError, BotoCoreError, Boto3Error, TransferRetriesExceeded, OSError) as exc:
-        # (botocore's timeouts are OSErrors too: BotoCoreError is tested first)
-        if not isinstance(exc, BotoCoreError) and isinstance(exc, OSError) and not s3.disk_full(exc):
-            raise  # not S3's doing, nor the disk's being full: a bug, with its traceback
+        # botocore's timeouts are OSErrors too, as are a dropped connection's and a full disk's
+        network = isinstance(exc, BotoCoreError | ConnectionError | TimeoutError)
+        if isinstance(exc, OSError) and not network and not s3.disk_full(exc):
+            raise  # ours already (StorageError), or a bug, with its traceback
         # boto3 and s3transfer wrap the last error of a failed transfer (S3TransferFailedError's cause,
         # RetriesExceededError's last_exception): describe that one, naming the object.
         wrapped = isinstance(exc, Boto3Error | TransferRetriesExceeded)

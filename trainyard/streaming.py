@@ -188,6 +188,7 @@ class RowGroupSource:
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
         self._lock = threading.Lock()
         self._unevicted = 0  # bytes kept since the last look at the cache's size
+        self._keeping = True  # False once the disk was found full
         cache_dir.mkdir(parents=True, exist_ok=True)
 
     def load(self, unit_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -204,8 +205,10 @@ class RowGroupSource:
         with self._lock:  # one reader at a time per open object
             table = _read_row_group(self._parquet(uri), int(index), uri, columns)
         x, y = datasets.to_arrays(table, self._schema, f"{uri} row group {index}")
-        if _save(local, x, y):
+        if self._keeping and _save(local, x, y):
             self._unevicted += x.nbytes + y.nbytes
+        else:
+            self._keeping = False  # the disk is full: stop trying (each try writes until it fails)
         # Kept under the cache's size cap, least recently used first: a channel larger than the disk still
         # streams (an evicted row group is read from S3 again). Mapped arrays outlive their file. A look
         # stats every file of the cache under its lock, so it waits for a 16th of the cap to be written.

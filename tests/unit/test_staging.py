@@ -13,6 +13,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError, ReadTimeoutError
+from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceeded
 
 from tests import s3_endpoints
 from tests.conftest import blobs_table
@@ -285,7 +286,9 @@ def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
     s3_endpoint.skip_unless("versioning")
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="d/before.bin", Body=b"from before versioning")  # its version is "null"
     client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    client.put_object(Bucket=bucket, Key="d/before.bin", Body=b"a later version")
     small_v1 = client.put_object(Bucket=bucket, Key="d/a.bin", Body=b"version one")["VersionId"]
     client.put_object(Bucket=bucket, Key="d/a.bin", Body=b"version two")
     big_v1 = put_big(client, bucket, "d/big.bin", tmp_path, seed=1)  # ranged parts, each asked of that version
@@ -294,12 +297,18 @@ def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
     lines = [
         f"s3://{bucket}/d/a.bin?versionId={small_v1}",
         {"s3_uri": f"s3://{bucket}/d/big.bin", "version_id": big_v1_id},
+        f"s3://{bucket}/d/before.bin?versionId=null",
     ]
     client.put_object(Bucket=bucket, Key="m.jsonl", Body="\n".join(json.dumps(line) for line in lines).encode())
 
     m = stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="raw")
-    assert [(o.key, o.version_id) for o in m.objects] == [("d/a.bin", small_v1), ("d/big.bin", big_v1_id)]
-    assert Path(m.objects[0].path).read_bytes() == b"version one" and Path(m.objects[1].path).read_bytes() == big_v1
+    assert [(o.key, o.version_id) for o in m.objects] == [
+        ("d/a.bin", small_v1),
+        ("d/before.bin", "null"),
+        ("d/big.bin", big_v1_id),
+    ]
+    assert Path(m.objects[1].path).read_bytes() == b"from before versioning"
+    assert Path(m.objects[0].path).read_bytes() == b"version one" and Path(m.objects[2].path).read_bytes() == big_v1
     assert all(o.verified_by.startswith("size+") for o in m.objects)
     assert json.loads((tmp_path / "train.json").read_text())["objects"][0]["version_id"] == small_v1
     again = stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="raw")
@@ -392,15 +401,21 @@ def test_a_full_disk_is_named_not_retried_and_leaves_no_partial_file(s3_endpoint
     assert not list(cache.objects_dir().rglob(f"*{cache.PART_SUFFIX}"))  # nothing half-written kept
 
 
-def test_a_timeout_on_a_large_objects_requests_is_named_and_transient(s3_endpoint, tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing", ["head_object", "download_fileobj"])
+def test_a_large_objects_requests_timing_out_or_dropped_are_named_and_transient(
+    s3_endpoint, tmp_path, monkeypatch, failing
+):
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
     put_big(client, bucket, "ch/a.bin", tmp_path)
 
-    def timed_out(**kwargs):  # botocore's timeouts are OSErrors as well as BotoCoreErrors
+    def timed_out(*args, **kwargs):  # botocore's timeouts are OSErrors as well as BotoCoreErrors
         raise ReadTimeoutError(endpoint_url=s3_endpoint.endpoint_url)
 
-    monkeypatch.setattr(s3.client(), "head_object", timed_out)
+    def retried_out(*args, **kwargs):  # s3transfer's retries, ended on a raw socket error
+        raise TransferRetriesExceeded(ConnectionResetError(104, "Connection reset by peer"))
+
+    monkeypatch.setattr(s3.client(), failing, timed_out if failing == "head_object" else retried_out)
     with pytest.raises(StorageError, match=f"s3://{bucket}/ch/a.bin: could not reach S3") as failed:
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert failed.value.transient

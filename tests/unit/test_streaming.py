@@ -382,10 +382,15 @@ def test_a_full_disk_leaves_a_row_group_unkept_and_training_goes_on(s3_endpoint,
     kept = tmp_path / "cache"
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, kept)
 
+    writes = []
+
     def no_space(*args, **kwargs):
+        writes.append(1)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(np.lib.format, "write_array", no_space)
     x, y = source.load(f"s3://{bucket}/t/a.parquet#rg1")
     np.testing.assert_array_equal(y, table["label"].to_numpy()[100:])
     assert x.shape == (100, 4) and not list(kept.iterdir())  # not kept, and no partial file left
+    source.load(f"s3://{bucket}/t/a.parquet#rg0")
+    assert len(writes) == 1  # a full disk is not tried again for every row group
