@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 
 from trainyard import cache, staging
 from trainyard.errors import DataError
+from trainyard.listing import ChannelManifest
 from trainyard.spec import Channel
-from trainyard.staging import ChannelManifest
 
 BLOCK_ROWS = 1 << 16  # rows of features converted at a time (to_arrays): 64Ki x 16 float32 columns is 4 MiB
 _READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}

@@ -1,9 +1,10 @@
-"""Stage 1, staging: list, fetch and verify a channel's objects from S3 into a content-addressed cache.
+"""Stage 1, staging: fetch and verify a channel's objects (as ``listing`` found them) from S3 into a
+content-addressed cache.
 
 Each object is cached under a name derived from (bucket, key, ETag), so an unchanged object is
-never fetched twice and an object changed in place is fetched again. A manifest may pin an object's
-version (``s3://b/k?versionId=...``, or ``{"s3_uri": ..., "version_id": ...}``): that version is what
-is fetched, and its ETag, which names its content, keys it in the cache. A download lands under a
+never fetched twice and an object changed in place is fetched again. An object whose version the
+channel's manifest pins is fetched at that version; its ETag, which names its content, keys it in
+the cache. A download lands under a
 temporary name and is renamed only once it matches what S3 says of it (``integrity``); a mismatch
 is fetched once more, then fails naming the object. The channel's manifest (objects, sizes,
 checksums, and a digest of it all) is the data lineage later stages record.
@@ -16,90 +17,25 @@ transfer manager (ranged, concurrent parts).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import re
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import unquote
 
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceeded
 
-from trainyard import cache, integrity, progress, s3
+from trainyard import cache, integrity, listing, progress, s3
 from trainyard.errors import DataError, StorageError
 from trainyard.home import link_or_copy, write_json_atomic
+from trainyard.listing import ChannelManifest, StagedObject, list_channel
 from trainyard.spec import Channel
 
-MAX_CONCURRENT_OBJECTS = 16
 # A GET whose body breaks off mid-stream is not retried by botocore; these attempts cover it.
 STREAM_ATTEMPTS = 3
 ProgressFn = Callable[[int], None]
-
-
-@dataclass(slots=True)
-class StagedObject:
-    """One object of a channel: as S3 lists it, how it was verified, and where it lies in the cache."""
-
-    bucket: str
-    key: str
-    size: int
-    etag: str
-    rel: str = ""
-    checksum: dict | None = None
-    verified_by: str = ""
-    path: str = ""
-    version_id: str = ""  # the version a manifest pinned; "" for the latest
-
-    @property
-    def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.key}" + (f"?versionId={self.version_id}" if self.version_id else "")
-
-    @property
-    def version(self) -> dict:
-        """The ``VersionId`` argument of S3 calls that read this object: the pinned one, else none."""
-        return {"VersionId": self.version_id} if self.version_id else {}
-
-
-@dataclass(slots=True)
-class ChannelManifest:
-    """What a channel held when it was staged, and where each object now lies."""
-
-    name: str
-    uri: str
-    format: str
-    objects: list[StagedObject] = field(default_factory=list)
-    bytes: int = 0
-    bytes_downloaded: int = 0
-    objects_downloaded: int = 0
-    digest: str = ""
-
-    def summary(self) -> dict:
-        """The channel's entry in the job summary's ``data.channels``."""
-        verified: dict[str, int] = {}
-        for obj in self.objects:
-            verified[obj.verified_by] = verified.get(obj.verified_by, 0) + 1
-        return {
-            "uri": self.uri,
-            "objects": len(self.objects),
-            "bytes": self.bytes,
-            "bytes_downloaded": self.bytes_downloaded,
-            "objects_downloaded": self.objects_downloaded,
-            "manifest_digest": self.digest,
-            "verified_by": verified,
-        }
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ChannelManifest:
-        return cls(**{**data, "objects": [StagedObject(**o) for o in data.get("objects", [])]})
 
 
 def stage_channels(
@@ -132,24 +68,6 @@ def stage_channels(
             write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
         cache.evict()
     return manifests
-
-
-def list_channel(name: str, channel: Channel) -> ChannelManifest:
-    """List a channel's objects: every object under a prefix, one object, or those a manifest names."""
-    try:
-        lister = _list_manifest if channel.s3_data_type == "manifest" else _list_prefix
-        objects = lister(channel.s3_uri)
-    except (ClientError, BotoCoreError) as exc:
-        raise s3.describe_error(exc, channel.s3_uri) from exc
-    if not objects:
-        raise DataError(f"channel {name!r}: no objects under {channel.s3_uri}; check the prefix and upload the data")
-    for obj in objects:
-        check_relative_key(obj.rel, obj.uri)
-    objects.sort(key=lambda o: (o.bucket, o.key))
-    manifest = ChannelManifest(name=name, uri=channel.s3_uri, format=channel.format, objects=objects)
-    manifest.bytes = sum(o.size for o in objects)
-    manifest.digest = _digest(objects)
-    return manifest
 
 
 def fetch_channel(
@@ -190,7 +108,7 @@ def fetch_channel(
         on_objects(1)
         return transferred
 
-    with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
+    with ThreadPoolExecutor(max_workers=listing.MAX_CONCURRENT_OBJECTS) as pool:
         moved = list(pool.map(lambda o: fetch(o, _get_small), small))
     # Large objects one at a time: the transfer manager already fetches each in concurrent parts.
     moved += [fetch(o, _get_large) for o in large]
@@ -223,122 +141,12 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
     return folder
 
 
-def check_relative_key(rel: str, uri: str) -> None:
-    """Refuse keys that would escape the channel's folder if laid out on disk."""
-    parts = rel.split("/")
-    if not rel or "\x00" in rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
-        raise DataError(
-            f"{uri}: unsafe key (empty, '.' or '..' segments, an absolute path, a backslash or NUL); "
-            "rename the object in S3"
-        )
-
-
-def _list_prefix(uri: str) -> list[StagedObject]:
-    root = s3.S3Uri.parse(uri)
-    client = s3.client()
-    if root.key and not root.key.endswith("/"):
-        # "s3://bucket/key" may name one object; otherwise it is a prefix written without its slash.
-        try:
-            head = client.head_object(Bucket=root.bucket, Key=root.key)
-            rel = root.key.rsplit("/", 1)[-1]
-            return [StagedObject(root.bucket, root.key, head["ContentLength"], head["ETag"].strip('"'), rel)]
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
-                raise
-    prefix = root.key if not root.key or root.key.endswith("/") else root.key + "/"
-    objects = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            rel = item["Key"][len(prefix) :]
-            if _is_data_key(rel):
-                objects.append(StagedObject(root.bucket, item["Key"], item["Size"], item["ETag"].strip('"'), rel))
-    return objects
-
-
-def _list_manifest(uri: str) -> list[StagedObject]:
-    """A manifest: a JSON list of s3:// URIs, SageMaker's ``[{"prefix": ...}, "rel", ...]``, or JSONL."""
-    where = s3.S3Uri.parse(uri)
-    client = s3.client()
-    try:
-        text = client.get_object(Bucket=where.bucket, Key=where.key)["Body"].read().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{uri}: a manifest must be UTF-8 JSON or JSON lines ({exc})") from exc
-    try:
-        entries = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            entries = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{uri}: a manifest must be a JSON list or JSON lines of s3:// URIs ({exc})") from exc
-    if not isinstance(entries, list):
-        entries = [entries]  # JSON lines with a single line
-    prefix = None
-    if entries and isinstance(entries[0], dict) and "prefix" in entries[0]:
-        prefix, entries = entries[0]["prefix"], entries[1:]
-    parsed = []
-    for entry in entries:
-        value = entry.get("s3_uri") if isinstance(entry, dict) else entry
-        if not isinstance(value, str):
-            raise DataError(f"{uri}: manifest entry {entry!r} is not an s3:// URI or a key")
-        value, version = _split_version(value)
-        version = str(entry.get("version_id") or version) if isinstance(entry, dict) else version
-        parsed.append((s3.S3Uri.parse(prefix + value if prefix else value), version))
-    seen: set[s3.S3Uri] = set()
-    for target, _ in parsed:
-        if target in seen:  # both would be laid out at one path, whatever their versions
-            raise DataError(f"{uri}: the manifest lists {target} more than once; list each object once")
-        seen.add(target)
-
-    def head(entry: tuple[s3.S3Uri, str]) -> StagedObject:
-        target, version = entry
-        return _head(client, target, str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}", version)
-
-    with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
-        return list(pool.map(head, parsed))
-
-
-def _split_version(value: str) -> tuple[str, str]:
-    """``s3://b/k?versionId=v`` (or a prefix-relative ``k?versionId=v``) as ``("s3://b/k", "v")``, the
-    version percent-decoded (the form S3's console links to a version with); anything else as
-    ``(value, "")``. A key that itself ends in ``?versionId=...`` needs the manifest's
-    ``{"s3_uri": ..., "version_id": ...}`` form instead."""
-    match = re.fullmatch(r"(.+)\?versionId=([^&?]+)", value)
-    return (match[1], unquote(match[2])) if match else (value, "")
-
-
-def _head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> StagedObject:
-    """One object (or one version of it) as S3 describes it (HEAD), for objects not found by listing a prefix."""
-    obj = StagedObject(target.bucket, target.key, 0, "", rel, version_id=version_id)
-    try:
-        meta = client.head_object(Bucket=target.bucket, Key=target.key, **obj.version)
-    except ClientError as exc:
-        raise s3.describe_error(exc, obj.uri) from exc
-    if wrong := _wrong_version(obj, meta):
-        raise wrong
-    obj.size, obj.etag = meta["ContentLength"], meta["ETag"].strip('"')
-    return obj
-
-
-def _wrong_version(obj: StagedObject, response: dict) -> StorageError | None:
-    """The error when S3 did not answer for the version ``obj`` pins: an endpoint that keeps no versions
-    (rclone) ignores ``VersionId`` and answers for the latest, whose bytes would be staged as the pinned ones."""
-    # The "null" version (stored before versioning was on) comes without the header, on S3 and moto alike
-    answered = response.get("VersionId") or ("null" if obj.version_id == "null" else None)
-    if obj.version_id and answered != obj.version_id:
-        sent = f"version {response['VersionId']}" if response.get("VersionId") else "no version id"
-        return StorageError(
-            f"{obj.uri}: S3 answered with {sent}, not the version pinned; "
-            "the endpoint may not keep object versions (use one that does, or unpin it)"
-        )
-    return None
-
-
 def fetch_object(uri: str, target: Path) -> StagedObject:
     """One object outside any channel (a checkpoint) fetched to ``target`` as channel objects are:
     under a temporary name, checked against S3's record (size and a checksum), renamed once whole."""
     client = s3.client()
     try:
-        obj = _head(client, s3.S3Uri.parse(uri))
+        obj = listing.head(client, s3.S3Uri.parse(uri))
     except BotoCoreError as exc:
         raise s3.describe_error(exc, uri) from exc
     obj.path = str(target)
@@ -397,7 +205,7 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             )
             # An endpoint that ignores If-Match (rclone does) sends whatever is there now; its own
             # checksum would pass, and the new bytes would be cached under the old ETag.
-            if wrong := (_changed(obj) if _replaced(obj, response["ETag"]) else _wrong_version(obj, response)):
+            if wrong := (_changed(obj) if _replaced(obj, response["ETag"]) else listing.wrong_version(obj, response)):
                 response["Body"].close()
                 raise wrong
             etag, checksum = integrity.md5_etag(obj.etag, response), integrity.checksum_of(response)
@@ -440,7 +248,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     checksum (and, for a composite one, the part sizes it needs) come from a HEAD first."""
     try:
         head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED", **obj.version)
-        if wrong := (_changed(obj) if _replaced(obj, head["ETag"]) else _wrong_version(obj, head)):
+        if wrong := (_changed(obj) if _replaced(obj, head["ETag"]) else listing.wrong_version(obj, head)):
             raise wrong
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
@@ -511,19 +319,3 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
             return [h["ContentLength"] for h in heads]
     except ClientError:
         return None  # the endpoint cannot say: the size alone is checked
-
-
-def _is_data_key(rel: str) -> bool:
-    """Whether a key (relative to the channel's prefix) is data: folder markers, and Spark/Hadoop side
-    files and folders (``_SUCCESS``, ``.part-0.crc``, ``_temporary/``, ``.spark-staging-1/``) are not.
-    ``.`` and ``..`` are left in, for ``check_relative_key`` to refuse by name."""
-    parts = rel.split("/")
-    return bool(parts[-1]) and not any(p.startswith(("_", ".")) and p not in (".", "..") for p in parts)
-
-
-def _digest(objects: list[StagedObject]) -> str:
-    h = hashlib.sha256()
-    for obj in objects:
-        version = f"\0{obj.version_id}" if obj.version_id else ""  # unpinned digests stay as they were
-        h.update(f"{obj.bucket}\0{obj.key}\0{obj.size}\0{obj.etag}{version}\n".encode())
-    return "sha256:" + h.hexdigest()

@@ -35,8 +35,8 @@ from pyarrow import fs as pafs
 
 from trainyard import cache, datasets, s3, sharding
 from trainyard.errors import DataError, StorageError
+from trainyard.listing import ChannelManifest
 from trainyard.spec import Channel
-from trainyard.staging import ChannelManifest
 
 log = logging.getLogger(__name__)
 

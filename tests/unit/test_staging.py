@@ -17,7 +17,7 @@ from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceede
 
 from tests import s3_endpoints
 from tests.conftest import blobs_table
-from trainyard import cache, integrity, outputs, s3, staging
+from trainyard import cache, integrity, listing, outputs, s3, staging
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel, parse_job
 
@@ -43,7 +43,7 @@ def put_big(client, bucket: str, key: str, tmp_path: Path, seed: int = 0) -> byt
     return data
 
 
-def stage(uri: str, tmp_path: Path, **channel) -> staging.ChannelManifest:
+def stage(uri: str, tmp_path: Path, **channel) -> listing.ChannelManifest:
     return staging.stage_channels({"train": Channel(s3_uri=uri, **channel)}, tmp_path)["train"]
 
 
@@ -101,7 +101,7 @@ def test_corrupted_bytes_are_fetched_again_then_the_object_is_named(s3_endpoint,
     bucket = s3_endpoint.new_bucket()
     put_parquet(client, bucket, "ch/a.parquet")
     fault_proxy.corrupt(1, method="GET", key="ch/a.parquet")
-    m = staging.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/"))
+    m = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/"))
     shown = []  # what a progress bar is told
     staging.fetch_channel(m, shown.append)  # one bad copy: fetched again, then good
     assert fault_proxy.applied["corrupt"] == 1 and m.objects[0].verified_by == "size+crc32"
@@ -180,7 +180,7 @@ def test_a_small_object_replaced_after_listing_is_not_cached_under_its_old_etag(
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
     client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"first" * 100, ChecksumAlgorithm="CRC32")
-    manifest = staging.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/", format="raw"))
+    manifest = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/", format="raw"))
     client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"other" * 100, ChecksumAlgorithm="CRC32")
     with pytest.raises(StorageError, match=rf"s3://{bucket}/ch/a.bin: changed in S3") as failed:
         staging.fetch_channel(manifest)
@@ -240,8 +240,8 @@ def test_traversal_keys_are_refused(s3_endpoint, tmp_path):
 def test_unsafe_relative_keys():
     for rel in ("../etc/passwd", "a/./b", "a\x00b", "/abs", "a\\..\\b", "", "a//b"):
         with pytest.raises(DataError, match="unsafe key"):
-            staging.check_relative_key(rel, f"s3://b/ch/{rel}")
-    staging.check_relative_key("sub/part-0.parquet", "s3://b/ch/sub/part-0.parquet")
+            listing.check_relative_key(rel, f"s3://b/ch/{rel}")
+    listing.check_relative_key("sub/part-0.parquet", "s3://b/ch/sub/part-0.parquet")
 
 
 def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
@@ -275,8 +275,8 @@ def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
 def test_a_key_that_is_a_folder_of_another_is_named_before_anything_is_laid_out(tmp_path):
     source = tmp_path / "object"
     source.write_bytes(b"x")
-    objects = [staging.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source)) for rel in ("a", "a/b", "c")]
-    manifest = staging.ChannelManifest("train", "s3://b/ch/", "raw", objects)
+    objects = [listing.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source)) for rel in ("a", "a/b", "c")]
+    manifest = listing.ChannelManifest("train", "s3://b/ch/", "raw", objects)
     with pytest.raises(DataError, match="s3://b/ch/a and s3://b/ch/a/b: the first would be laid out as a file"):
         staging.mirror(manifest, tmp_path / "mirror")
     assert not (tmp_path / "mirror").exists()
@@ -317,7 +317,7 @@ def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
     client.put_object(Bucket=bucket, Key="latest.json", Body=json.dumps([f"s3://{bucket}/d/a.bin"]).encode())
     latest = stage(f"s3://{bucket}/latest.json", tmp_path, s3_data_type="manifest", format="raw")
     assert Path(latest.objects[0].path).read_bytes() == b"version two" and latest.objects[0].version_id == ""
-    unpinned = staging._digest([staging.StagedObject(o.bucket, o.key, o.size, o.etag) for o in m.objects])
+    unpinned = listing.lineage_digest([listing.StagedObject(o.bucket, o.key, o.size, o.etag) for o in m.objects])
     assert m.digest != unpinned  # the version is part of the lineage
 
     client.put_object(

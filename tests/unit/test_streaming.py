@@ -15,7 +15,7 @@ import pytest
 from tests import s3_endpoints
 from tests.conftest import blobs_table
 from trainyard import cache as shared_cache
-from trainyard import datasets, staging, streaming
+from trainyard import datasets, listing, staging, streaming
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel, parse_job
 from trainyard.training.plan import TrainingPlan
@@ -197,7 +197,7 @@ def test_a_failed_read_ahead_is_read_again_when_needed_and_a_second_failure_is_r
 def test_stream_needs_parquet(s3_endpoint, tmp_path):
     bucket = s3_endpoint.new_bucket()
     s3_endpoint.client().put_object(Bucket=bucket, Key="t/a.csv", Body=b"f0,label\n1,0\n")
-    manifest = staging.list_channel("train", Channel(s3_uri=f"s3://{bucket}/t/", format="csv", label="label"))
+    manifest = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/t/", format="csv", label="label"))
     with pytest.raises(DataError, match="mode stream reads parquet"):
         streaming.describe(manifest, Channel(s3_uri=f"s3://{bucket}/t/", label="label"), "classification", tmp_path)
 

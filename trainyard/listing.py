@@ -1,0 +1,232 @@
+"""Listing a channel: which objects it holds, as S3 describes them (size, ETag, the version pinned).
+
+A channel is every object under a prefix (Spark's and Hadoop's side files left out), one object, or
+the objects a manifest names: a JSON or JSON-lines list of ``s3://`` URIs, or SageMaker's
+``[{"prefix": ...}, "key", ...]``. An entry may pin a version (``s3://b/k?versionId=...``, or
+``{"s3_uri": ..., "version_id": ...}``). Every key must stay inside the channel's folder once laid
+out on disk. The listing's digest (bucket, key, size, ETag and the pinned version of every object) is
+the channel's data lineage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from urllib.parse import unquote
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from trainyard import s3
+from trainyard.errors import DataError, StorageError
+from trainyard.spec import Channel
+
+MAX_CONCURRENT_OBJECTS = 16  # requests in flight: HEADs here, GETs in staging
+
+
+@dataclass(slots=True)
+class StagedObject:
+    """One object of a channel: as S3 lists it, how it was verified, and where it lies in the cache."""
+
+    bucket: str
+    key: str
+    size: int
+    etag: str
+    rel: str = ""
+    checksum: dict | None = None
+    verified_by: str = ""
+    path: str = ""
+    version_id: str = ""  # the version a manifest pinned; "" for the latest
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}" + (f"?versionId={self.version_id}" if self.version_id else "")
+
+    @property
+    def version(self) -> dict:
+        """The ``VersionId`` argument of S3 calls that read this object: the pinned one, else none."""
+        return {"VersionId": self.version_id} if self.version_id else {}
+
+
+@dataclass(slots=True)
+class ChannelManifest:
+    """What a channel held when it was staged, and where each object now lies."""
+
+    name: str
+    uri: str
+    format: str
+    objects: list[StagedObject] = field(default_factory=list)
+    bytes: int = 0
+    bytes_downloaded: int = 0
+    objects_downloaded: int = 0
+    digest: str = ""
+
+    def summary(self) -> dict:
+        """The channel's entry in the job summary's ``data.channels``."""
+        verified: dict[str, int] = {}
+        for obj in self.objects:
+            verified[obj.verified_by] = verified.get(obj.verified_by, 0) + 1
+        return {
+            "uri": self.uri,
+            "objects": len(self.objects),
+            "bytes": self.bytes,
+            "bytes_downloaded": self.bytes_downloaded,
+            "objects_downloaded": self.objects_downloaded,
+            "manifest_digest": self.digest,
+            "verified_by": verified,
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ChannelManifest:
+        return cls(**{**data, "objects": [StagedObject(**o) for o in data.get("objects", [])]})
+
+
+def list_channel(name: str, channel: Channel) -> ChannelManifest:
+    """List a channel's objects: every object under a prefix, one object, or those a manifest names."""
+    try:
+        lister = _list_manifest if channel.s3_data_type == "manifest" else _list_prefix
+        objects = lister(channel.s3_uri)
+    except (ClientError, BotoCoreError) as exc:
+        raise s3.describe_error(exc, channel.s3_uri) from exc
+    if not objects:
+        raise DataError(f"channel {name!r}: no objects under {channel.s3_uri}; check the prefix and upload the data")
+    for obj in objects:
+        check_relative_key(obj.rel, obj.uri)
+    objects.sort(key=lambda o: (o.bucket, o.key))
+    manifest = ChannelManifest(name=name, uri=channel.s3_uri, format=channel.format, objects=objects)
+    manifest.bytes = sum(o.size for o in objects)
+    manifest.digest = lineage_digest(objects)
+    return manifest
+
+
+def check_relative_key(rel: str, uri: str) -> None:
+    """Refuse keys that would escape the channel's folder if laid out on disk."""
+    parts = rel.split("/")
+    if not rel or "\x00" in rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise DataError(
+            f"{uri}: unsafe key (empty, '.' or '..' segments, an absolute path, a backslash or NUL); "
+            "rename the object in S3"
+        )
+
+
+def _list_prefix(uri: str) -> list[StagedObject]:
+    root = s3.S3Uri.parse(uri)
+    client = s3.client()
+    if root.key and not root.key.endswith("/"):
+        # "s3://bucket/key" may name one object; otherwise it is a prefix written without its slash.
+        try:
+            head = client.head_object(Bucket=root.bucket, Key=root.key)
+            rel = root.key.rsplit("/", 1)[-1]
+            return [StagedObject(root.bucket, root.key, head["ContentLength"], head["ETag"].strip('"'), rel)]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise
+    prefix = root.key if not root.key or root.key.endswith("/") else root.key + "/"
+    objects = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            rel = item["Key"][len(prefix) :]
+            if _is_data_key(rel):
+                objects.append(StagedObject(root.bucket, item["Key"], item["Size"], item["ETag"].strip('"'), rel))
+    return objects
+
+
+def _list_manifest(uri: str) -> list[StagedObject]:
+    """A manifest: a JSON list of s3:// URIs, SageMaker's ``[{"prefix": ...}, "rel", ...]``, or JSONL."""
+    where = s3.S3Uri.parse(uri)
+    client = s3.client()
+    try:
+        text = client.get_object(Bucket=where.bucket, Key=where.key)["Body"].read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{uri}: a manifest must be UTF-8 JSON or JSON lines ({exc})") from exc
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{uri}: a manifest must be a JSON list or JSON lines of s3:// URIs ({exc})") from exc
+    if not isinstance(entries, list):
+        entries = [entries]  # JSON lines with a single line
+    prefix = None
+    if entries and isinstance(entries[0], dict) and "prefix" in entries[0]:
+        prefix, entries = entries[0]["prefix"], entries[1:]
+    parsed = []
+    for entry in entries:
+        value = entry.get("s3_uri") if isinstance(entry, dict) else entry
+        if not isinstance(value, str):
+            raise DataError(f"{uri}: manifest entry {entry!r} is not an s3:// URI or a key")
+        value, version = _split_version(value)
+        version = str(entry.get("version_id") or version) if isinstance(entry, dict) else version
+        parsed.append((s3.S3Uri.parse(prefix + value if prefix else value), version))
+    seen: set[s3.S3Uri] = set()
+    for target, _ in parsed:
+        if target in seen:  # both would be laid out at one path, whatever their versions
+            raise DataError(f"{uri}: the manifest lists {target} more than once; list each object once")
+        seen.add(target)
+
+    def described(entry: tuple[s3.S3Uri, str]) -> StagedObject:
+        target, version = entry
+        rel = str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}"
+        return head(client, target, rel, version)
+
+    with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
+        return list(pool.map(described, parsed))
+
+
+def _split_version(value: str) -> tuple[str, str]:
+    """``s3://b/k?versionId=v`` (or a prefix-relative ``k?versionId=v``) as ``("s3://b/k", "v")``, the
+    version percent-decoded (the form S3's console links to a version with); anything else as
+    ``(value, "")``. A key that itself ends in ``?versionId=...`` needs the manifest's
+    ``{"s3_uri": ..., "version_id": ...}`` form instead."""
+    match = re.fullmatch(r"(.+)\?versionId=([^&?]+)", value)
+    return (match[1], unquote(match[2])) if match else (value, "")
+
+
+def head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> StagedObject:
+    """One object (or one version of it) as S3 describes it (HEAD), for objects not found by listing a prefix."""
+    obj = StagedObject(target.bucket, target.key, 0, "", rel, version_id=version_id)
+    try:
+        meta = client.head_object(Bucket=target.bucket, Key=target.key, **obj.version)
+    except ClientError as exc:
+        raise s3.describe_error(exc, obj.uri) from exc
+    if wrong := wrong_version(obj, meta):
+        raise wrong
+    obj.size, obj.etag = meta["ContentLength"], meta["ETag"].strip('"')
+    return obj
+
+
+def wrong_version(obj: StagedObject, response: dict) -> StorageError | None:
+    """The error when S3 did not answer for the version ``obj`` pins: an endpoint that keeps no versions
+    (rclone) ignores ``VersionId`` and answers for the latest, whose bytes would be staged as the pinned ones."""
+    # The "null" version (stored before versioning was on) comes without the header, on S3 and moto alike
+    answered = response.get("VersionId") or ("null" if obj.version_id == "null" else None)
+    if obj.version_id and answered != obj.version_id:
+        sent = f"version {response['VersionId']}" if response.get("VersionId") else "no version id"
+        return StorageError(
+            f"{obj.uri}: S3 answered with {sent}, not the version pinned; "
+            "the endpoint may not keep object versions (use one that does, or unpin it)"
+        )
+    return None
+
+
+def _is_data_key(rel: str) -> bool:
+    """Whether a key (relative to the channel's prefix) is data: folder markers, and Spark/Hadoop side
+    files and folders (``_SUCCESS``, ``.part-0.crc``, ``_temporary/``, ``.spark-staging-1/``) are not.
+    ``.`` and ``..`` are left in, for ``check_relative_key`` to refuse by name."""
+    parts = rel.split("/")
+    return bool(parts[-1]) and not any(p.startswith(("_", ".")) and p not in (".", "..") for p in parts)
+
+
+def lineage_digest(objects: list[StagedObject]) -> str:
+    """The channel's data lineage: a hash of every object's bucket, key, size, ETag and pinned version."""
+    h = hashlib.sha256()
+    for obj in objects:
+        version = f"\0{obj.version_id}" if obj.version_id else ""  # unpinned digests stay as they were
+        h.update(f"{obj.bucket}\0{obj.key}\0{obj.size}\0{obj.etag}{version}\n".encode())
+    return "sha256:" + h.hexdigest()
