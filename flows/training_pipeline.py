@@ -189,6 +189,8 @@ def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, mode
         "prefect.flow_run_id": str(flow_run.get_id()),
     }
     tags["sifting.prefilter_dropped"] = json.dumps(report.dropped or {}, sort_keys=True)
+    if report and report.manifest_digest:  # which rows training read, when the prefilter chose them
+        tags["sifting.filtered_manifest_digest"] = report.manifest_digest
     if outcome.sifting:
         tags["sifting.kept_fraction"] = f"{outcome.sifting['kept_fraction']:.4f}"
     return tags

@@ -14,14 +14,17 @@ that did not train on it. With ``reference: champion`` the registry's current ch
 model name scores every row instead (no training; ``Champion``); a champion that is missing or
 does not fit the data falls back to cross-fitting, and the report's ``reference`` says which was used.
 
-What is dropped is written as a filtered training file the replica groups read, and reported with
-its reasons and the FLOPs the scoring cost. The online sifter (``sifting``) then runs inside each
+What is kept is written as a filtered training file the replica groups read, with a filtered manifest
+beside it: for each source object, which of its rows were dropped and why (``write_manifest``), and a
+digest of the selection, the lineage of what training read. The report gives the counts by reason and
+the FLOPs the scoring cost. The online sifter (``sifting``) then runs inside each
 group's training loop (``trainyard.sifting``); with ``score: reducible_loss`` (RHO-LOSS) it needs
 each row's reference loss, which this stage then computes and writes next to the rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,11 +35,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainyard import algorithms
 from trainyard.datasets import StagedData
+from trainyard.home import write_json_atomic
 from trainyard.spec import Algorithm, Hyperparameters, Prefilter, Sifting
 
 REFERENCE_BATCH = 256
 CHAMPION_BATCH = 8192  # rows per scoring forward pass of the champion
 HOLDOUT = "holdout: two reference models, each scoring the half it did not train on"
+REASONS = ("kept", "duplicate", "learnt", "unlearnable")  # a row's fate; the report's and manifest's names
 
 
 @dataclass(slots=True)
@@ -53,6 +58,10 @@ class FilterReport:
     """The layout of the filtered rows by object (for sharding), when rows were dropped."""
     reference: str | None = None
     """What scored the rows (for loss-based drops or reducible-loss sifting); None when nothing did."""
+    manifest: str | None = None
+    """The filtered manifest (``write_manifest``), when the prefilter ran."""
+    manifest_digest: str | None = None
+    """Its digest of which rows of which objects were kept."""
 
     @property
     def kept_fraction(self) -> float:
@@ -82,6 +91,8 @@ class Prefiltered:
     """What scored the rows (None when no reference model was needed)."""
     losses: np.ndarray | None = None
     """Each row's reference loss (NaN for exact duplicates), when one was computed."""
+    reasons: np.ndarray | None = None
+    """Each row's fate, an index into ``REASONS`` (0: kept)."""
 
 
 def needs_reference(sifting: Sifting) -> bool:
@@ -117,7 +128,35 @@ def filter_samples(
     report.train_data, report.kept, report.dropped = str(path), int(keep.sum()), result.dropped
     report.scoring_flops, report.reference = result.flops, result.reference
     report.train_layout = filtered_layout(staged.train_layout, keep)
+    report.manifest = str(path.with_name("train.filtered.manifest.json"))
+    report.manifest_digest = write_manifest(Path(report.manifest), report, staged, result.reasons)
     return report
+
+
+def write_manifest(path: Path, report: FilterReport, staged: StagedData, reasons: np.ndarray) -> str:
+    """Write the filtered manifest and return its digest: for each source object, its rows, how many were
+    kept, and the numbers of the dropped ones by reason (counted from 0 within the object, in the order
+    staging read it), so a dropped row can be found in the data; the digest covers which rows of which
+    objects were kept."""
+    objects = staged.train_layout or [{"id": staged.train_data, "start": 0, "end": len(reasons)}]
+    entries, digest = [], hashlib.sha256()
+    for obj in objects:
+        fates = reasons[obj["start"] : obj["end"]]
+        dropped = {name: np.flatnonzero(fates == code).tolist() for code, name in enumerate(REASONS) if code}
+        entries.append({"id": obj["id"], "rows": len(fates), "kept": int((fates == 0).sum()), "dropped": dropped})
+        digest.update(f"{obj['id']}\0{len(fates)}\0".encode() + np.packbits(fates == 0).tobytes() + b"\n")
+    manifest = {
+        "train_data": report.train_data,
+        "source": staged.train_data,
+        "rows": report.total,
+        "kept": report.kept,
+        "dropped": report.dropped,
+        "reference": report.reference,
+        "digest": "sha256:" + digest.hexdigest(),
+        "objects": entries,
+    }
+    write_json_atomic(path, manifest)
+    return manifest["digest"]
 
 
 def prefilter(
@@ -133,8 +172,9 @@ def prefilter(
     reference loss even when no loss-based drop is asked for."""
     keep = ~duplicates(x, y)
     dropped = {"duplicate": int((~keep).sum())}
+    reasons = np.where(keep, 0, REASONS.index("duplicate")).astype(np.int8)
     if not config.drop_learnt_fraction and not config.drop_unlearnable_fraction and not with_losses:
-        return Prefiltered(keep, dropped, 0, None)  # duplicates only: no reference model to train
+        return Prefiltered(keep, dropped, 0, None, reasons=reasons)  # duplicates only: no reference model
     losses, flops, reference = None, 0, HOLDOUT
     if config.reference == "champion":
         losses, flops, reference = champion_losses(x, y, keep, champion, task, num_outputs)
@@ -144,10 +184,11 @@ def prefilter(
     order = candidates[np.argsort(losses[candidates], kind="stable")]
     n_learnt = math.floor(config.drop_learnt_fraction * len(order))
     n_unlearnable = math.floor(config.drop_unlearnable_fraction * len(order))
-    keep[order[:n_learnt]] = False
-    keep[order[len(order) - n_unlearnable :]] = False
+    learnt, unlearnable = order[:n_learnt], order[len(order) - n_unlearnable :]
+    keep[learnt] = keep[unlearnable] = False
+    reasons[learnt], reasons[unlearnable] = REASONS.index("learnt"), REASONS.index("unlearnable")
     dropped |= {"learnt": n_learnt, "unlearnable": n_unlearnable}
-    return Prefiltered(keep, dropped, flops, reference, losses)
+    return Prefiltered(keep, dropped, flops, reference, losses, reasons)
 
 
 def champion_losses(

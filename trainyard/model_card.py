@@ -96,6 +96,11 @@ def render(name: str, job_id: str, tags: dict[str, str]) -> str:
             lines.append(f"| {ch} | `{uri}` | `{digest}` |")
     else:
         lines.append("No data lineage was recorded.")
+    if tags.get("sifting.filtered_manifest_digest"):
+        lines += [
+            "",
+            f"The prefilter chose the training rows: filtered manifest `{tags['sifting.filtered_manifest_digest']}`.",
+        ]
     metrics = {k.removeprefix(METRIC_TAG_PREFIX): v for k, v in tags.items() if k.startswith(METRIC_TAG_PREFIX)}
     lines += ["", "## Metrics", "", "| metric | final value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in sorted(metrics.items())] or ["| (none) | |"]

@@ -125,6 +125,9 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     assert len(section["kept_fraction_by_epoch"]) == 3
     run = mlflow.MlflowClient(mlflow_uri).get_run(summary["model"]["run_id"])
     assert run.data.tags["compute.flops_prefilter"] == str(compute["flops_prefilter"])
+    filtered = json.loads(Path(pre["manifest"]).read_text())  # which rows training read, and why the rest went
+    assert run.data.tags["sifting.filtered_manifest_digest"] == pre["manifest_digest"] == filtered["digest"]
+    assert sum(len(o["dropped"]["unlearnable"]) for o in filtered["objects"]) == pre["dropped"]["unlearnable"]
     artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)}
     assert "training_curves.png" in artifacts  # loss, accuracy and the kept fraction per epoch
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -51,6 +54,20 @@ def test_the_stage_writes_a_filtered_training_file_and_its_layout(tmp_path):
     assert len(kept["x"]) == report.kept == 500 - sum(report.dropped.values())
     assert report.train_layout[-1]["end"] == report.kept and report.train_layout[0]["start"] == 0
     assert report.to_dict()["kept_fraction"] == report.kept / 500
+    # the filtered manifest: per object, which rows went and why, numbered within the object
+    manifest = json.loads(Path(report.manifest).read_text())
+    assert manifest["digest"] == report.manifest_digest and manifest["train_data"] == report.train_data
+    a, b = manifest["objects"]
+    assert (a["id"], a["rows"], b["id"], b["rows"]) == ("s3://bkt/a", 250, "s3://bkt/b", 250)
+    assert a["dropped"]["duplicate"] == [] and b["dropped"]["duplicate"] == list(range(150, 250))  # the planted ones
+    assert {k: len(a["dropped"][k]) + len(b["dropped"][k]) for k in report.dropped} == report.dropped
+    starts = {"s3://bkt/a": 0, "s3://bkt/b": 250}
+    gone = {starts[o["id"]] + i for o in (a, b) for rows in o["dropped"].values() for i in rows}
+    assert len(gone) == 500 - report.kept == 500 - a["kept"] - b["kept"]  # each dropped row once, for one reason
+    source = np.load(staged.train_data)["x"]
+    np.testing.assert_array_equal(source[sorted(set(range(500)) - gone)], kept["x"])  # what training reads
+    again = filtering.filter_samples(staged, Sifting(prefilter=LOSS_BASED), "classification")
+    assert again.manifest_digest == report.manifest_digest  # the same selection, the same lineage
 
 
 def test_sifting_on_alone_prefilters_duplicates_only_without_a_reference_model(tmp_path):

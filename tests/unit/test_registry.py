@@ -109,11 +109,13 @@ def test_model_card_has_data_metrics_carbon_and_lineage():
         "carbon.energy_kwh": "0.004",
         "compute.flops_total": "123",
         "prefect.flow_run_id": "f-1",
+        "sifting.filtered_manifest_digest": "sha256:def",
         **model_card.lineage_tags(job, {"val_accuracy": 0.91}),
     }
     card = model_card.render("reg-test", "job-1", tags)
-    for expected in ("## Data", "s3://b/train/", "sha256:abc", "| val_accuracy | 0.91 |", "0.0012", "f-1"):
+    for expected in ("## Data", "s3://b/train/", "sha256:abc", "sha256:def", "| val_accuracy | 0.91 |", "0.0012"):
         assert expected in card
+    assert "f-1" in card
     assert "## Job spec" in card
     assert tags[model_card.CODE_VERSION_TAG].startswith(("git:", "trainyard=="))
 
