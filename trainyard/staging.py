@@ -205,7 +205,7 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             )
             # An endpoint that ignores If-Match (rclone does) sends whatever is there now; its own
             # checksum would pass, and the new bytes would be cached under the old ETag.
-            if wrong := (_changed(obj) if _replaced(obj, response["ETag"]) else listing.wrong_version(obj, response)):
+            if wrong := _not_as_listed(obj, response):
                 response["Body"].close()
                 raise wrong
             etag, checksum = integrity.md5_etag(obj.etag, response), integrity.checksum_of(response)
@@ -248,7 +248,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     checksum (and, for a composite one, the part sizes it needs) come from a HEAD first."""
     try:
         head = client.head_object(Bucket=obj.bucket, Key=obj.key, ChecksumMode="ENABLED", **obj.version)
-        if wrong := (_changed(obj) if _replaced(obj, head["ETag"]) else listing.wrong_version(obj, head)):
+        if wrong := _not_as_listed(obj, head):
             raise wrong
         checksum = integrity.checksum_of(head)
         parts = _part_sizes(client, obj) if checksum and checksum["type"] == "COMPOSITE" else None
@@ -264,8 +264,8 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         # The transfer manager's ranged GETs are not conditional on the ETag (it takes no IfMatch): an
         # object replaced meanwhile by one of the same size would pass a size-only check. Asked again, S3
         # says whether it was.
-        if _replaced(obj, client.head_object(Bucket=obj.bucket, Key=obj.key, **obj.version)["ETag"]):
-            raise _changed(obj)
+        if wrong := _not_as_listed(obj, client.head_object(Bucket=obj.bucket, Key=obj.key, **obj.version)):
+            raise wrong
     except (ClientError, BotoCoreError, Boto3Error, TransferRetriesExceeded, OSError) as exc:
         # botocore's timeouts are OSErrors too, as are a dropped connection's and a full disk's
         network = isinstance(exc, BotoCoreError | ConnectionError | TimeoutError)
@@ -281,9 +281,12 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     return digester
 
 
-def _replaced(obj: StagedObject, etag: str) -> bool:
-    """Whether S3's ``etag`` (quoted, as S3 sends it) is of another version than the one listed."""
-    return etag.strip('"') != obj.etag
+def _not_as_listed(obj: StagedObject, response: dict) -> StorageError | None:
+    """The error when a GET or HEAD answered for something other than what was listed: another ETag
+    (replaced since; quoted, as S3 sends it), or another version than the one pinned."""
+    if response["ETag"].strip('"') != obj.etag:
+        return _changed(obj)
+    return listing.wrong_version(obj, response)
 
 
 def _changed(obj: StagedObject) -> StorageError:
