@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -50,8 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.epochs = 2, 4
-    os.environ.setdefault("TRAINYARD_HOME", tempfile.mkdtemp(prefix="trainyard-bench-carbon-"))
+    # A home of its own unless one is given, removed at the end: each job leaves its folder there.
+    scratch = None if "TRAINYARD_HOME" in os.environ else tempfile.mkdtemp(prefix="trainyard-bench-carbon-")
+    if scratch:
+        os.environ["TRAINYARD_HOME"] = scratch
     os.environ["TRAINYARD_PROGRESS"] = "0"
+    try:
+        return _measure(args)
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace) -> int:
     data = _data(Path(os.environ["TRAINYARD_HOME"]))
     walls: dict[str, list[float]] = {"metered": [], "bare": []}
     cpus: dict[str, list[float]] = {"metered": [], "bare": []}
