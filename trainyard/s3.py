@@ -42,13 +42,16 @@ def _client_config() -> Config:
 # io_chunksize: s3transfer reads each part's body in 256 KiB pieces by default, each a Python-level
 # queue hop and write; 1 MiB pieces took a 512 MiB download from 0.83 s to 0.55 s on 2 cores (less CPU
 # left to the digest that runs alongside). 4 MiB was slower again. max_io_queue: pieces waiting for the
-# writer; the default 100 would hold up to 100 MiB of them.
+# writer; the default 100 would hold up to 100 MiB of them. preferred_transfer_client: with awscrt
+# installed, boto3's "auto" swaps in the CRT transfer manager on the instance types it is tuned for (the
+# GPU families among them), which ignores these settings and botocore's retry modes.
 TRANSFER_CONFIG = TransferConfig(
     multipart_threshold=16 * 2**20,
     multipart_chunksize=16 * 2**20,
     max_concurrency=8,
     io_chunksize=2**20,
     max_io_queue=32,
+    preferred_transfer_client="classic",
 )
 
 

@@ -98,3 +98,14 @@ def test_the_quick_loader_knows_the_same_services_as_botocore(tmp_path, monkeypa
     assert list(known) == Loader().list_available_services("service-2")  # the full list, for whoever reads it
     with pytest.raises(botocore.exceptions.UnknownServiceError, match="no-such-service"):
         boto3.session.Session(botocore_session=core).client("no-such-service", region_name="us-east-1")
+
+
+def test_transfers_keep_the_classic_transfer_manager_on_instances_the_crt_is_tuned_for(monkeypatch):
+    # On the GPU instance types awscrt is optimised for, boto3's "auto" picks the CRT transfer manager,
+    # which ignores TRANSFER_CONFIG's concurrency and part sizes and botocore's retry modes.
+    awscrt_s3 = pytest.importorskip("awscrt.s3")
+    from boto3.s3.transfer import TransferConfig, _should_use_crt
+
+    monkeypatch.setattr(awscrt_s3, "is_optimized_for_system", lambda: True)
+    assert _should_use_crt(TransferConfig())  # the default would switch on such a machine
+    assert not _should_use_crt(s3.TRANSFER_CONFIG)
