@@ -169,14 +169,21 @@ def _list_manifest(uri: str) -> list[StagedObject]:
         if target in seen:  # both would be laid out at one path, whatever their versions
             raise DataError(f"{uri}: the manifest lists {target} more than once; list each object once")
         seen.add(target)
+        # before any request: S3 would answer "no such object" for most unsafe keys, hiding why
+        check_relative_key(_manifest_rel(target, prefix), str(target))
 
     def described(entry: tuple[s3.S3Uri, str]) -> StagedObject:
         target, version = entry
-        rel = str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}"
-        return head(client, target, rel, version)
+        return head(client, target, _manifest_rel(target, prefix), version)
 
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
         return list(pool.map(described, parsed))
+
+
+def _manifest_rel(target: s3.S3Uri, prefix: str | None) -> str:
+    """Where a manifest's object is laid out in the channel's folder: its key after the manifest's
+    prefix, or bucket/key."""
+    return str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}"
 
 
 def _split_version(value: str) -> tuple[str, str]:

@@ -237,6 +237,22 @@ def test_traversal_keys_are_refused(s3_endpoint, tmp_path):
         stage(f"s3://{bucket}/ch/", tmp_path)
 
 
+def test_a_manifest_entry_that_would_escape_the_folder_is_refused_as_unsafe(s3_endpoint, tmp_path):
+    # Manifests are written by hand: their entries can carry keys that no endpoint would store. Each is
+    # refused as unsafe before any request (S3 would otherwise answer "no such object" and hide why).
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="files/a.bin", Body=b"a")
+    for entries in (
+        [{"prefix": f"s3://{bucket}/files/"}, "a.bin", "../other/x.bin"],
+        [f"s3://{bucket}/files/a.bin", f"s3://{bucket}/files/sub/../../x.bin"],
+        [{"prefix": f"s3://{bucket}/files/"}, "sub//x.bin"],
+    ):
+        client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps(entries).encode())
+        with pytest.raises(DataError, match=r"unsafe key"):
+            stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
+
+
 def test_unsafe_relative_keys():
     for rel in ("../etc/passwd", "a/./b", "a\x00b", "/abs", "a\\..\\b", "", "a//b"):
         with pytest.raises(DataError, match="unsafe key"):
