@@ -548,5 +548,15 @@ def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_no
         s3.upload_file(model, f"s3://{bucket}/output/job-2/model/model.pt")
     client = s3_endpoint.client()
     assert "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix="output/job-2/")
-    if s3_endpoint.name == "moto":  # rclone serve s3 does not list multipart uploads
+    # The multipart upload was aborted (S3 would otherwise keep, and bill, its parts): the proxy saw
+    # the abort answered. rclone serve s3 does not list multipart uploads; moto can say none is left.
+    aborts = [outcome for method, target, outcome in fault_proxy.log if method == "DELETE" and "uploadId=" in target]
+    assert aborts and all(outcome.startswith("2") for outcome in aborts), fault_proxy.log
+    if s3_endpoint.name == "moto":
         assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    fault_proxy.clear_faults()
+    s3.upload_file(model, f"s3://{bucket}/output/job-2/model/model.pt")
+    head = client.head_object(Bucket=bucket, Key="output/job-2/model/model.pt", ChecksumMode="ENABLED")
+    assert head["ContentLength"] == BIG
+    if s3_endpoint.capabilities["multipart_checksum"]:  # rclone keeps none for a multipart upload
+        assert head.get("ChecksumSHA256")
