@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
-from trainyard import STAGES, cache, s3, streaming
+from trainyard import STAGES, cache, listing, s3, streaming
 from trainyard.cli import app
 from trainyard.home import job_dir
 from trainyard.spec import parse_job
@@ -73,6 +73,11 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert np.asarray(loaded.predict(x)).shape == (33, 2)
     artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(model["run_id"])}
     assert {"summary.json", "training_curves.png"} <= artifacts
+    # the data lineage: the staged manifest's digest (of the objects it lists), in the summary and on the run
+    staged = listing.ChannelManifest.from_dict(json.loads((job_dir(job_id) / "staging" / "train.json").read_text()))
+    assert staged.digest == listing.lineage_digest(staged.objects)
+    tags = mlflow.MlflowClient(mlflow_uri).get_run(model["run_id"]).data.tags
+    assert tags["data.train.manifest_digest"] == summary["data"]["channels"]["train"]["manifest_digest"] == staged.digest
     # the outputs in S3
     keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix=f"output/{job_id}/")["Contents"]}
     # credentials appear nowhere: not in the logs, the job folder (manifests, plan, replica logs) or MLflow
