@@ -11,10 +11,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests import s3_endpoints
 from tests.conftest import blobs_table, put_table
 from trainyard import datasets, s3, staging
 from trainyard.errors import DataError
 from trainyard.spec import Channel
+
+s3_endpoint = s3_endpoints.s3_endpoint
+
+
+@pytest.fixture
+def bucket(s3_endpoint):
+    """A fresh bucket on each S3 endpoint in turn (moto, then rclone): channels read alike from both."""
+    return s3_endpoint.new_bucket()
 
 
 def stage(bucket, tmp_path, fmt="parquet", label="label", prefix="ch/"):
@@ -58,7 +67,7 @@ def test_nan_labels_are_refused(bucket, tmp_path):
         datasets.to_arrays(table, datasets.infer_schema(table, channel, "regression"), "train")
 
 
-def test_nan_labels_in_validation_are_refused(bucket, tmp_path):
+def test_nan_labels_in_validation_are_refused():
     table = pa.table({"f0": [1.0, 2.0], "label": [1.0, float("nan")]})
     with pytest.raises(DataError, match="channel 'validation'.*label 'label' has 1 missing"):
         datasets.to_arrays(table, datasets.Schema(["f0"], "label", "regression"), "channel 'validation' (s3://b/v/)")
@@ -121,7 +130,7 @@ def test_unreadable_file_is_named(bucket, tmp_path):
         datasets.read_channel(manifest)
 
 
-def test_non_numeric_feature_and_unknown_class(bucket, tmp_path):
+def test_non_numeric_feature_and_unknown_class():
     table = pa.table({"f0": ["a", "b"], "label": [0, 1]})
     with pytest.raises(DataError, match="feature 'f0' is string, not numeric"):
         datasets.to_arrays(table, datasets.Schema(["f0"], "label", "classification", [0, 1]), "train")
