@@ -1,4 +1,8 @@
-"""The six-stage pipeline as a real Prefect flow, against the local S3 endpoint over HTTP."""
+"""The six-stage pipeline as a real Prefect flow, against the local S3 endpoint over HTTP.
+
+These run on moto alone: each is a whole job (tens of seconds), and what they add over the unit
+tests is the flow, not S3. Staging, streaming and reading channels are tested on both endpoints
+(moto and rclone) in ``tests/unit``."""
 
 from __future__ import annotations
 
