@@ -146,10 +146,17 @@ def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: l
 
 
 def _read_row_group(parquet: pq.ParquetFile, index: int, uri: str, columns: list[str] | None = None) -> pa.Table:
-    try:
-        return parquet.read_row_group(index, columns=columns)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise read_error(exc, uri, f"row group {index} cannot be read") from exc
+    """One row group, its pages' checksums verified where written. Content that cannot be decoded or
+    does not match its checksum is read once more (bytes damaged on the way, as staging downloads a file
+    again once); the same twice is the object's own, named."""
+    for attempt in (1, 2):
+        try:
+            return parquet.read_row_group(index, columns=columns)
+        except (OSError, pa.ArrowInvalid) as exc:
+            error = read_error(exc, uri, f"row group {index} cannot be read")
+            if attempt == 2 or not isinstance(error, DataError):
+                raise error from exc
+    raise AssertionError("unreachable")
 
 
 # The AWS SDK's error names for a request that is wrong in itself: trying again will not help.
@@ -266,7 +273,10 @@ def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int
     try:
         source = filesystem.open_input_file(path)
         etag = (source.metadata().get("ETag") or b"").decode(errors="replace").strip('"')
-        return pq.ParquetFile(source, pre_buffer=True), source.size(), etag
+        # page_checksum_verification: the pages' CRCs, where the writer wrote them (parquet-mr and Spark
+        # do by default; pyarrow with write_page_checksum=True), are checked as each page is read.
+        parquet = pq.ParquetFile(source, pre_buffer=True, page_checksum_verification=True)
+        return parquet, source.size(), etag
     except (OSError, pa.ArrowInvalid) as exc:
         raise read_error(exc, f"s3://{path}", "cannot be read as parquet") from exc
 

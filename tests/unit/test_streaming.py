@@ -22,6 +22,7 @@ from trainyard.training.plan import TrainingPlan
 from trainyard.training.sampling import StreamSampler, step_batch
 
 s3_endpoint = s3_endpoints.s3_endpoint
+fault_proxy = s3_endpoints.fault_proxy
 
 
 def put_parquet(endpoint, bucket: str, key: str, table, row_group_size: int) -> None:
@@ -232,6 +233,36 @@ def test_objects_whose_keys_differ_only_by_slash_and_underscore_keep_their_own_r
         np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a_b.parquet#rg1")[1], labels[50:100])
         np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/a/b.parquet#rg1")[1], labels[150:200])
         np.testing.assert_array_equal(source.load(f"s3://{bucket}/t/{'k' * 240}.parquet#rg0")[1], labels[:50])
+
+
+def test_bytes_damaged_on_the_way_are_caught_by_the_pages_checksums_read_again_once_then_named(
+    s3_endpoint, fault_proxy, tmp_path
+):
+    # Uncompressed, so a flipped byte would decode as another value: only the pages' CRCs catch it.
+    table = blobs_table(4000, seed=3)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=1000, compression="none", write_page_checksum=True)
+    bucket = s3_endpoint.new_bucket()
+    s3_endpoint.client().put_object(Bucket=bucket, Key="t/a.parquet", Body=buf.getvalue())
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    uri = f"s3://{bucket}/t/a.parquet"
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, tmp_path / "cache")
+    source._parquet(uri)  # opened (footer read) first: the faults below hit row-group reads only
+
+    fault_proxy.corrupt(1, method="GET", key="t/a.parquet")
+    x, y = source.load(f"{uri}#rg2")  # damaged once: read again
+    assert fault_proxy.applied.get("corrupt") == 1
+    expected = table.slice(2000, 1000)
+    features = np.column_stack([expected[f].to_numpy() for f in schema_of(staged).features]).astype(np.float32)
+    np.testing.assert_array_equal(x, features)
+    np.testing.assert_array_equal(y, expected["label"].to_numpy())
+
+    fault_proxy.corrupt(10, method="GET", key="t/a.parquet")
+    with pytest.raises(DataError, match=rf"{uri}: row group 3 cannot be read \(.*(?i:checksum|crc)"):
+        source.load(f"{uri}#rg3")
+    assert fault_proxy.applied["corrupt"] == 3  # the first try and one more
 
 
 def test_an_object_changed_after_staging_is_named_not_read(s3_endpoint, tmp_path):
