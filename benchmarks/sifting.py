@@ -69,7 +69,7 @@ COMBINATIONS = (
     Setting(0.5, (0.0, 0.0)),  # exact duplicates only, then online sifting
     Setting(1.0, (0.0, 0.0)),
     Setting(0.5, (0.1, 0.02)),
-    Setting(0.5, (0.2, 0.05)),  # the prefilter's defaults
+    Setting(0.5, (0.2, 0.05)),  # loss-based drops: 20% learnt, 5% unlearnable
     Setting(None, (0.2, 0.05)),  # the prefilter alone
     Setting(1.0, (0.0, 0.0), reducible=True),  # RHO-LOSS: online by reducible loss, duplicates removed
     Setting(1.0, (0.0, 0.0), reuse=1),  # remembered losses instead of most scoring passes

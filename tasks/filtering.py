@@ -29,6 +29,8 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
         100 * report.kept_fraction,
         report.dropped or "nothing",
     )
+    if report.kept_for_balance:
+        logger.info("class balance guard: kept %d rows the loss-based drops would have taken", report.kept_for_balance)
     return record
 
 

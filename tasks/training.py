@@ -53,7 +53,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             done[0] = epochs
             shown["percent"] = 100.0 * epochs / job.hyperparameters.epochs
             update_progress_artifact(artifact, shown["percent"])
-            logger.info("epoch %d: %s", epochs, {k: round(v, 5) for k, v in (metrics or {}).items()})
+            shown_metrics = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
+            logger.info("epoch %d: %s", epochs, shown_metrics)
 
         def on_event(kind: str, payload: dict) -> None:
             # One Prefect event per failure, restart, recovery, arrival and departure of a replica

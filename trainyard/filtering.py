@@ -62,6 +62,8 @@ class FilterReport:
     """The filtered manifest (``write_manifest``), when the prefilter ran."""
     manifest_digest: str | None = None
     """Its digest of which rows of which objects were kept."""
+    kept_for_balance: int = 0
+    """Rows the loss-based drops would have taken, kept so that no class falls below the guard's floor."""
 
     @property
     def kept_fraction(self) -> float:
@@ -93,6 +95,8 @@ class Prefiltered:
     """Each row's reference loss (NaN for exact duplicates), when one was computed."""
     reasons: np.ndarray | None = None
     """Each row's fate, an index into ``REASONS`` (0: kept)."""
+    kept_for_balance: int = 0
+    """Rows the loss-based drops would have taken, kept by the class balance guard."""
 
 
 def needs_reference(sifting: Sifting) -> bool:
@@ -118,7 +122,16 @@ def filter_samples(
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
     num_outputs = staged.schema.get("num_outputs", 1)
-    result = prefilter(x, y, sifting.prefilter, task, num_outputs, champion, with_losses=sifting.by_reducible_loss)
+    result = prefilter(
+        x,
+        y,
+        sifting.prefilter,
+        task,
+        num_outputs,
+        champion,
+        with_losses=sifting.by_reducible_loss,
+        min_class_fraction=sifting.min_class_fraction,
+    )
     keep = result.keep
     arrays = {"x": x[keep], "y": y[keep]}
     if sifting.by_reducible_loss:  # the online sifter's RHO-LOSS score subtracts these, row by row
@@ -127,6 +140,7 @@ def filter_samples(
     np.savez(path, **arrays)
     report.train_data, report.kept, report.dropped = str(path), int(keep.sum()), result.dropped
     report.scoring_flops, report.reference = result.flops, result.reference
+    report.kept_for_balance = result.kept_for_balance
     report.train_layout = filtered_layout(staged.train_layout, keep)
     report.manifest = str(path.with_name("train.filtered.manifest.json"))
     report.manifest_digest = write_manifest(Path(report.manifest), report, staged, result.reasons)
@@ -167,9 +181,12 @@ def prefilter(
     num_outputs: int,
     champion: Champion | None = None,
     with_losses: bool = False,
+    min_class_fraction: float = 0.0,
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
-    reference loss even when no loss-based drop is asked for."""
+    reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
+    guard (classification), as the online sifter's: no class keeps less than this fraction of its
+    proportional share of the kept rows."""
     keep = ~duplicates(x, y)
     dropped = {"duplicate": int((~keep).sum())}
     reasons = np.where(keep, 0, REASONS.index("duplicate")).astype(np.int8)
@@ -184,11 +201,38 @@ def prefilter(
     order = candidates[np.argsort(losses[candidates], kind="stable")]
     n_learnt = math.floor(config.drop_learnt_fraction * len(order))
     n_unlearnable = math.floor(config.drop_unlearnable_fraction * len(order))
-    learnt, unlearnable = order[:n_learnt], order[len(order) - n_unlearnable :]
+    floor = min_class_fraction if task == "classification" else 0.0
+    learnt, unlearnable = _guard_classes(y[order], n_learnt, n_unlearnable, floor)
+    learnt, unlearnable = order[learnt], order[unlearnable]
     keep[learnt] = keep[unlearnable] = False
     reasons[learnt], reasons[unlearnable] = REASONS.index("learnt"), REASONS.index("unlearnable")
-    dropped |= {"learnt": n_learnt, "unlearnable": n_unlearnable}
-    return Prefiltered(keep, dropped, flops, reference, losses, reasons)
+    dropped |= {"learnt": len(learnt), "unlearnable": len(unlearnable)}
+    balanced = n_learnt + n_unlearnable - len(learnt) - len(unlearnable)
+    return Prefiltered(keep, dropped, flops, reference, losses, reasons, kept_for_balance=balanced)
+
+
+def _guard_classes(
+    labels: np.ndarray, n_learnt: int, n_unlearnable: int, floor: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (in ``labels``, rows ranked by loss, lowest first) of the learnt and unlearnable drops:
+    the first ``n_learnt`` and last ``n_unlearnable``, less the rows given back to each class these
+    would leave below ``floor`` of its proportional share of the kept rows (rounded up), its dropped
+    rows nearest the kept band first. A class of easy rows would otherwise go almost whole as learnt."""
+    total = len(labels)
+    rank = np.arange(total)
+    dropped = (rank < n_learnt) | (rank >= total - n_unlearnable)
+    if floor > 0:
+        kept_total = total - n_learnt - n_unlearnable
+        # how far each dropped row is from the kept band: learnt ranks count down to it, unlearnable up
+        distance = np.where(rank < n_learnt, n_learnt - rank, rank - (total - n_unlearnable) + 1)
+        for cls in np.unique(labels):
+            members = labels == cls
+            need = math.ceil(floor * kept_total * members.sum() / total)
+            short = need - int((members & ~dropped).sum())
+            if short > 0:
+                candidates = np.flatnonzero(members & dropped)
+                dropped[candidates[np.argsort(distance[candidates], kind="stable")][:short]] = False
+    return np.flatnonzero(dropped & (rank < n_learnt)), np.flatnonzero(dropped & (rank >= total - n_unlearnable))
 
 
 def champion_losses(

@@ -11,7 +11,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_history(history: list[dict], path: Path, title: str) -> Path:
-    """Loss and validation metrics per epoch, and the kept fraction when sifting was on."""
+    """Loss and validation metrics per epoch, and the kept fraction when sifting was on, as a PNG."""
+    fig = history_figure(history, title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def history_figure(history: list[dict], title: str) -> plt.Figure:
+    """The figure ``plot_history`` saves: loss, the validation metric and, when sifting was on, its
+    kept fraction, one panel each."""
     sifted = any("kept_fraction" in h for h in history)
     fig, axes = plt.subplots(1, 3 if sifted else 2, figsize=(15 if sifted else 10, 4))
     loss_ax, metric_ax = axes[0], axes[1]
@@ -27,10 +36,21 @@ def plot_history(history: list[dict], path: Path, title: str) -> Path:
             metric_ax.set(xlabel="epoch", ylabel=key, title=key)
             metric_ax.legend()
     if sifted:
-        axes[2].plot(epochs, [h.get("kept_fraction") for h in history], marker="o", color="tab:green")
-        axes[2].set(xlabel="epoch", ylabel="kept fraction", title="sifting: kept fraction", ylim=(0, 1.05))
+        _plot_kept_fraction(axes[2], epochs, history)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def _plot_kept_fraction(ax, epochs: list[int], history: list[dict]) -> None:
+    """Sifting's kept fraction per epoch, overall and per class (of the candidates the keep rule ranked;
+    a gap where sifting had not started). The overall fraction is ``1 / (1 + beta)`` by construction;
+    the classes' show which ones the sifter found informative as training went on."""
+    ax.plot(epochs, [h.get("kept_fraction") for h in history], marker="o", color="black", label="all")
+    classes = sorted({c for h in history for c in h.get("kept_fraction_by_class", {})})
+    for cls in classes:
+        fractions = [h.get("kept_fraction_by_class", {}).get(cls) for h in history]
+        ax.plot(epochs, fractions, marker=".", linewidth=1, label=f"class {cls}")
+    ax.set(xlabel="epoch", ylabel="kept fraction", title="sifting: kept fraction", ylim=(0, 1.05))
+    if len(classes) <= 12:  # a legend of more would hide the plot
+        ax.legend(fontsize="small")

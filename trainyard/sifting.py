@@ -39,7 +39,11 @@ class Sifter:
         self.history = np.empty(0, dtype=np.float32)
         self.scored = 0
         self.kept = 0
-        self.passed_over = 0  # candidates the keep rule ranked and did not keep (not those before delay_steps)
+        self.passed_over = 0  # candidates the keep rule ranked and did not keep
+        # Before delay_steps, and in a step where a group's share of the kept batch is 0, the candidates
+        # are not ranked: the first ones are trained on (a uniform draw), the rest left out unscored.
+        self.unsifted = 0
+        self.skipped = 0
         self.kept_by_class: dict[str, int] = {}
         self.scored_by_class: dict[str, int] = {}
         self._undo: tuple | None = None  # (step, group) and the state before it: a redone step starts from it
@@ -54,8 +58,28 @@ class Sifter:
         return max(batch_size, round(batch_size * self.candidates_per_kept))
 
     def keep_count(self, candidates: int) -> int:
-        """How many of ``candidates`` a group keeps (0 only when it has none)."""
-        return 0 if candidates <= 0 else max(1, round(candidates / self.candidates_per_kept))
+        """How many of ``candidates`` one group alone keeps (0 only when it has none)."""
+        return self.keep_counts([candidates])[0]
+
+    def keep_counts(self, candidates: list[int]) -> list[int]:
+        """How many each of the quorum's groups keeps of its ``candidates``: the step's kept batch,
+        ``1 / (1 + beta)`` of all of them, dealt in proportion by largest remainder (ties to the lower
+        rank), so that the groups' batches add up to it whatever their number (each rounding its own
+        share could miss it by a row or two per step). A group with candidates keeps at least one while
+        some other group keeps more than one. Every group computes the same counts on its own."""
+        total = sum(candidates)
+        if total <= 0:
+            return [0] * len(candidates)
+        keep = max(1, round(total / self.candidates_per_kept))
+        quotas = [n * keep / total for n in candidates]
+        counts = [math.floor(q) for q in quotas]
+        for i in sorted(range(len(counts)), key=lambda i: (counts[i] - quotas[i], i))[: keep - sum(counts)]:
+            counts[i] += 1
+        for i, n in enumerate(candidates):
+            donor = max(range(len(counts)), key=lambda j: (counts[j], -j))
+            if n > 0 and counts[i] == 0 and counts[donor] > 1:
+                counts[i], counts[donor] = 1, counts[donor] - 1
+        return counts
 
     def active(self, step: int) -> bool:
         """Sifting starts after ``delay_steps``; before, the kept samples are a uniform draw."""
@@ -83,25 +107,24 @@ class Sifter:
         self._remember(losses, labels, chosen)
         return np.sort(chosen)
 
-    def record_uniform(self, labels: np.ndarray | None, candidates: int, keep: int, step: int, group: int) -> None:
-        """Count a step before sifting starts (its first ``keep`` candidates are trained on)."""
+    def record_uniform(self, candidates: int, keep: int, step: int, group: int) -> None:
+        """Count a step whose candidates were not ranked (before sifting starts): its first ``keep`` were
+        trained on, the others left out unscored. Neither counts as scored or kept by the keep rule."""
         self._begin(step, group)
-        self.scored += candidates
-        self.kept += keep
-        if labels is not None:
-            self._count(self.scored_by_class, labels)
-            self._count(self.kept_by_class, labels[:keep])
+        self.unsifted += keep
+        self.skipped += candidates - keep
 
     def _begin(self, step: int, group: int) -> None:
         """A step that did not commit is done again (torchft): undo what its first try added to the
         history and the counts, so it selects as before and is counted once."""
         if self._undo is not None and self._undo[0] == (step, group):
-            history, scored, kept, passed_over, kept_by_class, scored_by_class = self._undo[1]
-            self.history, self.scored, self.kept, self.passed_over = history, scored, kept, passed_over
+            history, counts, kept_by_class, scored_by_class = self._undo[1]
+            self.history = history
+            self.scored, self.kept, self.passed_over, self.unsifted, self.skipped = counts
             self.kept_by_class, self.scored_by_class = dict(kept_by_class), dict(scored_by_class)
         # (the history array is replaced, never changed in place: keeping a reference is enough)
-        before = (self.history, self.scored, self.kept, self.passed_over, dict(self.kept_by_class))
-        self._undo = ((step, group), (*before, dict(self.scored_by_class)))
+        counts = (self.scored, self.kept, self.passed_over, self.unsifted, self.skipped)
+        self._undo = ((step, group), (self.history, counts, dict(self.kept_by_class), dict(self.scored_by_class)))
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
         """Swap in each starved class's best candidates for the weakest kept ones of classes with
@@ -151,12 +174,15 @@ class Sifter:
         self._undo = None  # a healed group's history is its peer's
 
     def report(self) -> dict:
-        """Kept fraction overall and per class (of the samples this group scored)."""
+        """Kept fraction overall and per class (of the candidates this group ranked), and the candidates
+        it did not rank (trained on or left out before sifting started)."""
         return {
             "score": self.config.score,
             "scored": self.scored,
             "kept": self.kept,
             "passed_over": self.passed_over,
+            "unsifted": self.unsifted,
+            "skipped": self.skipped,
             "kept_fraction": self.kept / self.scored if self.scored else 1.0,
             "kept_fraction_by_class": {
                 c: self.kept_by_class.get(c, 0) / n for c, n in sorted(self.scored_by_class.items()) if n

@@ -58,12 +58,14 @@ def compute_section(outcome, prefilter_flops: int = 0) -> dict:
 
     ``flops_scoring_forward`` is the online sifter's no-grad passes; ``flops_prefilter`` the offline
     prefilter's (its reference models' training and scoring, or the champion's forward pass).
-    ``samples_seen`` counts the candidates drawn: trained, or ranked by the sifter and passed over.
+    ``samples_seen`` counts the candidates drawn: trained, ranked by the sifter and passed over, or left
+    out unscored before sifting started.
     """
     flops = outcome.flops if outcome else {"forward": 0, "backward": 0, "evaluation": 0}
     scoring = flops.get("scoring", 0)
     trained = outcome.samples_trained if outcome else 0
-    passed_over = (outcome.sifting or {}).get("passed_over", 0) if outcome else 0
+    sifting = (outcome.sifting or {}) if outcome else {}
+    not_trained = sifting.get("passed_over", 0) + sifting.get("skipped", 0)
     return {
         "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring + prefilter_flops,
         "flops_scoring_forward": scoring,
@@ -71,7 +73,7 @@ def compute_section(outcome, prefilter_flops: int = 0) -> dict:
         "flops_forward": flops["forward"],
         "flops_backward": flops["backward"],
         "flops_evaluation": flops["evaluation"],
-        "samples_seen": trained + passed_over,
+        "samples_seen": trained + not_trained,
         "samples_trained": trained,
         "steps": outcome.steps if outcome else 0,
     }
@@ -130,7 +132,7 @@ def _prefilter_cost_warning(job, report, outcome) -> str | None:
 
 
 # Per-epoch bookkeeping in the history, not the model's metrics: the FLOPs are in the summary's `compute`
-NOT_METRICS = ("epoch", "elapsed_seconds", "group_train_flops")
+NOT_METRICS = ("epoch", "elapsed_seconds", "group_train_flops", "kept_fraction_by_class")
 
 
 def final_metrics(history: list[dict]) -> dict:

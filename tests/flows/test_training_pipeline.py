@@ -126,7 +126,11 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     parts = ("flops_forward", "flops_backward", "flops_evaluation", "flops_scoring_forward", "flops_prefilter")
     assert compute["flops_total"] == sum(compute[k] for k in parts)
     assert compute["flops_scoring_forward"] > 0 and compute["flops_prefilter"] > 0
-    assert compute["samples_seen"] == compute["samples_trained"] + section["online"]["passed_over"]
+    online = section["online"]
+    # every row drawn in every epoch: trained, passed over by the keep rule, or left out unscored in the delay
+    assert compute["samples_seen"] == compute["samples_trained"] + online["passed_over"] + online["skipped"]
+    assert compute["samples_seen"] == 3 * section["prefilter"]["kept"]
+    assert online["skipped"] > 0 and compute["samples_trained"] == online["kept"] + online["unsifted"]
     assert 0.3 < section["kept_fraction"] < 0.7  # 1 / (1 + beta)
     assert set(section["online"]["kept_fraction_by_class"]) == {"0", "1"}
     assert section["online"]["backward_forward_ratio"] > 1

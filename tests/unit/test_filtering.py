@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,31 @@ def test_duplicates_and_wrong_labels_are_dropped_far_more_often_than_clean_rows(
     assert mislabelled_dropped > 3 * clean_dropped
     assert dropped["learnt"] + dropped["unlearnable"] + dropped["duplicate"] == (~keep).sum()
     assert flops > 0  # the reference models' training and scoring are counted
+
+
+def test_the_class_balance_guard_keeps_a_class_of_easy_rows_from_being_dropped_as_learnt(tmp_path):
+    # Class 2 is 10% of the rows and far from the others: every one of its rows has a low held-out
+    # loss, so dropping the lowest 20% as "learnt" would take nearly all of it.
+    rng = np.random.default_rng(4)
+    y = np.concatenate([rng.integers(0, 2, 2700), np.full(300, 2)])
+    x = (rng.normal(size=(3000, 6)) + np.array([0.7, 0.7, 8.0])[y, None] * np.eye(3, 6)[y]).astype(np.float32)
+    config = Prefilter(enabled=True, drop_learnt_fraction=0.2, reference_epochs=10)
+    unguarded = filtering.prefilter(x, y, config, "classification", 3)
+    assert unguarded.keep[y == 2].sum() < 60 and unguarded.kept_for_balance == 0  # what the guard is for
+    guarded = filtering.prefilter(x, y, config, "classification", 3, min_class_fraction=0.5)
+    # the floor: half of class 2's proportional share of the 2,400 rows kept
+    assert guarded.keep[y == 2].sum() == math.ceil(0.5 * 2400 * 300 / 3000)
+    assert guarded.kept_for_balance == guarded.keep[y == 2].sum() - unguarded.keep[y == 2].sum()
+    assert guarded.dropped["learnt"] == 600 - guarded.kept_for_balance
+    assert (guarded.keep[y < 2] == unguarded.keep[y < 2]).all()  # the other classes' drops are as they were
+    # those given back are class 2's rows nearest the kept band: its highest losses among the dropped
+    back = guarded.keep & ~unguarded.keep
+    assert guarded.losses[back].min() >= guarded.losses[(y == 2) & ~guarded.keep].max()
+    # the stage applies the job's guard (sifting.min_class_fraction, default 0.5) and reports it
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 3000}, [])
+    report = filtering.filter_samples(staged, Sifting(prefilter=config), "classification")
+    assert report.kept_for_balance == guarded.kept_for_balance and report.to_dict()["kept_for_balance"] > 0
 
 
 def test_the_stage_writes_a_filtered_training_file_and_its_layout(tmp_path):

@@ -106,9 +106,9 @@ def test_a_redone_step_selects_as_before_and_is_counted_once():
     assert (again == first).all()
     assert (sifter.scored, sifter.kept, sifter.passed_over, sifter.kept_by_class) == counts[:4]
     assert (sifter.history == counts[4]).all()  # its losses joined the history once
-    sifter.record_uniform(labels, 128, 64, step=22, group=0)
-    sifter.record_uniform(labels, 128, 64, step=22, group=0)
-    assert sifter.scored == counts[0] + 128
+    sifter.record_uniform(128, 64, step=22, group=0)  # a step not ranked: trained on unsifted, the rest left out
+    sifter.record_uniform(128, 64, step=22, group=0)
+    assert (sifter.scored, sifter.unsifted, sifter.skipped) == (counts[0], 64, 64)
 
 
 def test_a_class_with_only_a_few_easy_candidates_keeps_at_least_one():
@@ -144,6 +144,44 @@ def test_sifting_keeps_full_batches_of_the_hardest_samples_and_guards_classes():
     again = Sifter(Sifting(enabled=True, beta=1.0), seed=0)
     again.history = before
     assert (again.select(losses, labels, 64, step=20, group=0) == chosen).all()  # a redone step keeps the same
+
+
+@pytest.mark.parametrize("beta", [0.3, 0.5, 1.0, 2.0])
+def test_the_groups_kept_batches_add_up_to_the_batch_size_for_any_number_of_groups(beta):
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=beta), seed=0)
+    for batch in (64, 100, 128):
+        candidates = sifter.candidate_batch(batch)
+        for groups in range(1, 9):
+            # the candidates dealt among the quorum as step_batch deals them (member_sizes)
+            sizes = np.diff(np.linspace(0, candidates, groups + 1).astype(int)).tolist()
+            keeps = sifter.keep_counts(sizes)
+            assert sum(keeps) == batch, (batch, groups, sizes, keeps)
+            assert all(0 < k <= n for k, n in zip(keeps, sizes, strict=True))
+    # a last, short step: what is there, 1 / (1 + beta) of it, still at least one row for each group
+    assert sum(sifter.keep_counts([5, 4, 4])) == round(13 / (1 + beta))
+    assert sifter.keep_counts([0, 3]) == [0, sifter.keep_count(3)] and sifter.keep_counts([0, 0]) == [0, 0]
+
+
+def test_sifting_is_off_for_the_first_delay_steps_and_their_rows_are_not_counted_as_ranked(tmp_path):
+    data, model, _ = reducible_step_data(tmp_path, beta=1.0, score="loss", delay_steps=10, reuse_loss_epochs=0)
+    for step in range(8):  # epoch 0: 8 steps of 64 candidates, all within the delay
+        xb, _, count = data.batch(model, 0, step, step, 1, 0, 1)
+        assert len(xb) == count == 32  # the first half of the (shuffled) candidates, unscored
+    report = data.report()
+    assert data.meter.scoring == 0 and (report["scored"], report["kept"], report["passed_over"]) == (0, 0, 0)
+    assert (report["unsifted"], report["skipped"]) == (8 * 32, 8 * 32)
+    assert data.epoch_metrics() == {"kept_fraction": None}  # nothing was ranked in this epoch
+    for index in range(8):  # epoch 1: steps 8 and 9 still within the delay (it counts steps, not epochs)
+        data.batch(model, 1, index, 8 + index, 1, 0, 1)
+        assert (data.meter.scoring > 0) == (index >= 2)
+    report = data.report()
+    assert (report["scored"], report["kept"], report["passed_over"]) == (6 * 64, 6 * 32, 6 * 32)
+    assert (report["unsifted"], report["skipped"]) == (10 * 32, 10 * 32)
+    metrics = data.epoch_metrics()
+    assert metrics["kept_fraction"] == 0.5 and set(metrics["kept_fraction_by_class"]) == {"0", "1"}
 
 
 def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():

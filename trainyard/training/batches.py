@@ -2,8 +2,10 @@
 
 Without sifting, a group's share of the step's global batch (``sampling.step_batch``) is its batch.
 With sifting, the global batch is of candidates, ``batch_size * (1 + beta)`` rows; the group scores
-its share with a no-grad forward pass and keeps ``1 / (1 + beta)`` of it (``sifting.Sifter``), so the
-kept batches add up to ``batch_size`` across the quorum. With ``sifting.score: reducible_loss`` the
+its share with a no-grad forward pass and keeps its part of the step's kept batch (``Sifter.keep_counts``:
+``1 / (1 + beta)`` of the candidates, dealt among the quorum so that the kept batches add up to
+``batch_size``). Before ``delay_steps`` nothing is scored: the first of the (shuffled) candidates are trained
+on and the rest left out. With ``sifting.score: reducible_loss`` the
 score is the loss minus the row's reference loss (RHO-LOSS), which the filtering stage wrote next to
 the rows; it rides through the sampler as one more feature column, cut off before the model sees it.
 With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (two columns, exact to
@@ -39,7 +41,7 @@ class StepData:
         batch = self.sifter.candidate_batch(hp.batch_size) if self.sifter else hp.batch_size
         self.classification = job.algorithm.task == "classification"
         self.loss_fn, self.meter = loss_fn, meter
-        self._mark = (0, 0)
+        self._mark: tuple[int, int, dict] = (0, 0, {})  # the sifter's counts at the last epoch's end
         self.reducible = job.sifting.by_reducible_loss
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
         self.memory = LossMemory(len(x), reuse) if reuse else None
@@ -67,11 +69,11 @@ class StepData:
             rows = _row_ids(side[:, -2:]) if self.memory else None
         if self.sifter is None:
             return xb.to(self.device), yb.to(self.device), global_count
-        keep = self.sifter.keep_count(len(xb))
-        global_count = sum(self.sifter.keep_count(n) for n in member_sizes(self.sampler, index, slots, members))
+        keeps = self.sifter.keep_counts(member_sizes(self.sampler, index, slots, members))
+        keep, global_count = keeps[rank], sum(keeps)
         labels = yb.numpy() if self.classification else None
-        if not self.sifter.active(step):
-            self.sifter.record_uniform(labels, len(xb), keep, step, rank)  # candidates are in random order already
+        if not self.sifter.active(step) or keep == 0:
+            self.sifter.record_uniform(len(xb), keep, step, rank)  # candidates are in random order already
             self._trained = (rows[:keep], epoch) if rows is not None else None
             return xb[:keep].to(self.device), yb[:keep].to(self.device), global_count
         xb, yb = xb.to(self.device), yb.to(self.device)
@@ -112,12 +114,22 @@ class StepData:
         return losses
 
     def epoch_metrics(self) -> dict:
-        """The kept fraction since the last call (an epoch's), when sifting is on."""
+        """The kept fraction since the last call (an epoch's), overall and per class, of the candidates
+        the keep rule ranked (None before sifting started), when sifting is on."""
         if self.sifter is None:
             return {}
-        scored, kept = self.sifter.scored - self._mark[0], self.sifter.kept - self._mark[1]
-        self._mark = (self.sifter.scored, self.sifter.kept)
-        return {"kept_fraction": kept / scored if scored else 1.0}
+        sifter = self.sifter
+        scored_then, kept_then, classes_then = self._mark
+        by_class = {}
+        for cls, ranked in sorted(sifter.scored_by_class.items()):
+            kept_before, ranked_before = classes_then.get(cls, (0, 0))
+            if ranked > ranked_before:
+                by_class[cls] = (sifter.kept_by_class.get(cls, 0) - kept_before) / (ranked - ranked_before)
+        classes_now = {cls: (sifter.kept_by_class.get(cls, 0), n) for cls, n in sifter.scored_by_class.items()}
+        scored, kept = sifter.scored - scored_then, sifter.kept - kept_then
+        self._mark = (sifter.scored, sifter.kept, classes_now)
+        metrics = {"kept_fraction": kept / scored if scored else None}
+        return metrics | ({"kept_fraction_by_class": by_class} if by_class else {})
 
     def report(self) -> dict | None:
         """What this group's sifter scored and kept (None without sifting)."""

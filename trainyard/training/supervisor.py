@@ -287,12 +287,17 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         for cls, n in report.get("scored_by_class", {}).items():
             scored_by_class[cls] = scored_by_class.get(cls, 0) + n
             kept_by_class[cls] = kept_by_class.get(cls, 0) + report["kept_by_class"].get(cls, 0)
-    train_per_sample = (flops["forward"] + flops["backward"]) / kept if kept else 0.0
+    unsifted = sum(r.get("unsifted", 0) for r in reports)
+    trained = kept + unsifted  # the rows the training passes' FLOPs were spent on
+    train_per_sample = (flops["forward"] + flops["backward"]) / trained if trained else 0.0
     totals = {
         "score": reports[0].get("score", "loss"),  # one job, one rule
         "scored": scored,
         "kept": kept,
         "passed_over": sum(r.get("passed_over", 0) for r in reports),
+        # before sifting started (delay_steps): candidates trained on unranked, and those left out unscored
+        "unsifted": unsifted,
+        "skipped": sum(r.get("skipped", 0) for r in reports),
         "kept_fraction": kept / scored if scored else 1.0,
         "kept_fraction_by_class": {c: kept_by_class[c] / n for c, n in sorted(scored_by_class.items()) if n},
         # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.

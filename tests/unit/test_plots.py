@@ -1,0 +1,51 @@
+"""The training curves' PNG: what each panel plots."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from PIL import Image
+
+from trainyard import plots
+
+HISTORY = [
+    {"epoch": 1, "train_loss": 0.9, "val_loss": 0.8, "val_accuracy": 0.6, "kept_fraction": None},
+    {
+        "epoch": 2,
+        "train_loss": 0.5,
+        "val_loss": 0.5,
+        "val_accuracy": 0.8,
+        "kept_fraction": 0.5,
+        "kept_fraction_by_class": {"0": 0.3, "1": 0.7},
+    },
+    {
+        "epoch": 3,
+        "train_loss": 0.4,
+        "val_loss": 0.45,
+        "val_accuracy": 0.85,
+        "kept_fraction": 0.5,
+        "kept_fraction_by_class": {"0": 0.2, "1": 0.8},
+    },
+]
+
+
+def lines(ax) -> dict[str, list]:
+    return {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+
+
+def test_a_sifted_jobs_curves_plot_its_kept_fraction_overall_and_per_class_over_the_epochs():
+    fig = plots.history_figure(HISTORY, "job")
+    loss, metric, kept = fig.axes
+    assert lines(loss)["train_loss"] == [0.9, 0.5, 0.4] and lines(metric)["val_accuracy"] == [0.6, 0.8, 0.85]
+    # epoch 1: sifting had not started (a gap); then the classes' own fractions around the overall one
+    assert lines(kept) == {"all": [None, 0.5, 0.5], "class 0": [None, 0.3, 0.2], "class 1": [None, 0.7, 0.8]}
+    plt.close(fig)
+
+
+def test_a_job_without_sifting_has_two_panels_and_the_png_is_written(tmp_path):
+    plain = [{k: v for k, v in h.items() if not k.startswith("kept")} for h in HISTORY]
+    fig = plots.history_figure(plain, "job")
+    assert len(fig.axes) == 2
+    plt.close(fig)
+    path = plots.plot_history(HISTORY, tmp_path / "curves.png", "job")
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size[0] > image.size[1]
