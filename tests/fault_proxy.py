@@ -64,6 +64,8 @@ class _State:
     rules: dict[str, list[_Rule]] = field(default_factory=lambda: {kind: [] for kind in FAULTS})
     applied: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
     requests_seen: int = 0
+    in_flight: int = 0
+    most_in_flight: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)
 
     def take(self, kind: str, method: str, target: str) -> bool:
@@ -107,10 +109,19 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _proxy(self) -> None:
         state = self.server.state
-        method = self.command
-        target = urllib.parse.unquote(self.path)
         with state.lock:
             state.requests_seen += 1
+            state.in_flight += 1
+            state.most_in_flight = max(state.most_in_flight, state.in_flight)
+        try:
+            self._relay(state)
+        finally:
+            with state.lock:
+                state.in_flight -= 1
+
+    def _relay(self, state: _State) -> None:
+        method = self.command
+        target = urllib.parse.unquote(self.path)
 
         def record(outcome: str) -> None:
             with state.lock:
@@ -357,6 +368,12 @@ class FaultProxy:
         """Requests received, faulted or not."""
         with self._state.lock:
             return self._state.requests_seen
+
+    @property
+    def most_in_flight(self) -> int:
+        """The most requests it was handling at once."""
+        with self._state.lock:
+            return self._state.most_in_flight
 
     @property
     def applied(self) -> dict[str, int]:
