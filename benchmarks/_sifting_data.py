@@ -263,21 +263,21 @@ def epochs_within(cost: PerSample, rows: int, batch: int, beta: float | None, bu
 def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float], with_losses: bool) -> Prefiltered:
     """Trainyard's offline prefilter on the training rows, timed here (once per process and setting)."""
     from trainyard import filtering
-    from trainyard.spec import Prefilter, Sifting
+    from trainyard.spec import Prefilter
 
     data = load(name, seed, quick)
     config = Prefilter(
         enabled=True, drop_learnt_fraction=fractions[0], drop_unlearnable_fraction=fractions[1], seed=seed
     )
     started = time.perf_counter()
-    done = filtering.prefilter(  # as the filtering stage runs it, the job's default class balance guard included
+    done = filtering.prefilter(  # as the filtering stage runs it, its default class balance guard included
         data.x_train,
         data.y_train,
         config,
         "classification",
         data.num_classes,
         with_losses=with_losses,
-        min_class_fraction=Sifting().min_class_fraction,
+        min_class_fraction=config.min_class_fraction,
     )
     return Prefiltered(done.keep, done.dropped, done.flops, time.perf_counter() - started, done.losses)
 

@@ -191,7 +191,7 @@ def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, mode
     tags["sifting.prefilter_dropped"] = json.dumps(report.dropped or {}, sort_keys=True)
     if report and report.manifest_digest:  # which rows training read, when the prefilter chose them
         tags["sifting.filtered_manifest_digest"] = report.manifest_digest
-    if outcome.sifting:
+    if outcome.sifting and outcome.sifting["kept_fraction"] is not None:  # None: the job ended within the delay
         tags["sifting.kept_fraction"] = f"{outcome.sifting['kept_fraction']:.4f}"
     return tags
 

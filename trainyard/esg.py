@@ -89,7 +89,8 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     flops = outcome.flops
     per_sample = (flops["forward"] + flops["backward"]) / outcome.samples_trained
     epochs = len(outcome.history) or 1
-    skipped = (sifting["scored"] - sifting["kept"]) if sifting else 0
+    # every candidate not trained on: passed over by the keep rule, or left out unscored before it started
+    skipped = (sifting["passed_over"] + sifting.get("skipped", 0)) if sifting else 0
     saved = (skipped + dropped_rows * epochs) * per_sample
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
     train_kwh = carbon["by_stage"].get("training", {}).get("energy_kwh", 0.0)

@@ -130,7 +130,7 @@ def filter_samples(
         num_outputs,
         champion,
         with_losses=sifting.by_reducible_loss,
-        min_class_fraction=sifting.min_class_fraction,
+        min_class_fraction=sifting.prefilter.min_class_fraction,
     )
     keep = result.keep
     arrays = {"x": x[keep], "y": y[keep]}
@@ -185,8 +185,8 @@ def prefilter(
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
     reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
-    guard (classification), as the online sifter's: no class keeps less than this fraction of its
-    proportional share of the kept rows."""
+    guard of the loss-based drops (classification; ``Prefilter.min_class_fraction``): no class keeps less
+    than this fraction of its proportional share of the kept rows."""
     keep = ~duplicates(x, y)
     dropped = {"duplicate": int((~keep).sum())}
     reasons = np.where(keep, 0, REASONS.index("duplicate")).astype(np.int8)

@@ -65,8 +65,10 @@ class Sifter:
         """How many each of the quorum's groups keeps of its ``candidates``: the step's kept batch,
         ``1 / (1 + beta)`` of all of them, dealt in proportion by largest remainder (ties to the lower
         rank), so that the groups' batches add up to it whatever their number (each rounding its own
-        share could miss it by a row or two per step). A group with candidates keeps at least one while
-        some other group keeps more than one. Every group computes the same counts on its own."""
+        share could miss it by a row or two per step). A group with candidates keeps at least one unless
+        the step keeps fewer rows than there are such groups (a short last step of an epoch): one that
+        keeps none trains on an empty batch and its candidates count as skipped. Every group computes
+        the same counts on its own."""
         total = sum(candidates)
         if total <= 0:
             return [0] * len(candidates)
@@ -183,7 +185,7 @@ class Sifter:
             "passed_over": self.passed_over,
             "unsifted": self.unsifted,
             "skipped": self.skipped,
-            "kept_fraction": self.kept / self.scored if self.scored else 1.0,
+            "kept_fraction": self.kept / self.scored if self.scored else None,  # nothing ranked yet
             "kept_fraction_by_class": {
                 c: self.kept_by_class.get(c, 0) / n for c, n in sorted(self.scored_by_class.items()) if n
             },

@@ -219,6 +219,13 @@ class Prefilter(_Model):
         "name (no training; it may have seen these rows). Without a usable champion, holdout is used and the "
         "report says why.",
     )
+    min_class_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Class balance guard of the loss-based drops: each class keeps at least this fraction of its "
+        "share of the kept rows (rounded up); 0 turns it off.",
+    )
     reference_epochs: int = Field(default=3, ge=1, description="Epochs the reference models train for.")
     reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")
     reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
@@ -274,8 +281,8 @@ class Sifting(_Model):
         default=0.5,
         ge=0,
         le=1,
-        description="Class balance guard: each class keeps at least this fraction of its share of a batch "
-        "(rounded up).",
+        description="Class balance guard of online sifting: each class keeps at least this fraction of its share "
+        "of a batch (rounded up); the prefilter has its own (prefilter.min_class_fraction).",
     )
 
     @model_validator(mode="before")

@@ -146,17 +146,14 @@ def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: l
 
 
 def _read_row_group(parquet: pq.ParquetFile, index: int, uri: str, columns: list[str] | None = None) -> pa.Table:
-    """One row group, its pages' checksums verified where written. Content that cannot be decoded or
-    does not match its checksum is read once more (bytes damaged on the way, as staging downloads a file
-    again once); the same twice is the object's own, named."""
-    for attempt in (1, 2):
-        try:
-            return parquet.read_row_group(index, columns=columns)
-        except (OSError, pa.ArrowInvalid) as exc:
-            error = read_error(exc, uri, f"row group {index} cannot be read")
-            if attempt == 2 or not isinstance(error, DataError):
-                raise error from exc
-    raise AssertionError("unreachable")
+    """One row group, its pages' checksums verified where written (``_open``). Content that cannot be
+    decoded or does not match its checksum is a ``DataError`` naming the object and row group; the
+    sampler reads a row group that failed once more before failing the group (``StreamSampler._load``),
+    as staging downloads a file again once."""
+    try:
+        return parquet.read_row_group(index, columns=columns)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise read_error(exc, uri, f"row group {index} cannot be read") from exc
 
 
 # The AWS SDK's error names for a request that is wrong in itself: trying again will not help.

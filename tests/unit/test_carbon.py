@@ -71,6 +71,33 @@ def test_rollup_adds_up_and_uses_the_grid_intensity():
     assert "| emissions |" in esg.markdown("job-1", esg_report)
 
 
+def test_the_esg_report_counts_every_row_sifting_left_untrained_against_what_scoring_cost():
+    from types import SimpleNamespace
+
+    # 1,000 rows trained at 10 FLOPs each (forward and backward); the sifter passed over 600 it ranked and
+    # left 400 out unscored during its delay; its scoring passes cost 2,000 FLOPs; the prefilter dropped
+    # 50 rows (3 epochs of them not trained) and scored for 500.
+    outcome = SimpleNamespace(
+        samples_trained=1000,
+        flops={"forward": 4000, "backward": 6000, "evaluation": 0, "scoring": 2000},
+        history=[{"epoch": e} for e in (1, 2, 3)],
+        sifting={"scored": 1200, "kept": 600, "passed_over": 600, "unsifted": 400, "skipped": 400},
+        energy_by_replica={},
+    )
+    prefilter = SimpleNamespace(dropped={"duplicate": 50}, scoring_flops=500)
+    carbon_report = {
+        "energy_kwh": 1.2,
+        "emissions_kg": 0.3,
+        "intensity_g_per_kwh": 250.0,
+        "by_stage": {"training": {"energy_kwh": 0.012}},  # 1e-6 kWh per training FLOP (12,000 of them)
+    }
+    saved = esg.report(carbon_report, Carbon(country_iso_code="IRL"), outcome, prefilter)["sifting_saved"]
+    assert saved["flops_not_spent"] == (600 + 400 + 50 * 3) * 10
+    assert saved["flops_spent_scoring"] == 2000 + 500
+    assert saved["energy_kwh"] == pytest.approx((11500 - 2500) * 1e-6)
+    assert saved["emissions_kg"] == pytest.approx(saved["energy_kwh"] * 0.25)
+
+
 def test_live_watch_reports_and_stops_once_past_the_budget():
     samples, over = [], []
     with carbon.meter("training", Carbon(country_iso_code="IRL")) as record:

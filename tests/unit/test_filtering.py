@@ -60,7 +60,7 @@ def test_the_class_balance_guard_keeps_a_class_of_easy_rows_from_being_dropped_a
     # those given back are class 2's rows nearest the kept band: its highest losses among the dropped
     back = guarded.keep & ~unguarded.keep
     assert guarded.losses[back].min() >= guarded.losses[(y == 2) & ~guarded.keep].max()
-    # the stage applies the job's guard (sifting.min_class_fraction, default 0.5) and reports it
+    # the stage applies the job's guard (sifting.prefilter.min_class_fraction, default 0.5) and reports it
     np.savez(tmp_path / "train.npz", x=x, y=y)
     staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 3000}, [])
     report = filtering.filter_samples(staged, Sifting(prefilter=config), "classification")

@@ -295,10 +295,11 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         "scored": scored,
         "kept": kept,
         "passed_over": sum(r.get("passed_over", 0) for r in reports),
-        # before sifting started (delay_steps): candidates trained on unranked, and those left out unscored
+        # steps not ranked (before delay_steps, or a group's share of a short step's kept batch was 0):
+        # candidates trained on unranked, and those left out unscored
         "unsifted": unsifted,
         "skipped": sum(r.get("skipped", 0) for r in reports),
-        "kept_fraction": kept / scored if scored else 1.0,
+        "kept_fraction": kept / scored if scored else None,  # None: sifting never started (delay_steps)
         "kept_fraction_by_class": {c: kept_by_class[c] / n for c, n in sorted(scored_by_class.items()) if n},
         # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.
         "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
