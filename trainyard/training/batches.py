@@ -2,12 +2,14 @@
 
 Without sifting, a group's share of the step's global batch (``sampling.step_batch``) is its batch.
 With sifting, the global batch is of candidates, ``batch_size * (1 + beta)`` rows; the group scores
-its share with a no-grad forward pass and keeps its part of the step's kept batch (``Sifter.keep_counts``:
-``1 / (1 + beta)`` of the candidates, dealt among the quorum so that the kept batches add up to
-``batch_size``). Before ``delay_steps`` nothing is scored: the first of the (shuffled) candidates are trained
-on and the rest left out. With ``sifting.score: reducible_loss`` the
-score is the loss minus the row's reference loss (RHO-LOSS), which the filtering stage wrote next to
-the rows; it rides through the sampler as one more feature column, cut off before the model sees it.
+its share with a no-grad forward pass and keeps its part of the step's kept batch
+(``Sifter.keep_counts``: ``1 / (1 + beta)`` of the candidates, dealt among the quorum so that the
+kept batches add up to ``batch_size``). Before ``delay_steps`` nothing is scored: the first of the
+(shuffled) candidates are trained on and the rest left out.
+
+With ``sifting.score: reducible_loss`` the score is the loss minus the row's reference loss
+(RHO-LOSS), which the filtering stage wrote next to the rows; it rides through the sampler as one
+more feature column, cut off before the model sees it.
 With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (two columns, exact to
 2**32 rows), so the group can look up the row's last known loss (``sifting.LossMemory``) and score
 only the candidates whose loss is unknown or too old.
