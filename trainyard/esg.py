@@ -18,6 +18,7 @@ import io
 
 from trainyard import s3
 from trainyard.spec import Carbon
+from trainyard.status import untrained
 
 LEDGER_FIELDS = (
     "job_id",
@@ -89,9 +90,7 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     flops = outcome.flops
     per_sample = (flops["forward"] + flops["backward"]) / outcome.samples_trained
     epochs = len(outcome.history) or 1
-    # every candidate not trained on: passed over by the keep rule, or left out unscored before it started
-    skipped = (sifting["passed_over"] + sifting.get("skipped", 0)) if sifting else 0
-    saved = (skipped + dropped_rows * epochs) * per_sample
+    saved = (untrained(sifting) + dropped_rows * epochs) * per_sample
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
     train_kwh = carbon["by_stage"].get("training", {}).get("energy_kwh", 0.0)
     train_flops = flops["forward"] + flops["backward"] + flops.get("evaluation", 0) + flops.get("scoring", 0)

@@ -186,13 +186,16 @@ class Sifter:
             "unsifted": self.unsifted,
             "skipped": self.skipped,
             "kept_fraction": self.kept / self.scored if self.scored else None,  # nothing ranked yet
-            "kept_fraction_by_class": {
-                c: self.kept_by_class.get(c, 0) / n for c, n in sorted(self.scored_by_class.items()) if n
-            },
+            "kept_fraction_by_class": fractions_by_class(self.kept_by_class, self.scored_by_class),
             # the counts behind them: groups' reports are added up by count, not by averaging fractions
             "kept_by_class": dict(self.kept_by_class),
             "scored_by_class": dict(self.scored_by_class),
         }
+
+
+def fractions_by_class(kept: dict[str, int], ranked: dict[str, int]) -> dict[str, float]:
+    """Each class's kept fraction of its candidates the keep rule ranked (classes ranked at least once)."""
+    return {c: kept.get(c, 0) / n for c, n in sorted(ranked.items()) if n}
 
 
 def inclusion_sample(weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -64,8 +64,6 @@ def compute_section(outcome, prefilter_flops: int = 0) -> dict:
     flops = outcome.flops if outcome else {"forward": 0, "backward": 0, "evaluation": 0}
     scoring = flops.get("scoring", 0)
     trained = outcome.samples_trained if outcome else 0
-    sifting = (outcome.sifting or {}) if outcome else {}
-    not_trained = sifting.get("passed_over", 0) + sifting.get("skipped", 0)
     return {
         "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring + prefilter_flops,
         "flops_scoring_forward": scoring,
@@ -73,10 +71,16 @@ def compute_section(outcome, prefilter_flops: int = 0) -> dict:
         "flops_forward": flops["forward"],
         "flops_backward": flops["backward"],
         "flops_evaluation": flops["evaluation"],
-        "samples_seen": trained + not_trained,
+        "samples_seen": trained + untrained(outcome.sifting if outcome else None),
         "samples_trained": trained,
         "steps": outcome.steps if outcome else 0,
     }
+
+
+def untrained(sifting: dict | None) -> int:
+    """The candidates online sifting drew and did not train on: passed over by the keep rule, or left
+    out unscored before it started (``sifting``: the outcome's totals; None without sifting)."""
+    return (sifting["passed_over"] + sifting.get("skipped", 0)) if sifting else 0
 
 
 def sifting_section(job, report, outcome) -> dict:

@@ -24,7 +24,7 @@ import torch
 
 from trainyard import algorithms
 from trainyard.errors import TrainingError
-from trainyard.sifting import LossMemory, Sifter
+from trainyard.sifting import LossMemory, Sifter, fractions_by_class
 from trainyard.spec import TrainingJob
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
@@ -43,7 +43,7 @@ class StepData:
         batch = self.sifter.candidate_batch(hp.batch_size) if self.sifter else hp.batch_size
         self.classification = job.algorithm.task == "classification"
         self.loss_fn, self.meter = loss_fn, meter
-        self._mark: tuple[int, int, dict] = (0, 0, {})  # the sifter's counts at the last epoch's end
+        self._mark: tuple[int, int, dict, dict] = (0, 0, {}, {})  # the sifter's counts at the last epoch's end
         self.reducible = job.sifting.by_reducible_loss
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
         self.memory = LossMemory(len(x), reuse) if reuse else None
@@ -121,15 +121,12 @@ class StepData:
         if self.sifter is None:
             return {}
         sifter = self.sifter
-        scored_then, kept_then, classes_then = self._mark
-        by_class = {}
-        for cls, ranked in sorted(sifter.scored_by_class.items()):
-            kept_before, ranked_before = classes_then.get(cls, (0, 0))
-            if ranked > ranked_before:
-                by_class[cls] = (sifter.kept_by_class.get(cls, 0) - kept_before) / (ranked - ranked_before)
-        classes_now = {cls: (sifter.kept_by_class.get(cls, 0), n) for cls, n in sifter.scored_by_class.items()}
+        scored_then, kept_then, kept_by_class_then, scored_by_class_then = self._mark
+        kept_by_class = {c: n - kept_by_class_then.get(c, 0) for c, n in sifter.kept_by_class.items()}
+        ranked_by_class = {c: n - scored_by_class_then.get(c, 0) for c, n in sifter.scored_by_class.items()}
+        by_class = fractions_by_class(kept_by_class, ranked_by_class)
         scored, kept = sifter.scored - scored_then, sifter.kept - kept_then
-        self._mark = (sifter.scored, sifter.kept, classes_now)
+        self._mark = (sifter.scored, sifter.kept, dict(sifter.kept_by_class), dict(sifter.scored_by_class))
         metrics = {"kept_fraction": kept / scored if scored else None}
         return metrics | ({"kept_fraction_by_class": by_class} if by_class else {})
 

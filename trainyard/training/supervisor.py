@@ -17,6 +17,7 @@ from trainyard import algorithms, launch
 from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle, ReplicaProcess
+from trainyard.sifting import fractions_by_class
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
@@ -300,7 +301,7 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         "unsifted": unsifted,
         "skipped": sum(r.get("skipped", 0) for r in reports),
         "kept_fraction": kept / scored if scored else None,  # None: sifting never started (delay_steps)
-        "kept_fraction_by_class": {c: kept_by_class[c] / n for c, n in sorted(scored_by_class.items()) if n},
+        "kept_fraction_by_class": fractions_by_class(kept_by_class, scored_by_class),
         # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.
         "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
         # What the scoring passes cost, against the training passes of the candidates the rule passed over.
