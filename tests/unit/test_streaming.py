@@ -25,9 +25,9 @@ s3_endpoint = s3_endpoints.s3_endpoint
 fault_proxy = s3_endpoints.fault_proxy
 
 
-def put_parquet(endpoint, bucket: str, key: str, table, row_group_size: int) -> None:
+def put_parquet(endpoint, bucket: str, key: str, table, row_group_size: int, **options) -> None:
     buf = io.BytesIO()
-    pq.write_table(table, buf, row_group_size=row_group_size)
+    pq.write_table(table, buf, row_group_size=row_group_size, **options)
     endpoint.client().put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
 
 
@@ -238,10 +238,8 @@ def test_objects_whose_keys_differ_only_by_slash_and_underscore_keep_their_own_r
 def test_bytes_damaged_on_the_way_are_caught_by_the_pages_checksums_and_named(s3_endpoint, fault_proxy, tmp_path):
     # Uncompressed, so a flipped byte would decode as another value: only the pages' CRCs catch it.
     table = blobs_table(4000, seed=3)
-    buf = io.BytesIO()
-    pq.write_table(table, buf, row_group_size=1000, compression="none", write_page_checksum=True)
     bucket = s3_endpoint.new_bucket()
-    s3_endpoint.client().put_object(Bucket=bucket, Key="t/a.parquet", Body=buf.getvalue())
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 1000, compression="none", write_page_checksum=True)
     channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
     manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
     staged = streaming.describe(manifest, channel, "classification", tmp_path / "data")
