@@ -501,8 +501,9 @@ class TrainingJob(_Model):
                     f"(there are {self.resources.replicas}: 0..{self.resources.replicas - 1})"
                 )
         if problems:
-            # A ValueError raised here carries no location, so the field names are in the text.
-            raise ValueError("; ".join(problems))
+            # A ValueError raised here carries no location, so the field names are in the text; one problem a
+            # line (the messages themselves use "; " between a problem and its fix).
+            raise ValueError("\n".join(problems))
         return self
 
     def channels(self) -> dict[str, Channel]:
@@ -552,8 +553,8 @@ def problems_of(exc: ValidationError) -> list[str]:
         if loc:
             lines.append(f"{loc}: {msg}")
         else:
-            # Whole-job checks already name their fields, several joined by "; ".
-            lines.extend(msg.split("; "))
+            # Whole-job checks already name their fields, one problem a line.
+            lines.extend(msg.split("\n"))
     return lines
 
 

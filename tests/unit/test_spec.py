@@ -112,6 +112,15 @@ def test_cross_field_checks_name_fields():
     assert any(p.startswith("stopping.patience_epochs:") for p in found)
 
 
+def test_a_whole_job_problem_is_one_line_with_its_fix():
+    # the messages put "; " between the problem and the fix: that must not split one problem in two
+    train = {"s3_uri": "s3://bkt/train/", "label": "y", "format": "csv", "mode": "stream"}
+    found = problems(minimal(inputs={"train": train}, elastic={"fault_injection": [{"replica": 3, "at_step": 1}]}))
+    assert len(found) == 2, found
+    assert found[0].startswith("inputs.train.mode:") and found[0].endswith("use file"), found
+    assert found[1].startswith("elastic.fault_injection.0.replica:"), found
+
+
 def test_replica_bounds_and_algorithm_choice():
     assert any(
         "min_replicas <= replicas <= max_replicas" in p
