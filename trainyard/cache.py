@@ -7,7 +7,8 @@ and an object changed in place gets a new name. The cache is kept under one size
 either kind; a hit refreshes a file's time.
 
 Objects a job is using are pinned (``Pin``) until it has read them: another job's eviction, in this
-process or any other sharing ``TRAINYARD_HOME``, skips them even when the cache is over its cap.
+process or any other sharing ``TRAINYARD_HOME``, skips them even when the cache is over its cap, and
+releasing the pin trims the cache back under it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from trainyard.errors import TrainyardError
 from trainyard.home import cache_dir
 
 CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
@@ -80,11 +83,13 @@ class Pin:
                 data = data[os.write(self._fd, data) :]
 
     def release(self) -> None:
+        """Unpin, then trim the cache to its cap: the pin may have been all that kept it over."""
         if self._fd < 0:
             return
         self.path.unlink(missing_ok=True)
         os.close(self._fd)  # drops the lock
         self._fd = -1
+        evict()
 
     def __enter__(self) -> Pin:
         return self
@@ -154,8 +159,22 @@ def hit(path: Path, size: int) -> bool:
     return True
 
 
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
 def max_bytes() -> int:
-    return int(os.environ.get(CACHE_MAX_BYTES_ENV) or DEFAULT_MAX_BYTES)
+    """The cache's size cap: ``TRAINYARD_CACHE_MAX_BYTES`` in bytes, or with a unit (``500MB``, ``100GiB``,
+    ``1T``: powers of 1000, or of 1024 with an ``i``), else 100 GiB."""
+    text = os.environ.get(CACHE_MAX_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_BYTES
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?", text, flags=re.IGNORECASE)
+    if not found:
+        raise TrainyardError(
+            f"{CACHE_MAX_BYTES_ENV}={text!r} is not a size; write a number of bytes, or one with a unit: "
+            "500MB, 100GiB, 2T"
+        )
+    return int(float(found[1]) * _UNITS[(found[2] or "").lower()])
 
 
 def evict(limit: int | None = None, keep: Iterable[str] = ()) -> dict:

@@ -18,7 +18,7 @@ from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceede
 from tests import s3_endpoints
 from tests.conftest import blobs_table
 from trainyard import cache, integrity, listing, outputs, s3, staging
-from trainyard.errors import DataError, StorageError
+from trainyard.errors import DataError, StorageError, TrainyardError
 from trainyard.spec import Channel, parse_job
 
 s3_endpoint = s3_endpoints.s3_endpoint
@@ -476,9 +476,22 @@ def test_another_jobs_eviction_spares_the_objects_a_job_has_pinned_until_it_rele
         first = staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/first/", format="raw")}, tmp_path, pin)
         stage(f"s3://{bucket}/second/", tmp_path / "job2", format="raw")  # job 2 stages and trims the cache
         assert Path(first["train"].objects[0].path).read_bytes() == b"first" * 500
-    stage(f"s3://{bucket}/second/", tmp_path / "job3", format="raw")  # the next trim may take it
+    # released: the cache is trimmed back under its cap at once, not only by the next job's staging
     assert not Path(first["train"].objects[0].path).exists()
     assert not list(cache.pins_dir().glob("*"))
+
+
+def test_the_cache_cap_takes_units_and_a_malformed_one_fails_before_any_fetch(s3_endpoint, tmp_path, monkeypatch):
+    for text, size in (("", cache.DEFAULT_MAX_BYTES), ("1000", 1000), ("500MB", 500 * 10**6), ("100GiB", 100 * 2**30)):
+        monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, text)
+        assert cache.max_bytes() == size
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "ten gigs")
+    bucket = s3_endpoint.new_bucket()
+    s3_endpoint.client().put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 100)
+    with pytest.raises(TrainyardError, match="TRAINYARD_CACHE_MAX_BYTES='ten gigs' is not a size.*100GiB"):
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert not list(cache.objects_dir().glob("*/*"))  # nothing was fetched
 
 
 def test_a_pin_left_by_a_process_that_died_is_removed_by_the_next_eviction(tmp_path, monkeypatch):
