@@ -2,7 +2,8 @@
 
 Its one parameter is the ``TrainingJob`` spec, so the Prefect UI renders the job as a form. The
 job summary is written to the job folder, uploaded to ``output.s3_uri``, attached to the flow run
-as an artifact and to the MLflow run. A failed job fails the flow run after its summary is written.
+as an artifact and to the MLflow run. A failed job fails the flow run after its summary is written;
+a user's mistake (a ``TrainyardError``) is logged as its message, without a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.events import emit_event
 from prefect.runtime import flow_run
+from prefect.states import Failed, State
 
 from tasks.carbon import account
 from tasks.filtering import filter_samples
@@ -35,8 +37,9 @@ class JobFailed(TrainyardError):
 
 
 @flow(name="training-pipeline", log_prints=True)
-def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
-    """Run one training job end to end and return its summary.
+def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | State:
+    """Run one training job end to end and return its summary (a Failed state, raising ``JobFailed``
+    when the flow is called, for a job that failed).
 
     Args:
         job: the job spec (the Prefect UI shows it as a form).
@@ -55,6 +58,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
     handle, outcome, model, carbon_section, error = None, None, None, None, None
     try:
         registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
+        outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
         log.enter("Downloading", "Downloading input data")
         stages["staging"] = stage_inputs(job, str(job_dir))
         staged = stages["staging"]["staged"]
@@ -99,14 +103,26 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict:
     except TrainyardError as exc:
         error = exc
         log.finish("Failed", "Failed", str(exc), failure_reason=str(exc))
+    except Exception as exc:
+        # a bug, not the user's mistake: the job still ends Failed with its summary, and the
+        # traceback is kept (raised below)
+        error = exc
+        reason = f"internal error: {exc!r}; please report it"
+        log.finish("Failed", "Failed", reason, failure_reason=reason)
     finally:
         if handle is not None:
             launch.shutdown(handle)
     summary = _summary(job, job_id, log, stages, outcome, model)
     write_json_atomic(job_dir / "summary.json", summary)
     _publish(job, job_id, summary, model, logger)
+    if error is not None and not isinstance(error, TrainyardError):
+        raise error
     if error is not None:
-        raise JobFailed(f"job {job_id} failed: {error}") from error
+        # Returned, not raised: the run ends Failed with the message, and Prefect logs no traceback for
+        # what is the user's to fix (its message says what). Calling the flow still raises JobFailed.
+        failed = JobFailed(f"job {job_id} failed: {error}")
+        failed.__cause__ = error
+        return Failed(message=str(failed), data=failed)
     return summary
 
 

@@ -156,6 +156,10 @@ def _list_manifest(uri: str) -> list[StagedObject]:
     prefix = None
     if entries and isinstance(entries[0], dict) and "prefix" in entries[0]:
         prefix, entries = entries[0]["prefix"], entries[1:]
+        if not isinstance(prefix, str) or not prefix.startswith("s3://"):
+            raise DataError(
+                f"{uri}: the manifest's prefix {prefix!r} is not an s3:// URI; write it as s3://bucket/prefix/"
+            )
     parsed = []
     for entry in entries:
         value = entry.get("s3_uri") if isinstance(entry, dict) else entry

@@ -18,7 +18,13 @@ import urllib3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    ParamValidationError,
+    PartialCredentialsError,
+)
 
 from trainyard import botocore_loader, collector
 from trainyard.errors import StorageError
@@ -140,6 +146,8 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
             f"{uri}: no AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, "
             "or run where a role provides them"
         )
+    if isinstance(exc, ParamValidationError):  # refused before sending: the URI, not the network
+        return StorageError(f"{uri}: not a request S3 can take ({exc}); check the URI")
     if isinstance(exc, BotoCoreError | ConnectionError | TimeoutError | urllib3.exceptions.HTTPError):
         # (the raw socket errors are what s3transfer's retries end on, as their last error)
         return StorageError(
@@ -168,7 +176,8 @@ def upload_file(path: Path, uri: str) -> str:
             str(path), target.bucket, target.key, Config=TRANSFER_CONFIG, ExtraArgs={"ChecksumAlgorithm": "SHA256"}
         )
     except S3UploadFailedError as exc:
-        raise describe_error(exc.__cause__ or exc, str(target)) from exc
+        # boto3 raises it inside its handler without "from": the failed request is the context
+        raise describe_error(exc.__cause__ or exc.__context__ or exc, str(target)) from exc
     except (ClientError, BotoCoreError) as exc:
         raise describe_error(exc, str(target)) from exc
     return str(target)

@@ -130,6 +130,15 @@ class Channel(_Model):
     def _s3_uri(cls, v: str) -> str:
         return _check_s3_uri(v)
 
+    @model_validator(mode="after")
+    def _manifest_is_an_object(self) -> Channel:
+        if self.s3_data_type == "manifest" and (self.s3_uri.endswith("/") or "/" not in self.s3_uri[5:]):
+            raise ValueError(
+                "s3_data_type manifest reads one object, and s3_uri names a bucket or prefix; set s3_uri to the "
+                f"manifest's key, e.g. {self.s3_uri.rstrip('/')}/manifest.json"
+            )
+        return self
+
 
 class Inputs(BaseModel):
     """The input channels: ``train``, optional ``validation``, and any others an entrypoint reads.

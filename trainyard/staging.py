@@ -140,8 +140,16 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
         target = (folder / obj.rel).resolve()
         if not target.is_relative_to(folder):
             raise DataError(f"{obj.uri}: its key would be written outside the channel folder; rename it in S3")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        link_or_copy(Path(obj.path), target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy(Path(obj.path), target)
+        except OSError as exc:  # a key this file system cannot hold as a path (too long a name, say)
+            if s3.disk_full(exc):
+                raise s3.describe_error(exc, obj.uri) from exc
+            raise DataError(
+                f"{obj.uri}: cannot be laid out as a file under the channel folder ({exc.strerror or exc}); "
+                "rename it in S3"
+            ) from exc
     return folder
 
 

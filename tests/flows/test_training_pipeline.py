@@ -185,7 +185,9 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
         ("empty", "no objects under"),
     ],
 )
-def test_bad_data_fails_clearly_and_registers_nothing(prefect_api, s3_server, bucket, mlflow_uri, breakage, message):
+def test_bad_data_fails_clearly_and_registers_nothing(
+    prefect_api, s3_server, bucket, mlflow_uri, breakage, message, caplog
+):
     uris = upload_dataset(bucket, rows=200)
     spec = job_dict(uris)
     if breakage == "missing-bucket":
@@ -208,6 +210,8 @@ def test_bad_data_fails_clearly_and_registers_nothing(prefect_api, s3_server, bu
     assert summary["secondary_status_transitions"][-1]["status"] == "Failed"
     assert summary["model"] is None
     assert mlflow.MlflowClient(mlflow_uri).search_registered_models() == []
+    # the user's mistake, logged as its message: no traceback (Prefect logs one for a flow that raises)
+    assert message in caplog.text and "Traceback" not in caplog.text
 
 
 def test_cli_run_exit_status_and_summary(prefect_api, s3_server, bucket, mlflow_uri, tmp_path):

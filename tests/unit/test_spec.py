@@ -244,3 +244,11 @@ def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
     assert any(p.startswith("sifting.beta_value:") for p in problems(minimal(sifting={"beta_value": -1})))
     both = problems(minimal(sifting={"beta": 1, "beta_value": 2}))  # one knob, given twice
     assert any(p.startswith("sifting:") and "beta and beta_value are one setting" in p for p in both)
+
+
+def test_a_manifest_channel_must_name_the_manifest_object():
+    for uri in ("s3://bkt", "s3://bkt/lists/"):
+        train = {"s3_uri": uri, "label": "y", "s3_data_type": "manifest"}
+        found = problems(minimal(inputs={"train": train}))
+        assert any(p.startswith("inputs.train: s3_data_type manifest reads one object") for p in found), found
+    assert parse_job(minimal(inputs={"train": {"s3_uri": "s3://bkt/m.json", "label": "y", "s3_data_type": "manifest"}}))

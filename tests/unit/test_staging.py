@@ -308,6 +308,16 @@ def test_a_key_that_is_a_folder_of_another_is_named_before_anything_is_laid_out(
     assert not (tmp_path / "mirror").exists()
 
 
+def test_a_key_too_long_for_a_file_name_is_named_not_a_traceback(tmp_path):
+    source = tmp_path / "object"
+    source.write_bytes(b"x")
+    rel = "L" * 300 + ".bin"  # S3 keys may be 1,024 bytes; a file name here 255
+    objects = [listing.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source))]
+    manifest = listing.ChannelManifest("extra", "s3://b/ch/", "raw", objects)
+    with pytest.raises(DataError, match=f"s3://b/ch/{rel}: cannot be laid out as a file.*rename it in S3"):
+        staging.mirror(manifest, tmp_path / "mirror")
+
+
 def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
     s3_endpoint.skip_unless("versioning")
     client = s3_endpoint.client()
@@ -583,3 +593,37 @@ def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_no
     assert head["ContentLength"] == BIG
     if s3_endpoint.capabilities["multipart_checksum"]:  # rclone keeps none for a multipart upload
         assert head.get("ChecksumSHA256")
+
+
+def test_a_missing_output_bucket_is_found_before_any_compute_and_upload_errors_are_named(s3_endpoint, tmp_path):
+    bucket = s3_endpoint.new_bucket()
+
+    def job(output: str):
+        train = {"s3_uri": f"s3://{bucket}/t/", "label": "y"}
+        return parse_job(
+            {
+                "name": "o",
+                "algorithm": {"builtin": "mlp-classifier"},
+                "inputs": {"train": train},
+                "output": {"s3_uri": output},
+            }
+        )
+
+    outputs.check_destination(job(f"s3://{bucket}/output/"))  # there: no error
+    with pytest.raises(
+        StorageError, match="output.s3_uri s3://no-such-out-bucket/o/: bucket 'no-such-out-bucket' does not exist"
+    ) as found:
+        outputs.check_destination(job("s3://no-such-out-bucket/o/"))
+    assert not found.value.transient
+    # boto3's upload error does not chain the request's: described from its context, not as raw text
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(StorageError, match="s3://no-such-out-bucket/k: bucket does not exist; create it"):
+        s3.upload_file(tmp_path / "f", "s3://no-such-out-bucket/k")
+
+
+def test_a_manifest_whose_prefix_is_not_a_uri_is_named(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps([{"prefix": 5}, "a.bin"]).encode())
+    with pytest.raises(DataError, match=f"s3://{bucket}/m.json: the manifest's prefix 5 is not an s3:// URI"):
+        stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
