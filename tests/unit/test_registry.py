@@ -189,6 +189,27 @@ def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
     assert (~result.keep[:20]).sum() >= 15 and (~result.keep[20:]).sum() <= 5
 
 
+def test_the_champion_loads_from_the_embedded_store_in_a_process_that_did_not_register_it(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the embedded default, under TRAINYARD_HOME
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    # A new process (the filtering task's, before any registration): MLflow's process-wide store is its
+    # default there, ./mlflow.db, not ours.
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    code = "from trainyard import registry; print(registry.load_champion('reg-test')[1])"
+    root = Path(__file__).parents[2]
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "reg-test v1", done.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was looked for in the working directory
+
+
 def test_the_filtering_task_falls_back_when_there_is_no_champion_to_load(tracking, monkeypatch):
     from tasks.filtering import _champion
 
