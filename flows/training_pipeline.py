@@ -29,6 +29,7 @@ from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
 from trainyard.home import new_job_id, write_json_atomic
 from trainyard.spec import TrainingJob, ignored_settings
+from trainyard.training import supervisor
 from trainyard.training.plan import TrainingPlan
 
 
@@ -62,6 +63,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         log.enter("Downloading", "Downloading input data")
         stages["staging"] = stage_inputs(job, str(job_dir))
         staged = stages["staging"]["staged"]
+        supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"])  # before any compute
         log.enter("Training", "Launching replica groups")
         stages["launch"] = launch_groups(job, job_id, str(job_dir))
         handle = stages["launch"]["handle"]

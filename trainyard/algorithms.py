@@ -85,8 +85,8 @@ def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
     """Fail clearly when a loss function reduces over the batch."""
     if loss.dim() != 1 or loss.shape[0] != batch_size:
         raise TrainingError(
-            f"the loss function returned shape {tuple(loss.shape)} for a batch of {batch_size}; it must return one "
-            "loss per sample (use reduction='none')"
+            f"algorithm.entrypoint: the loss function returned shape {tuple(loss.shape)} for a batch of {batch_size}; "
+            "it must return one loss per sample (use reduction='none')"
         )
 
 

@@ -183,6 +183,7 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
         ("nan-labels", "label 'label' has 3 missing"),
         ("unreadable", "/data/train/part-9.parquet: cannot be read as parquet"),
         ("empty", "no objects under"),
+        ("mean-loss", "algorithm.entrypoint: the loss function returned shape ()"),
     ],
 )
 def test_bad_data_fails_clearly_and_registers_nothing(
@@ -204,7 +205,13 @@ def test_bad_data_fails_clearly_and_registers_nothing(
         s3.client().put_object(Bucket=bucket, Key="data/train/part-9.parquet", Body=b"not parquet")
     elif breakage == "empty":
         spec["inputs"]["train"]["s3_uri"] = f"s3://{bucket}/nothing-here/"
+    elif breakage == "mean-loss":  # found on a first batch, before the prefilter's or the groups' compute
+        spec["algorithm"] = {"entrypoint": "tests.unit.test_training:mean_loss_build"}
+        spec["sifting"] = {"enabled": True, "prefilter": {"drop_unlearnable_fraction": 0.05}}
     summary, _ = run_pipeline(spec)
+    if breakage == "mean-loss":
+        assert [t["status"] for t in summary["secondary_status_transitions"]] == ["Starting", "Downloading", "Failed"]
+        assert summary["compute"]["flops_prefilter"] == 0
     assert summary["status"] == "Failed"
     assert message in summary["failure_reason"]
     assert summary["secondary_status_transitions"][-1]["status"] == "Failed"

@@ -65,10 +65,15 @@ def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
         device.check(job.resources.gpus_per_replica, replica=0)
         device.check_fits(job.resources.replicas, job.resources.gpus_per_replica, device.visible_gpus())
     plan.export_channels()
-    x, y = load_arrays(plan.train_data)
-    model, loss_fn = algorithms.build(
-        job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), plan.schema["num_outputs"]
-    )
+    check_algorithm(job, plan.train_data, plan.schema["num_outputs"])
+
+
+def check_algorithm(job: TrainingJob, train_data: str, num_outputs: int) -> None:
+    """Build the model and run it and its loss on a first small batch of ``train_data``, here: a broken
+    algorithm (an entrypoint whose loss is reduced over the batch, say) fails before any compute is
+    spent on the job, the prefilter's included."""
+    x, y = load_arrays(train_data)
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), num_outputs)
     n = min(4, len(x))
     try:
         losses = loss_fn(model(x[:n]), y[:n])
