@@ -24,7 +24,7 @@ from tasks.launch import launch_groups
 from tasks.registry import register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
-from trainyard import STAGES, carbon, esg, launch, outputs, registry, status
+from trainyard import STAGES, carbon, esg, launch, outputs, registry, sifting, status
 from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
 from trainyard.home import new_job_id, write_json_atomic
@@ -63,7 +63,9 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         log.enter("Downloading", "Downloading input data")
         stages["staging"] = stage_inputs(job, str(job_dir))
         staged = stages["staging"]["staged"]
-        supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"])  # before any compute
+        # before any compute: the algorithm on a first batch, and sifting's draw against the rows
+        supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"])
+        sifting.check_fits(job.sifting, job.hyperparameters.batch_size, staged.rows["train"])
         log.enter("Training", "Launching replica groups")
         stages["launch"] = launch_groups(job, job_id, str(job_dir))
         handle = stages["launch"]["handle"]

@@ -28,7 +28,29 @@ import math
 import numpy as np
 import torch
 
+from trainyard.errors import SpecError
 from trainyard.spec import Sifting
+
+
+def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "training rows") -> None:
+    """Refuse a sifting job whose step would draw more candidates than there are rows: its one step an
+    epoch would keep ``1 / (1 + beta)`` of them, not a full batch, and most of the data would go untrained."""
+    if not config.enabled:
+        return
+    candidates = candidate_batch(config.beta, batch_size)
+    if candidates > rows:
+        raise SpecError(
+            [
+                f"sifting.beta: each step draws hyperparameters.batch_size * (1 + beta) = {batch_size} * "
+                f"{1 + config.beta:g} = {candidates} candidates, more than the {rows} {whose}; lower sifting.beta "
+                "or hyperparameters.batch_size"
+            ]
+        )
+
+
+def candidate_batch(beta: float, batch_size: int) -> int:
+    """The global batch of candidates a step draws for ``batch_size`` kept samples."""
+    return max(batch_size, round(batch_size * (1.0 + beta)))
 
 
 class Sifter:
@@ -55,7 +77,7 @@ class Sifter:
 
     def candidate_batch(self, batch_size: int) -> int:
         """The global batch of candidates to draw for ``batch_size`` kept samples."""
-        return max(batch_size, round(batch_size * self.candidates_per_kept))
+        return candidate_batch(self.config.beta, batch_size)
 
     def keep_count(self, candidates: int) -> int:
         """How many of ``candidates`` one group alone keeps (0 only when it has none)."""

@@ -24,7 +24,8 @@ _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan: a beta or learning rate of .inf or .nan passes gt=0 checks, and fails only in training
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class Algorithm(_Model):
@@ -64,7 +65,7 @@ class Algorithm(_Model):
 class Hyperparameters(BaseModel):
     """Training settings. Unknown keys are kept and passed to an entrypoint algorithm."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
     epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the training channel.")
     batch_size: int = Field(default=256, ge=1, description="Samples per optimizer step, over all replica groups.")
@@ -147,7 +148,7 @@ class Inputs(BaseModel):
     by ``TRAINYARD_CHANNEL_<NAME>`` (SageMaker's ``SM_CHANNEL_<NAME>``).
     """
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
     __pydantic_extra__: dict[str, Channel]
 
     train: Channel = Field(description="The training channel.")
@@ -266,8 +267,9 @@ class Sifting(_Model):
         default=10,
         ge=0,
         validation_alias=AliasChoices("delay_steps", "sift_delay"),
-        description="Steps trained on everything before sifting starts (smart sifting's sift_delay, whose default "
-        "is 1000: longer than many small jobs).",
+        description="Steps before sifting starts (smart sifting's sift_delay, whose default is 1000: longer than "
+        "many small jobs). Nothing is scored meanwhile: each step still draws batch_size * (1 + beta) candidates and "
+        "trains on the first batch_size of them, so the data is seen at the same pace as when sifting.",
     )
     score: Literal["loss", "reducible_loss"] = Field(
         default="loss",

@@ -184,6 +184,7 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
         ("unreadable", "/data/train/part-9.parquet: cannot be read as parquet"),
         ("empty", "no objects under"),
         ("mean-loss", "algorithm.entrypoint: the loss function returned shape ()"),
+        ("sifting-draw", "sifting.beta: each step draws hyperparameters.batch_size * (1 + beta) = 64 * 5 = 320"),
     ],
 )
 def test_bad_data_fails_clearly_and_registers_nothing(
@@ -208,8 +209,10 @@ def test_bad_data_fails_clearly_and_registers_nothing(
     elif breakage == "mean-loss":  # found on a first batch, before the prefilter's or the groups' compute
         spec["algorithm"] = {"entrypoint": "tests.unit.test_training:mean_loss_build"}
         spec["sifting"] = {"enabled": True, "prefilter": {"drop_unlearnable_fraction": 0.05}}
+    elif breakage == "sifting-draw":  # 150 training rows: one step an epoch, keeping 30 of them, not a batch
+        spec["sifting"] = {"enabled": True, "beta": 4}
     summary, _ = run_pipeline(spec)
-    if breakage == "mean-loss":
+    if breakage in ("mean-loss", "sifting-draw"):
         assert [t["status"] for t in summary["secondary_status_transitions"]] == ["Starting", "Downloading", "Failed"]
         assert summary["compute"]["flops_prefilter"] == 0
     assert summary["status"] == "Failed"

@@ -252,3 +252,10 @@ def test_a_manifest_channel_must_name_the_manifest_object():
         found = problems(minimal(inputs={"train": train}))
         assert any(p.startswith("inputs.train: s3_data_type manifest reads one object") for p in found), found
     assert parse_job(minimal(inputs={"train": {"s3_uri": "s3://bkt/m.json", "label": "y", "s3_data_type": "manifest"}}))
+
+
+def test_infinite_or_nan_numbers_are_refused_by_field():
+    for value in (float("inf"), float("nan")):
+        found = problems(minimal(sifting={"enabled": True, "beta": value}, hyperparameters={"learning_rate": value}))
+        assert any(p.startswith("sifting.beta:") for p in found), found
+        assert any(p.startswith("hyperparameters.learning_rate:") for p in found), found
