@@ -156,6 +156,10 @@ class Sifter:
         floor = self.config.min_class_fraction
         classes, counts = np.unique(labels, return_counts=True)
         need = {c: math.ceil(floor * keep * n / len(labels)) for c, n in zip(classes.tolist(), counts, strict=True)}
+        # Rounded up, the floors can add up to more than the batch (a floor near 1, many small classes):
+        # the largest give way first, so every class keeps one whenever the batch has room for each.
+        for _ in range(sum(need.values()) - keep):
+            need[max(need, key=lambda c: (need[c], c))] -= 1
         kept = np.zeros(len(labels), dtype=bool)
         kept[chosen] = True
         have = {c: int((labels[chosen] == c).sum()) for c in need}

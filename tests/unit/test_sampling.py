@@ -125,6 +125,24 @@ def test_a_class_with_only_a_few_easy_candidates_keeps_at_least_one():
         assert (labels[chosen] == 1).sum() >= 1
 
 
+def test_a_floor_whose_shares_add_up_to_more_than_the_batch_starves_no_class():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    rng = np.random.default_rng(0)
+    for floor in (0.5, 0.9, 1.0):
+        for major in (0, 9):  # whichever class is the large one, in label order
+            sifter = Sifter(Sifting(enabled=True, beta=1.0, min_class_fraction=floor), seed=0)
+            sifter.history = rng.exponential(size=500).astype(np.float32)
+            # 64 candidates, 32 kept: a large hard class and 9 easy ones of a row each; rounded up, the
+            # 10 floors at 1.0 add up to 41 > 32
+            labels = np.concatenate([np.full(55, major), [c for c in range(10) if c != major]])
+            losses = np.concatenate([rng.exponential(size=55) * 5 + 1, np.full(9, 1e-4)])
+            chosen = sifter.select(losses, labels, 32, step=0, group=0)
+            assert len(chosen) == 32
+            assert set(labels[chosen].tolist()) == set(range(10)), (floor, major)
+
+
 def test_sifting_keeps_full_batches_of_the_hardest_samples_and_guards_classes():
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting
