@@ -22,6 +22,9 @@ from trainyard.spec import Channel
 
 BLOCK_ROWS = 1 << 16  # rows of features converted at a time (to_arrays): 64Ki x 16 float32 columns is 4 MiB
 _READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}
+# "", "NA", "NaN", "null"... are missing in a string column too (by default only in numeric ones): a label
+# written so is refused as missing rather than becoming a class
+_CSV_OPTIONS = {"convert_options": pa_csv.ConvertOptions(strings_can_be_null=True)}
 
 
 @dataclass(slots=True)
@@ -38,18 +41,25 @@ class Schema:
         return len(self.classes) if self.task == "classification" else 1
 
 
-def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None) -> pa.Table:
-    """Read every staged object of a channel into one table.
+def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, required: list[str] = ()) -> pa.Table:
+    """Read every staged object of a channel into one table; an object without one of the ``required``
+    columns is named (concatenated, its rows would only show as missing values).
 
     When ``layout`` is given, one ``{"id", "start", "end", "row_groups"}`` entry per object is
-    appended to it: where each object's rows lie in the table (what sharding divides).
+    appended to it: where each object's rows lie in the table (what sharding divides, and what names
+    the object holding a bad row).
     """
     reader = _READERS[manifest.format]
     tables = []
     start = 0
     for obj in manifest.objects:
         try:
-            tables.append(reader(obj.path))
+            tables.append(reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path))
+            if absent := [c for c in required if c not in tables[-1].column_names]:
+                raise DataError(
+                    f"{obj.uri}: no column {absent[0]!r} (its columns are {tables[-1].column_names}); every object "
+                    "of the channel needs the label and feature columns"
+                )
             if layout is not None:
                 row_groups = None
                 if manifest.format == "parquet":
@@ -72,8 +82,10 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None) ->
     return table
 
 
-def infer_schema(table: pa.Table, channel: Channel, task: str, channel_name: str = "train") -> Schema:
-    """Choose feature columns and class names from the training table."""
+def infer_schema(
+    table: pa.Table, channel: Channel, task: str, channel_name: str = "train", layout: list[dict] | None = None
+) -> Schema:
+    """Choose feature columns and class names from the training table (``layout``: as for ``to_arrays``)."""
     label = channel.label
     where = f"channel {channel_name!r} ({channel.s3_uri})"
     if label is None or label not in table.column_names:
@@ -92,15 +104,18 @@ def infer_schema(table: pa.Table, channel: Channel, task: str, channel_name: str
         raise DataError(f"{where}: no numeric feature columns besides {label!r}; set inputs.{channel_name}.features")
     classes: list = []
     if task == "classification":
-        check_labels(table, label, where)
+        check_labels(table, label, where, layout)
         classes = channel.classes or sorted(pc.unique(table[label]).to_pylist(), key=lambda v: (str(type(v)), v))
         if len(classes) < 2:
             raise DataError(f"{where}: label {label!r} has a single class {classes}; a classifier needs two or more")
     return Schema(features=features, label=label, task=task, classes=classes)
 
 
-def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """Features as float32 ``[n, d]`` and labels (class indices int64, or float32 values)."""
+def to_arrays(
+    table: pa.Table, schema: Schema, where: str, layout: list[dict] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features as float32 ``[n, d]`` and labels (class indices int64, or float32 values). With the
+    channel's ``layout`` (``read_channel``), a bad value's message names the object that holds it."""
     missing = [c for c in [*schema.features, schema.label] if c not in table.column_names]
     if missing:
         raise DataError(f"{where}: columns {missing} not found; columns are {table.column_names}")
@@ -125,12 +140,14 @@ def to_arrays(table: pa.Table, schema: Schema, where: str) -> tuple[np.ndarray, 
             # becomes inf only in the copy.
             bad[i] += np.count_nonzero(~np.isfinite(block[:, i] if values.dtype == np.float64 else values))
         start += batch.num_rows
-    for name, count in zip(schema.features, bad.tolist(), strict=True):
+    for i, (name, count) in enumerate(zip(schema.features, bad.tolist(), strict=True)):
         if count:
+            first = int(np.flatnonzero(~np.isfinite(x[:, i]))[0])
             raise DataError(
-                f"{where}: feature {name!r} has {count} missing or infinite values; fill or drop those rows"
+                f"{where}: feature {name!r} has {count} missing or infinite values{_first_in(layout, first)}; "
+                "fill or drop those rows"
             )
-    check_labels(table, schema.label, where)
+    check_labels(table, schema.label, where, layout)
     if schema.task == "classification":
         y, unknown = _class_indices(table[schema.label], schema.classes)
         if unknown:
@@ -174,14 +191,31 @@ def _class_indices(col: pa.ChunkedArray, classes: list) -> tuple[np.ndarray, lis
     return np.fromiter((index.get(v, 0) for v in raw), dtype=np.int64, count=len(raw)), unknown
 
 
-def check_labels(table: pa.Table, label: str, where: str) -> None:
-    """Refuse missing (null or NaN) labels, naming the channel and the count."""
+def check_labels(table: pa.Table, label: str, where: str, layout: list[dict] | None = None) -> None:
+    """Refuse missing (null or NaN) labels, naming the channel, the count and (given the channel's
+    ``layout``) the object holding the first."""
     col = table[label]
-    nulls = col.null_count
-    if is_numeric(col.type) and pa.types.is_floating(col.type):
-        nulls += int(pc.sum(pc.is_nan(col.fill_null(0.0))).as_py() or 0)
+    missing = pc.is_null(col, nan_is_null=True) if pa.types.is_floating(col.type) else pc.is_null(col)
+    nulls = int(pc.sum(missing).as_py() or 0)
     if nulls:
-        raise DataError(f"{where}: label {label!r} has {nulls} missing (null or NaN) values; drop or fix those rows")
+        first = pc.index(missing, True).as_py()
+        raise DataError(
+            f"{where}: label {label!r} has {nulls} missing (null or NaN) values{_first_in(layout, first)}; "
+            "drop or fix those rows"
+        )
+
+
+def _first_in(layout: list[dict] | None, row: int) -> str:
+    """``", the first in <object> (row N of it)"`` for a row of a channel's table, given its layout."""
+    for entry in layout or ():
+        if entry["start"] <= row < entry["end"]:
+            return f", the first in {entry['id']} (its row {row - entry['start']})"
+    return ""
+
+
+def required_columns(channel: Channel) -> list[str]:
+    """The columns every object of a channel must have, as far as the spec names them."""
+    return [c for c in (channel.label, *(channel.features or ())) if c]
 
 
 def is_numeric(dtype: pa.DataType) -> bool:
@@ -229,16 +263,17 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         schema = Schema(**{k: v for k, v in streamed.schema.items() if k != "num_outputs"})
         paths["train"], rows["train"], layout = streamed.train_data, streamed.rows["train"], streamed.train_layout
     else:
-        train_table = read_channel(manifests["train"], layout)
-        schema = infer_schema(train_table, channels["train"], task)
+        train_table = read_channel(manifests["train"], layout, required_columns(channels["train"]))
+        schema = infer_schema(train_table, channels["train"], task, layout=layout)
     for name, manifest in manifests.items():
         if name not in ("train", "validation"):
             extra[name] = str(staging.mirror(manifest, out_dir / "channels" / name))
             continue
         if name == "train" and channels["train"].mode == "stream":
             continue
-        table = train_table if name == "train" else read_channel(manifest)
-        x, y = to_arrays(table, schema, where=f"channel {name!r} ({manifest.uri})")
+        objects = layout if name == "train" else []
+        table = train_table if name == "train" else read_channel(manifest, objects, [schema.label, *schema.features])
+        x, y = to_arrays(table, schema, f"channel {name!r} ({manifest.uri})", objects)
         path = out_dir / f"{name}.npz"
         np.savez(path, x=x, y=y)
         paths[name], rows[name] = str(path), len(x)

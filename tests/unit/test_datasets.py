@@ -190,3 +190,33 @@ print("pandas" in sys.modules)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_bad_rows_and_missing_columns_name_their_object(bucket, tmp_path):
+    good = pa.table({"f0": [1.0, 2.0], "label": ["cat", "dog"]})
+    put_table(bucket, "ch/a.parquet", good)
+    put_table(bucket, "ch/b.parquet", pa.table({"f0": [1.0, float("nan"), 3.0], "label": ["cat", "dog", "cat"]}))
+    manifest, channel = stage(bucket, tmp_path)
+    with pytest.raises(
+        DataError, match=rf"feature 'f0' has 1 missing.*the first in s3://{bucket}/ch/b.parquet \(its row 1\)"
+    ):
+        datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d1")
+    # an object without the label column: named as such, not as rows with missing labels
+    put_table(bucket, "nolabel/a.parquet", good)
+    put_table(bucket, "nolabel/b.parquet", pa.table({"f0": [1.0], "z": [2.0]}))
+    manifest, channel = stage(bucket, tmp_path, prefix="nolabel/")
+    with pytest.raises(
+        DataError, match=rf"s3://{bucket}/nolabel/b.parquet: no column 'label' \(its columns are \['f0', 'z'\]\)"
+    ):
+        datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d2")
+
+
+def test_missing_string_labels_in_csv_are_refused_not_made_classes(bucket, tmp_path):
+    body = "f0,label\n1,cat\n2,dog\n3,NaN\n4,NA\n5,\n"
+    s3.client().put_object(Bucket=bucket, Key="csv/a.csv", Body=b"f0,label\n0,cat\n")
+    s3.client().put_object(Bucket=bucket, Key="csv/b.csv", Body=body.encode())
+    manifest, channel = stage(bucket, tmp_path, "csv", prefix="csv/")
+    with pytest.raises(
+        DataError, match=rf"label 'label' has 3 missing.*the first in s3://{bucket}/csv/b.csv \(its row 2\)"
+    ):
+        datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d")

@@ -310,6 +310,12 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
     manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
     with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: columns \['label'\] not found"):
         streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    # With the classes declared the label column is not read whole, and an object in the sample without
+    # the label showed only as missing labels: the footers still name it.
+    monkeypatch.setattr(streaming, "SAMPLE_ROWS", 10_000)
+    declared = channel.model_copy(update={"classes": [0, 1]})
+    with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: columns \['label'\] not found"):
+        streaming.describe(manifest, declared, "classification", tmp_path / "data")
 
 
 def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_again(s3_endpoint, tmp_path, monkeypatch):
