@@ -83,10 +83,11 @@ class Sifter:
         """How many of ``candidates`` one group alone keeps (0 only when it has none)."""
         return self.keep_counts([candidates])[0]
 
-    def keep_counts(self, candidates: list[int]) -> list[int]:
+    def keep_counts(self, candidates: list[int], step: int = 0) -> list[int]:
         """How many each of the quorum's groups keeps of its ``candidates``: the step's kept batch,
-        ``1 / (1 + beta)`` of all of them, dealt in proportion by largest remainder (ties to the lower
-        rank), so that the groups' batches add up to it whatever their number (each rounding its own
+        ``1 / (1 + beta)`` of all of them, dealt in proportion by largest remainder (ties to the rank
+        ``step`` comes to first, so no group always gets the odd row and each group's kept fraction is the
+        job's), so that the groups' batches add up to it whatever their number (each rounding its own
         share could miss it by a row or two per step). A group with candidates keeps at least one unless
         the step keeps fewer rows than there are such groups (a short last step of an epoch): one that
         keeps none trains on an empty batch and its candidates count as skipped. Every group computes
@@ -97,7 +98,8 @@ class Sifter:
         keep = max(1, round(total / self.candidates_per_kept))
         quotas = [n * keep / total for n in candidates]
         counts = [math.floor(q) for q in quotas]
-        for i in sorted(range(len(counts)), key=lambda i: (counts[i] - quotas[i], i))[: keep - sum(counts)]:
+        n = len(counts)
+        for i in sorted(range(n), key=lambda i: (counts[i] - quotas[i], (i - step) % n))[: keep - sum(counts)]:
             counts[i] += 1
         for i, n in enumerate(candidates):
             donor = max(range(len(counts)), key=lambda j: (counts[j], -j))

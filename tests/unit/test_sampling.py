@@ -181,6 +181,13 @@ def test_the_groups_kept_batches_add_up_to_the_batch_size_for_any_number_of_grou
     # a last, short step: what is there, 1 / (1 + beta) of it, still at least one row for each group
     assert sum(sifter.keep_counts([5, 4, 4])) == round(13 / (1 + beta))
     assert sifter.keep_counts([0, 3]) == [0, sifter.keep_count(3)] and sifter.keep_counts([0, 0]) == [0, 0]
+    # a tied odd row goes round the groups step by step, not always to the first: over steps, groups with
+    # as many candidates keep as many rows (so each group's kept fraction is the job's)
+    for groups in (2, 3, 4):
+        sizes = [45] * groups
+        if sum(sifter.keep_counts(sizes)) % groups:  # there is an odd row to deal
+            kept = np.sum([sifter.keep_counts(sizes, step) for step in range(120)], axis=0)
+            assert len(set(kept.tolist())) == 1, (groups, kept)
 
 
 def test_sifting_is_off_for_the_first_delay_steps_and_their_rows_are_not_counted_as_ranked(tmp_path):
@@ -200,6 +207,16 @@ def test_sifting_is_off_for_the_first_delay_steps_and_their_rows_are_not_counted
     assert (report["unsifted"], report["skipped"]) == (10 * 32, 10 * 32)
     metrics = data.epoch_metrics()
     assert metrics["kept_fraction"] == 0.5 and set(metrics["kept_fraction_by_class"]) == {"0", "1"}
+
+
+def test_kept_fractions_per_class_are_named_by_the_classes_label_values(tmp_path):
+    data, model, _ = reducible_step_data(tmp_path, classes=["ant", "moose"], score="loss", reuse_loss_epochs=0)
+    for step in range(4):
+        data.batch(model, 0, step, step, 1, 0, 1)
+    assert set(data.epoch_metrics()["kept_fraction_by_class"]) == {"ant", "moose"}
+    report = data.report()
+    assert set(report["kept_fraction_by_class"]) == set(report["scored_by_class"]) == {"ant", "moose"}
+    assert sum(report["kept_by_class"].values()) == report["kept"]
 
 
 def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
@@ -239,7 +256,7 @@ def test_learning_rate_schedules():
     assert learning_rate(linear, 50, 0.25) == pytest.approx(0.075)
 
 
-def reducible_step_data(tmp_path, with_reference: bool = True, **sifting):
+def reducible_step_data(tmp_path, with_reference: bool = True, classes: list | None = None, **sifting):
     """StepData for 512 rows whose first half carries a high reference loss (noise a reference model
     could not fit either), under a model whose own loss is the same for every row."""
     import torch
@@ -264,7 +281,8 @@ def reducible_step_data(tmp_path, with_reference: bool = True, **sifting):
     reference = np.where(np.arange(512) < 256, 5.0, 0.0).astype(np.float32)
     arrays = {"x": x, "y": y} | ({"irreducible": reference} if with_reference else {})
     np.savez(tmp_path / "train.filtered.npz", **arrays)
-    plan = TrainingPlan("j", job.model_dump(mode="json"), str(tmp_path / "train.filtered.npz"), None, {}, 1, "")
+    schema = {"classes": classes} if classes else {}
+    plan = TrainingPlan("j", job.model_dump(mode="json"), str(tmp_path / "train.filtered.npz"), None, schema, 1, "")
     model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
     torch.nn.init.zeros_(model[-1].weight)  # equal outputs: every row's own loss is ln 2
     torch.nn.init.zeros_(model[-1].bias)

@@ -42,6 +42,8 @@ class StepData:
         self.sifter = Sifter(job.sifting, hp.seed) if job.sifting.enabled else None
         batch = self.sifter.candidate_batch(hp.batch_size) if self.sifter else hp.batch_size
         self.classification = job.algorithm.task == "classification"
+        # the sifter counts class indices; reports name the classes by their label values
+        self._class_names = [str(c) for c in plan.schema.get("classes") or []]
         self.loss_fn, self.meter = loss_fn, meter
         self._mark: tuple[int, int, dict, dict] = (0, 0, {}, {})  # the sifter's counts at the last epoch's end
         self.reducible = job.sifting.by_reducible_loss
@@ -71,7 +73,7 @@ class StepData:
             rows = _row_ids(side[:, -2:]) if self.memory else None
         if self.sifter is None:
             return xb.to(self.device), yb.to(self.device), global_count
-        keeps = self.sifter.keep_counts(member_sizes(self.sampler, index, slots, members))
+        keeps = self.sifter.keep_counts(member_sizes(self.sampler, index, slots, members), step)
         keep, global_count = keeps[rank], sum(keeps)
         labels = yb.numpy() if self.classification else None
         if not self.sifter.active(step) or keep == 0:
@@ -128,16 +130,23 @@ class StepData:
         scored, kept = sifter.scored - scored_then, sifter.kept - kept_then
         self._mark = (sifter.scored, sifter.kept, dict(sifter.kept_by_class), dict(sifter.scored_by_class))
         metrics = {"kept_fraction": kept / scored if scored else None}
-        return metrics | ({"kept_fraction_by_class": by_class} if by_class else {})
+        return metrics | ({"kept_fraction_by_class": self._named(by_class)} if by_class else {})
 
     def report(self) -> dict | None:
         """What this group's sifter scored and kept (None without sifting)."""
         if self.sifter is None:
             return None
         report = self.sifter.report()
+        for key in ("kept_fraction_by_class", "kept_by_class", "scored_by_class"):
+            report[key] = self._named(report[key])
         if self.memory is not None:  # candidates ranked by a remembered loss, without a scoring pass
             report["losses_reused"] = self.memory.reused
         return report
+
+    def _named(self, by_class: dict) -> dict:
+        """``{class index: value}`` keyed by the classes' label values instead."""
+        names = self._class_names
+        return {names[int(c)] if int(c) < len(names) else c: v for c, v in by_class.items()}
 
     def state_dict(self) -> dict:
         state = self.sifter.state_dict() if self.sifter else {}
