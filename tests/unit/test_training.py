@@ -122,6 +122,9 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
     for key in survivor:
         torch.testing.assert_close(healed[key], survivor[key], rtol=0, atol=0)
     assert [h["epoch"] for h in outcome.history] == list(range(1, 81))
+    # Every committed step's 64 rows counted once, the killed group's steps since its last epoch end
+    # (its progress.json) included: 80 epochs of the 600 training rows.
+    assert outcome.samples_trained == 80 * 600
     (recovery,) = outcome.recoveries
     assert recovery["replica"] == 1 and recovery["failed_at_step"] == 15
     assert recovery["source"] == "peer"  # healed from the live group: no checkpoint exists

@@ -132,6 +132,20 @@ class StepData:
         metrics = {"kept_fraction": kept / scored if scored else None}
         return metrics | ({"kept_fraction_by_class": self._named(by_class)} if by_class else {})
 
+    def counts(self) -> dict | None:
+        """The sifter's running totals, without the per-class counts: cheap enough for every step."""
+        if self.sifter is None:
+            return None
+        sifter = self.sifter
+        counts = {
+            "scored": sifter.scored,
+            "kept": sifter.kept,
+            "passed_over": sifter.passed_over,
+            "unsifted": sifter.unsifted,
+            "skipped": sifter.skipped,
+        }
+        return counts | ({"losses_reused": self.memory.reused} if self.memory is not None else {})
+
     def report(self) -> dict | None:
         """What this group's sifter scored and kept (None without sifting)."""
         if self.sifter is None:

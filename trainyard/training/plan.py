@@ -4,7 +4,9 @@
 launch stage wait for it. ``stop.json`` asks every group to stop at its next step; ``scale.json``
 asks the train stage for another number of groups, and ``supervisor.json`` says which process runs
 the train stage. Each group attempt writes ``replicas/<r>/attempt-<a>/progress.json`` after every
-epoch and ``result.json`` plus ``model.pt`` when it finishes. Every write is atomic (temporary name, then rename).
+epoch, ``counts.json`` (its running counts, rewritten in place by one write) after every committed step,
+and ``result.json`` plus ``model.pt`` when it finishes. Every other write is atomic (temporary name, then
+rename).
 """
 
 from __future__ import annotations

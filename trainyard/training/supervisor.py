@@ -22,7 +22,7 @@ from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
 from trainyard.training.scaling import Scaler
-from trainyard.training.trainer import PG_TIMEOUT, load_arrays
+from trainyard.training.trainer import PG_TIMEOUT, latest_counts, load_arrays
 
 POLL_SECONDS = 0.1
 # After a stop request, groups get this long to reach a step boundary and write their result.
@@ -246,8 +246,10 @@ def _collect(
     flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
     samples = 0
     sifted: list[dict] = []
-    for progress_file in job_dir.glob("replicas/*/attempt-*/progress.json"):
-        progress = json.loads(progress_file.read_text())
+    for folder in job_dir.glob("replicas/*/attempt-*"):
+        progress = latest_counts(folder)
+        if progress is None:
+            continue
         samples += progress["samples_trained"]
         for key in flops:
             flops[key] += progress["flops"].get(key, 0)

@@ -38,6 +38,7 @@ PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 LIGHTHOUSE_ENV = "TRAINYARD_LIGHTHOUSE"  # set by the train-replica flow from its parameter
+COUNTS_FILE = "counts.json"
 STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
 """Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
 
@@ -146,6 +147,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         step = manager.current_step()
         return _write_progress(out, replica, attempt, step, history, meter, samples_trained, recovery, data)
 
+    counts = StepCounts(out / COUNTS_FILE)
+
     try:
         while True:
             stop = stop_requested(job_dir)
@@ -204,6 +207,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 samples_trained += len(xb)
                 epoch_loss_sum += float(losses.detach().sum())
                 epoch_loss_count += len(xb)
+            counts.write(manager.current_step(), samples_trained, meter, data)
             if manager.current_step() - cursor["start_step"] >= data.steps_per_epoch(cursor["slots"]):
                 metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)} | data.epoch_metrics()
                 # This group's training FLOPs so far (forward, backward, sifting's scoring; counted from
@@ -219,6 +223,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if checkpointer is not None and rank == 0:
                 checkpointer.maybe_save(manager.current_step(), state_dict(), manager.state_dict())
     finally:
+        counts.close()
         manager.shutdown(wait=False)
         devices.close_process_group(pg)
         if checkpointer is not None:
@@ -292,6 +297,43 @@ class Heartbeat:
         if force or now - self._last >= self.interval:
             write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
             self._last = now
+
+
+class StepCounts:
+    """The group's running counts (samples trained, FLOPs, sifting's), rewritten in place after every
+    committed step in one small write, which a kill cannot leave half done. progress.json is written
+    only at epoch ends: for a group killed between two, the job adds up these instead (``latest_counts``)."""
+
+    SIZE = 1024  # bytes, padded with spaces: every write covers the last one
+
+    def __init__(self, path: Path):
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write(self, step: int, samples_trained: int, meter: FlopMeter, data: StepData) -> None:
+        values = {"step": step, "samples_trained": samples_trained, "flops": meter.as_dict(), "sifting": data.counts()}
+        os.pwrite(self._fd, json.dumps(values, separators=(",", ":")).encode().ljust(self.SIZE), 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def latest_counts(folder: Path) -> dict | None:
+    """What an attempt (its folder) spent: its progress.json, with the counts of its last committed step
+    where those are later (a group killed mid-epoch, or before its first epoch ended); None when it
+    committed nothing."""
+    progress = _read_json(folder / "progress.json")
+    counts = _read_json(folder / COUNTS_FILE)
+    if counts is None or (progress is not None and counts["step"] <= progress["step"]):
+        return progress
+    sifting = {**((progress or {}).get("sifting") or {}), **counts["sifting"]} if counts["sifting"] else None
+    return (progress or {}) | {key: counts[key] for key in ("step", "samples_trained", "flops")} | {"sifting": sifting}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 class StepLog:
