@@ -134,11 +134,33 @@ class Sampler:
         return max(1, math.ceil(self.batch_size / slots))
 
 
+_PART = "@rows"  # in a unit's id: a range of a row group's rows, "<row group id>@rows<first>:<last>"
+
+
+def _split(units: list[tuple[str, int, int]], slots: int) -> list[tuple[str, int, int]]:
+    """``units`` (row groups), the largest split in halves until there are at least ``slots`` of them: a
+    channel of fewer row groups than groups still gives every group a share. Deterministic."""
+    units = list(units)
+    while len(units) < slots:
+        unit = max(units, key=lambda u: (u[2] - u[1], u[0]))
+        if unit[2] - unit[1] < 2:
+            break  # fewer rows than groups
+        row_group, _, part = unit[0].partition(_PART)
+        base = int(part.split(":")[0]) if part else 0  # the unit's first row within its row group
+        middle = (unit[1] + unit[2]) // 2
+        units.remove(unit)
+        for start, end in ((unit[1], middle), (middle, unit[2])):
+            first, last = base + start - unit[1], base + end - unit[1]
+            units.append((f"{row_group}{_PART}{first}:{last}", start, end))
+    return units
+
+
 class StreamSampler:
     """Rows of a channel streamed from S3 by parquet row group (``mode: stream``).
 
-    The row groups are dealt to the slots (``sharding.assign``); with ``replicated`` the shares
-    rotate each epoch, so over ``slots`` epochs every slot sees the whole channel. Within an epoch
+    The row groups are dealt to the slots (``sharding.assign``; with fewer row groups than slots, the
+    largest are split into ranges of rows); with ``replicated`` the shares rotate each epoch, so over
+    ``slots`` epochs every slot sees the whole channel. Within an epoch
     a slot visits its row groups in a shuffled order and each row group's rows shuffled; the next
     row groups are read ahead in a background thread while the current one trains.
     """
@@ -184,7 +206,7 @@ class StreamSampler:
             ys.append(y[rows])
         last = int(which.max()) if len(which) else 0
         for ahead in range(last + 1, min(last + 1 + self.READ_AHEAD, len(units))):
-            self._future(units[ahead][0])
+            self._future(units[ahead][0].partition(_PART)[0])
         if not xs:
             x, y, _ = self._rows(epoch, units[0])
             return torch.from_numpy(x[:0]), torch.from_numpy(y[:0])
@@ -192,9 +214,9 @@ class StreamSampler:
 
     def _shares_for(self, slots: int) -> list[list[tuple[str, int, int]]]:
         if slots not in self._shares:
-            shares = sharding.assign(self.units, slots)
+            shares = sharding.assign(_split(self.units, slots), slots)
             if any(not share for share in shares):
-                raise DataError(f"the streamed train channel has fewer row groups than the {slots} replica groups")
+                raise DataError(f"the streamed train channel has fewer rows than the {slots} replica groups")
             self._shares[slots] = shares
         return self._shares[slots]
 
@@ -214,11 +236,15 @@ class StreamSampler:
         return units, np.cumsum([end - start for _, start, end in units])
 
     def _rows(self, epoch: int, unit: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A row group's arrays and this epoch's order of its rows (batches gather through it: shuffling
-        the arrays themselves would copy the whole row group before its first batch)."""
+        """A row group's (or part's) arrays and this epoch's order of its rows (batches gather through it:
+        shuffling the arrays themselves would copy the whole row group before its first batch)."""
         key = (epoch, unit[0])
         if key not in self._shuffled:
-            x, y = self._load(unit[0])
+            row_group, _, part = unit[0].partition(_PART)
+            x, y = self._load(row_group)
+            if part:  # a part of the row group: a view of its rows, no copy
+                first, last = (int(v) for v in part.split(":"))
+                x, y = x[first:last], y[first:last]
             order = default_rng([self.seed, epoch, unit[1]]).permutation(len(x))
             # Batches walk a row group in order; a group covering other slots walks a few at once.
             while len(self._shuffled) >= 4:
