@@ -4,7 +4,7 @@ groups streamed channels have read (``rowgroups/``, named by ``streaming.unit_pa
 An object's cache name is a hash of (bucket, key, ETag): the same bytes are never fetched twice,
 and an object changed in place gets a new name. The cache is kept under one size cap
 (``TRAINYARD_CACHE_MAX_BYTES``, default 100 GiB) by evicting the least recently used files of
-either kind; a hit refreshes a file's time.
+either kind (by access time); a hit refreshes it, and leaves the modification time the bytes' own.
 
 Objects a job is using are pinned (``Pin``) until it has read them: another job's eviction, in this
 process or any other sharing ``TRAINYARD_HOME``, skips them even when the cache is over its cap, and
@@ -133,9 +133,11 @@ def _eviction_lock(kind: int) -> Iterator[None]:
 
 def remember(path: Path, record: dict) -> None:
     """Keep what was checked of a fetched object (its checksum, how it was verified) with the file, so a
-    later staging that finds it cached can put the same in its manifest. It is an extended attribute:
-    one system call, and it goes wherever the file is renamed or linked. Where the file system has
-    none, nothing is kept, and such a manifest says only that the object came from the cache."""
+    later staging that finds it cached can put the same in its manifest, and the file's modification
+    time then, so that one finds whether the bytes were written since (``hit``). It is an extended
+    attribute: one system call, and it goes wherever the file is renamed or linked. Where the file
+    system has none, nothing is kept, and such a manifest says only that the object came from the cache."""
+    record = record | {"mtime_ns": path.stat().st_mtime_ns}
     with contextlib.suppress(OSError, AttributeError):  # AttributeError: no os.setxattr (macOS)
         os.setxattr(path, META_XATTR, json.dumps(record, separators=(",", ":")).encode())
 
@@ -148,15 +150,23 @@ def recall(path: Path) -> dict | None:
         return None
 
 
-def hit(path: Path, size: int) -> bool:
-    """Whether the object is cached (complete: only verified files ever get their final name)."""
+def hit(path: Path, size: int) -> dict | None:
+    """What ``remember`` kept of the cached object (``{}`` where nothing could be), or None when it is not
+    cached whole and unchanged: only verified files get their final name, but a job's hard link to one
+    (``staging.mirror``) can still write to it where the read-only mode is not enforced (root), and a
+    file written since it was verified is fetched again."""
     try:
-        if path.stat().st_size != size:
-            return False
-        os.utime(path)  # recency, for eviction
+        st = path.stat()
+        if st.st_size != size:
+            return None
+        record = recall(path) or {}
+        if record.get("mtime_ns", st.st_mtime_ns) != st.st_mtime_ns:
+            return None
+        # recency, for eviction, in the access time: the modification time stays the bytes' own
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
     except FileNotFoundError:
-        return False  # not cached, or another job's eviction took it just now
-    return True
+        return None  # not cached, or another job's eviction took it just now
+    return record
 
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -201,7 +211,7 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
             if path.name.endswith(PART_SUFFIX) and time.time() - st.st_mtime > STALE_PART_SECONDS:
                 path.unlink(missing_ok=True)
             continue
-        entries.append((st.st_mtime, st.st_size, path))
+        entries.append((st.st_atime, st.st_size, path))  # last used (``hit``, or read) first
     total = sum(size for _, size, _ in entries)
     evicted, freed = 0, 0
     for _, size, path in sorted(entries):

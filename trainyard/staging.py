@@ -95,9 +95,8 @@ def fetch_channel(
     small, large = [], []
     for obj in manifest.objects:
         target = Path(obj.path)
-        if cache.hit(target, obj.size):
+        if (known := cache.hit(target, obj.size)) is not None:
             # verified when it was fetched: its manifest entry says how, and with which checksum
-            known = cache.recall(target) or {}
             obj.checksum = obj.checksum or known.get("checksum")
             if not obj.verified_by:
                 obj.verified_by = f"cache ({known['verified_by']})" if known.get("verified_by") else "cache"

@@ -627,3 +627,24 @@ def test_a_manifest_whose_prefix_is_not_a_uri_is_named(s3_endpoint, tmp_path):
     client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps([{"prefix": 5}, "a.bin"]).encode())
     with pytest.raises(DataError, match=f"s3://{bucket}/m.json: the manifest's prefix 5 is not an s3:// URI"):
         stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
+
+
+def test_a_cached_object_written_to_since_it_was_verified_is_fetched_again(s3_endpoint, tmp_path, monkeypatch):
+    import os
+    import time
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="raw/a.bin", Body=b"GOODGOODGOOD")
+    first = stage(f"s3://{bucket}/raw/", tmp_path, format="raw")
+    cached = Path(first.objects[0].path)
+    assert stage(f"s3://{bucket}/raw/", tmp_path, format="raw").objects_downloaded == 0  # a plain re-stage: a hit
+    # A root entrypoint writes through its hard link despite the read-only mode (as root ignores it).
+    laid_out = staging.mirror(first, tmp_path / "job-folder") / "a.bin"
+    os.chmod(laid_out, 0o644)
+    time.sleep(0.05)  # past the file system's timestamp tick (a few ms): a write any later changes the mtime
+    laid_out.write_bytes(b"EVILGOODGOOD")  # same size: a size check alone would take it
+    again = stage(f"s3://{bucket}/raw/", tmp_path, format="raw")
+    assert again.objects_downloaded == 1
+    assert cached.read_bytes() == b"GOODGOODGOOD"  # the cache holds S3's bytes again
