@@ -35,6 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainyard import algorithms
 from trainyard.datasets import StagedData
+from trainyard.errors import DataError
 from trainyard.home import write_json_atomic
 from trainyard.spec import Algorithm, Hyperparameters, Prefilter, Sifting
 
@@ -289,6 +290,12 @@ def held_out_losses(
     """Each selected row's loss under a reference model trained on the other half; NaN elsewhere."""
     losses = np.full(len(x), np.nan)
     chosen = np.flatnonzero(rows)
+    if len(chosen) < 2:  # each half trains a reference model for the other: both need rows
+        raise DataError(
+            "the prefilter's reference models train on one half of the rows and score the other, and only "
+            f"{len(chosen)} distinct row is left once duplicates are dropped; stage more data, or turn off the "
+            "loss-based drops and sifting.score reducible_loss"
+        )
     halves = np.array_split(np.random.default_rng(config.seed).permutation(chosen), 2)
     flops = 0
     for train_rows, score_rows in ((halves[0], halves[1]), (halves[1], halves[0])):

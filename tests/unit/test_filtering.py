@@ -7,10 +7,12 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from trainyard import filtering
 from trainyard.datasets import StagedData
+from trainyard.errors import DataError
 from trainyard.spec import Prefilter, Sifting
 
 LOSS_BASED = Prefilter(enabled=True, drop_learnt_fraction=0.2, drop_unlearnable_fraction=0.05)
@@ -216,3 +218,9 @@ def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about(
         update={"sifting": job.sifting.model_copy(update={"enabled": True, "score": "reducible_loss"})}
     )
     assert "warning" not in sifting_section(rho, report(30_000), outcome)  # its reference ranks every candidate
+
+
+def test_a_channel_of_one_distinct_row_is_named_not_scored_as_nan():
+    x, y = np.ones((50, 3), np.float32), np.zeros(50, np.int64)  # every row the same
+    with pytest.raises(DataError, match="only 1 distinct row is left once duplicates are dropped"):
+        filtering.prefilter(x, y, LOSS_BASED, "classification", 2)
