@@ -22,6 +22,8 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
     report = record["report"]
     if report.dropped:
         sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
+    if job.sifting.prefilter_on and staged.streamed:
+        logger.info("prefilter skipped: a streamed train channel is not read whole before training")
     if report.reference:
         logger.info("prefilter losses from %s", report.reference)
     logger.info(
