@@ -119,6 +119,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
     summary = _summary(job, job_id, log, stages, outcome, model)
     write_json_atomic(job_dir / "summary.json", summary)
     _publish(job, job_id, summary, model, logger)
+    write_json_atomic(job_dir / "summary.json", summary)  # again, with where it was published (summary_uri)
     if error is not None and not isinstance(error, TrainyardError):
         raise error
     if error is not None:

@@ -55,11 +55,6 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
     for obj in manifest.objects:
         try:
             tables.append(reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path))
-            if absent := [c for c in required if c not in tables[-1].column_names]:
-                raise DataError(
-                    f"{obj.uri}: no column {absent[0]!r} (its columns are {tables[-1].column_names}); every object "
-                    "of the channel needs the label and feature columns"
-                )
             if layout is not None:
                 row_groups = None
                 if manifest.format == "parquet":
@@ -73,6 +68,14 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
                 f"{obj.uri}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
                 "fix or remove the object, or set the channel's format"
             ) from exc
+    for column in required:  # one in no object is the spec's to fix (infer_schema says so), not an object's
+        lacking = [i for i, t in enumerate(tables) if column not in t.column_names]
+        if lacking and len(lacking) < len(tables):
+            obj, names = manifest.objects[lacking[0]], tables[lacking[0]].column_names
+            raise DataError(
+                f"{obj.uri}: no column {column!r} (its columns are {names}), which the channel's other objects "
+                "have; every object needs the label and feature columns"
+            )
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

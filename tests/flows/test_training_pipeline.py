@@ -236,6 +236,7 @@ def test_cli_run_exit_status_and_summary(prefect_api, s3_server, bucket, mlflow_
     assert result.exit_code == 0, result.output
     summary = json.loads(out.read_text())
     assert summary["status"] == "Completed" and summary["metrics"]["epochs"] == 2
+    assert summary["summary_uri"].endswith(f"/{summary['job_id']}/summary.json")  # where it was uploaded
     result = runner.invoke(app, ["run", str(spec_path), "--set", "inputs.train.label=nope"])
     assert result.exit_code == 1
     assert "label column 'nope' not found" in result.output
