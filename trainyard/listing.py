@@ -167,6 +167,16 @@ def _list_manifest(uri: str) -> list[StagedObject]:
             raise DataError(f"{uri}: manifest entry {entry!r} is not an s3:// URI or a key")
         value, version = _split_version(value)
         version = str(entry.get("version_id") or version) if isinstance(entry, dict) else version
+        if prefix and value.startswith("s3://"):
+            raise DataError(
+                f"{uri}: manifest entry {value!r} is a full URI, but after the manifest's prefix entries are keys "
+                f"relative to it; write it without {prefix!r}, or drop the prefix entry"
+            )
+        if value.endswith("/"):
+            raise DataError(
+                f"{uri}: manifest entry {value!r} is a folder; a manifest lists objects (list the folder's "
+                "objects, or make the channel a prefix)"
+            )
         parsed.append((s3.S3Uri.parse(prefix + value if prefix else value), version))
     seen: set[s3.S3Uri] = set()
     for target, _ in parsed:

@@ -621,12 +621,19 @@ def test_a_missing_output_bucket_is_found_before_any_compute_and_upload_errors_a
         s3.upload_file(tmp_path / "f", "s3://no-such-out-bucket/k")
 
 
-def test_a_manifest_whose_prefix_is_not_a_uri_is_named(s3_endpoint, tmp_path):
+def test_a_manifest_whose_prefix_or_entries_are_malformed_is_named(s3_endpoint, tmp_path):
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
-    client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps([{"prefix": 5}, "a.bin"]).encode())
-    with pytest.raises(DataError, match=f"s3://{bucket}/m.json: the manifest's prefix 5 is not an s3:// URI"):
-        stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
+    prefix = f"s3://{bucket}/p/"
+    for entries, message in (
+        ([{"prefix": 5}, "a.bin"], "the manifest's prefix 5 is not an s3:// URI"),
+        ([{"prefix": prefix}, f"{prefix}a.bin"], f"manifest entry '{prefix}a.bin' is a full URI, but after"),
+        ([{"prefix": prefix}, "sub/"], "manifest entry 'sub/' is a folder; a manifest lists objects"),
+        ([f"{prefix}sub/"], f"manifest entry '{prefix}sub/' is a folder"),
+    ):
+        client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps(entries).encode())
+        with pytest.raises(DataError, match=f"s3://{bucket}/m.json: {message}"):
+            stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
 
 
 def test_a_cached_object_written_to_since_it_was_verified_is_fetched_again(s3_endpoint, tmp_path, monkeypatch):
