@@ -291,8 +291,11 @@ def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
     with pytest.raises(DataError, match=f"lists s3://{bucket}/files/a/1.bin more than once"):
         stage(f"s3://{bucket}/twice.json", tmp_path, s3_data_type="manifest", format="raw")
     client.put_object(Bucket=bucket, Key="bad.jsonl", Body=json.dumps(f"s3://{bucket}/files/nope.bin").encode())
-    with pytest.raises(StorageError, match=f"s3://{bucket}/files/nope.bin"):
+    with pytest.raises(StorageError, match=f"s3://{bucket}/files/nope.bin: no such object"):
         stage(f"s3://{bucket}/bad.jsonl", tmp_path, s3_data_type="manifest", format="raw")
+    client.put_object(Bucket=bucket, Key="nobucket.jsonl", Body=json.dumps("s3://no-such-bucket-x/a.bin").encode())
+    with pytest.raises(StorageError, match="s3://no-such-bucket-x/a.bin: bucket 'no-such-bucket-x' does not exist"):
+        stage(f"s3://{bucket}/nobucket.jsonl", tmp_path, s3_data_type="manifest", format="raw")
     client.put_object(Bucket=bucket, Key="latin1.json", Body=f'["s3://{bucket}/files/\xe9"]'.encode("latin-1"))
     with pytest.raises(DataError, match=f"s3://{bucket}/latin1.json: a manifest must be UTF-8"):
         stage(f"s3://{bucket}/latin1.json", tmp_path, s3_data_type="manifest", format="raw")
