@@ -15,6 +15,7 @@ group that heals from a peer picks up exactly where the others are, without talk
 from __future__ import annotations
 
 import math
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -137,6 +138,12 @@ class Sampler:
 _PART = "@rows"  # in a unit's id: a range of a row group's rows, "<row group id>@rows<first>:<last>"
 
 
+def _part_of(unit_id: str) -> tuple[str, slice | None]:
+    """A unit's row group id, and the range of its rows the unit is (None: all of them)."""
+    found = re.fullmatch(rf"(.*){_PART}(\d+):(\d+)", unit_id)  # at the end: a key may hold "@rows" too
+    return (found[1], slice(int(found[2]), int(found[3]))) if found else (unit_id, None)
+
+
 def _split(units: list[tuple[str, int, int]], slots: int) -> list[tuple[str, int, int]]:
     """``units`` (row groups), the largest split in halves until there are at least ``slots`` of them: a
     channel of fewer row groups than groups still gives every group a share. Deterministic."""
@@ -145,8 +152,8 @@ def _split(units: list[tuple[str, int, int]], slots: int) -> list[tuple[str, int
         unit = max(units, key=lambda u: (u[2] - u[1], u[0]))
         if unit[2] - unit[1] < 2:
             break  # fewer rows than groups
-        row_group, _, part = unit[0].partition(_PART)
-        base = int(part.split(":")[0]) if part else 0  # the unit's first row within its row group
+        row_group, part = _part_of(unit[0])
+        base = part.start if part else 0  # the unit's first row within its row group
         middle = (unit[1] + unit[2]) // 2
         units.remove(unit)
         for start, end in ((unit[1], middle), (middle, unit[2])):
@@ -206,7 +213,7 @@ class StreamSampler:
             ys.append(y[rows])
         last = int(which.max()) if len(which) else 0
         for ahead in range(last + 1, min(last + 1 + self.READ_AHEAD, len(units))):
-            self._future(units[ahead][0].partition(_PART)[0])
+            self._future(_part_of(units[ahead][0])[0])
         if not xs:
             x, y, _ = self._rows(epoch, units[0])
             return torch.from_numpy(x[:0]), torch.from_numpy(y[:0])
@@ -240,11 +247,10 @@ class StreamSampler:
         shuffling the arrays themselves would copy the whole row group before its first batch)."""
         key = (epoch, unit[0])
         if key not in self._shuffled:
-            row_group, _, part = unit[0].partition(_PART)
+            row_group, part = _part_of(unit[0])
             x, y = self._load(row_group)
             if part:  # a part of the row group: a view of its rows, no copy
-                first, last = (int(v) for v in part.split(":"))
-                x, y = x[first:last], y[first:last]
+                x, y = x[part], y[part]
             order = default_rng([self.seed, epoch, unit[1]]).permutation(len(x))
             # Batches walk a row group in order; a group covering other slots walks a few at once.
             while len(self._shuffled) >= 4:
