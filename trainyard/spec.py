@@ -131,6 +131,28 @@ class Channel(_Model):
     def _s3_uri(cls, v: str) -> str:
         return _check_s3_uri(v)
 
+    @field_validator("features")
+    @classmethod
+    def _some_features(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError(
+                "an empty list names no feature; list the feature columns, or leave it out for every numeric one"
+            )
+        if v is not None and len(set(v)) < len(v):
+            raise ValueError(f"{sorted({c for c in v if v.count(c) > 1})} listed more than once; list each column once")
+        return v
+
+    @field_validator("classes")
+    @classmethod
+    def _distinct_classes(cls, v: list | None) -> list | None:
+        if v is not None and len(v) < 2:
+            raise ValueError(
+                "a classifier needs two or more classes; list them all, or leave it out to take the train channel's"
+            )
+        if v is not None and len({(type(c), c) for c in v}) < len(v):
+            raise ValueError("a class is listed more than once; list each label value once, in output order")
+        return v
+
     @model_validator(mode="after")
     def _manifest_is_an_object(self) -> Channel:
         if self.s3_data_type == "manifest" and (self.s3_uri.endswith("/") or "/" not in self.s3_uri[5:]):

@@ -259,3 +259,17 @@ def test_infinite_or_nan_numbers_are_refused_by_field():
         found = problems(minimal(sifting={"enabled": True, "beta": value}, hyperparameters={"learning_rate": value}))
         assert any(p.startswith("sifting.beta:") for p in found), found
         assert any(p.startswith("hyperparameters.learning_rate:") for p in found), found
+
+
+def test_empty_or_repeated_features_and_classes_are_refused():
+    def train(**fields):
+        return minimal(inputs={"train": {"s3_uri": "s3://bkt/t/", "label": "y", **fields}})
+
+    assert any(p.startswith("inputs.train.features: an empty list") for p in problems(train(features=[])))
+    assert any("['a'] listed more than once" in p for p in problems(train(features=["a", "b", "a"])))
+    assert any(
+        p.startswith("inputs.train.classes: a class is listed more than once")
+        for p in problems(train(classes=[0, 1, 0]))
+    )
+    assert any("two or more classes" in p for p in problems(train(classes=["only"])))
+    assert parse_job(train(classes=[0, 1], features=["a", "b"]))
