@@ -63,8 +63,9 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         log.enter("Downloading", "Downloading input data")
         stages["staging"] = stage_inputs(job, str(job_dir))
         staged = stages["staging"]["staged"]
-        # before any compute: the algorithm on a first batch, and sifting's draw against the rows
-        supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"])
+        # before any compute: a user's algorithm on a first batch, and sifting's draw against the rows
+        if job.algorithm.entrypoint:
+            supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"], staged.extra_channels)
         sifting.check_fits(job.sifting, job.hyperparameters.batch_size, staged.rows["train"])
         log.enter("Training", "Launching replica groups")
         stages["launch"] = launch_groups(job, job_id, str(job_dir))

@@ -232,6 +232,23 @@ def test_extra_channels_reach_the_entrypoint_as_folders(trainyard_home, tmp_path
     assert torch.load(outcome.model_path, weights_only=True)["0.weight"].shape == (7, 4)
 
 
+def test_the_early_algorithm_check_sees_the_extra_channels_and_names_a_failing_entrypoint(
+    trainyard_home, tmp_path, monkeypatch
+):
+    from trainyard.training import supervisor
+
+    monkeypatch.delenv("TRAINYARD_CHANNEL_CONFIG", raising=False)
+    job, _, _, plan = make_job(
+        trainyard_home, algorithm={"entrypoint": "tests.unit.test_training:channel_reading_build"}
+    )
+    with pytest.raises(
+        TrainingError, match="algorithm.entrypoint tests.unit.test_training:channel_reading_build: failed"
+    ):
+        supervisor.check_algorithm(job, plan.train_data, 2)  # no channel: the entrypoint's own KeyError, named
+    (tmp_path / "model.json").write_text('{"width": 7}')
+    supervisor.check_algorithm(job, plan.train_data, 2, {"config": str(tmp_path)})  # the flow passes them: builds
+
+
 def test_sharded_groups_train_on_disjoint_shares(trainyard_home):
     job, job_id, folder, plan = make_job(trainyard_home, hyperparameters={"epochs": 2, "batch_size": 64})
     job.inputs.train.distribution = "sharded"

@@ -25,6 +25,12 @@ SCALE_FILE = "scale.json"
 SUPERVISOR_FILE = "supervisor.json"
 
 
+def export_channels(extra_channels: dict[str, str]) -> None:
+    """Name each extra channel's folder in ``TRAINYARD_CHANNEL_<NAME>``, where entrypoints look."""
+    for name, folder in extra_channels.items():
+        os.environ[f"{CHANNEL_ENV_PREFIX}{name.upper()}"] = folder
+
+
 @dataclass(slots=True)
 class TrainingPlan:
     """Everything a replica group needs to train: the job, its data, and how to find its peers."""
@@ -42,8 +48,7 @@ class TrainingPlan:
 
     def export_channels(self) -> None:
         """Name each extra channel's folder in ``TRAINYARD_CHANNEL_<NAME>``, where entrypoints look."""
-        for name, folder in self.extra_channels.items():
-            os.environ[f"{CHANNEL_ENV_PREFIX}{name.upper()}"] = folder
+        export_channels(self.extra_channels)
 
     def write(self, job_dir: Path) -> None:
         write_json_atomic(job_dir / PLAN_FILE, asdict(self))

@@ -14,13 +14,20 @@ from pathlib import Path
 import torch
 
 from trainyard import algorithms, launch
-from trainyard.errors import TrainingError
+from trainyard.errors import TrainingError, TrainyardError
 from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.sifting import fractions_by_class
 from trainyard.spec import TrainingJob
 from trainyard.training import device
-from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
+from trainyard.training.plan import (
+    SUPERVISOR_FILE,
+    TrainingPlan,
+    attempt_dir,
+    export_channels,
+    request_stop,
+    stop_requested,
+)
 from trainyard.training.scaling import Scaler
 from trainyard.training.trainer import PG_TIMEOUT, latest_counts, load_arrays
 
@@ -68,12 +75,23 @@ def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
     check_algorithm(job, plan.train_data, plan.schema["num_outputs"])
 
 
-def check_algorithm(job: TrainingJob, train_data: str, num_outputs: int) -> None:
+def check_algorithm(
+    job: TrainingJob, train_data: str, num_outputs: int, extra_channels: dict[str, str] | None = None
+) -> None:
     """Build the model and run it and its loss on a first small batch of ``train_data``, here: a broken
     algorithm (an entrypoint whose loss is reduced over the batch, say) fails before any compute is
-    spent on the job, the prefilter's included."""
+    spent on the job, the prefilter's included. ``extra_channels`` are exported first, as the groups
+    see them (an entrypoint may read one while it builds)."""
+    export_channels(extra_channels or {})
     x, y = load_arrays(train_data)
-    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), num_outputs)
+    try:
+        model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), num_outputs)
+    except TrainyardError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's entrypoint failed: reported as such
+        raise TrainingError(
+            f"algorithm.entrypoint {job.algorithm.entrypoint}: failed to build: {type(exc).__name__}: {exc}"
+        ) from exc
     n = min(4, len(x))
     try:
         losses = loss_fn(model(x[:n]), y[:n])
