@@ -68,14 +68,7 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
                 f"{obj.uri}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
                 "fix or remove the object, or set the channel's format"
             ) from exc
-    for column in required:  # one in no object is the spec's to fix (infer_schema says so), not an object's
-        lacking = [i for i, t in enumerate(tables) if column not in t.column_names]
-        if lacking and len(lacking) < len(tables):
-            obj, names = manifest.objects[lacking[0]], tables[lacking[0]].column_names
-            raise DataError(
-                f"{obj.uri}: no column {column!r} (its columns are {names}), which the channel's other objects "
-                "have; every object needs the label and feature columns"
-            )
+    check_objects_have(required, {obj.uri: t.column_names for obj, t in zip(manifest.objects, tables, strict=True)})
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -214,6 +207,19 @@ def _first_in(layout: list[dict] | None, row: int) -> str:
         if entry["start"] <= row < entry["end"]:
             return f", the first in {entry['id']} (its row {row - entry['start']})"
     return ""
+
+
+def check_objects_have(required: list[str], columns: dict[str, list[str]]) -> None:
+    """Name the first object (``columns``: each object's column names) without one of the ``required``
+    columns that the channel's other objects have. A column no object has is the spec's to fix, and
+    ``infer_schema`` says so (naming the field)."""
+    for column in required:
+        lacking = [uri for uri, names in columns.items() if column not in names]
+        if lacking and len(lacking) < len(columns):
+            raise DataError(
+                f"{lacking[0]}: no column {column!r} (its columns are {columns[lacking[0]]}), which the channel's "
+                "other objects have; every object needs the label and feature columns"
+            )
 
 
 def required_columns(channel: Channel) -> list[str]:

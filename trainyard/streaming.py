@@ -105,9 +105,9 @@ def describe(
         table = pa.concat_tables([t for *_, t in sample], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise DataError(f"{where}: the first objects disagree on column types ({str(exc).splitlines()[0]})") from exc
-    # Every object has the columns the spec names (the sample's concatenation would show an object
-    # without them only as missing values); the inferred features are checked below.
-    _check_objects(schemas, datasets.required_columns(channel))
+    # An object without a column the spec names is named (the sample's concatenation would show it only
+    # as missing values); a column in no object is the spec's, and the inferred features are checked below.
+    datasets.check_objects_have(datasets.required_columns(channel), {u: s.names for u, s in schemas.items()})
     classes = channel.classes
     if task == "classification" and not classes and channel.label in table.column_names:
         # From the whole label column, not the sample: a channel written sorted by label has one class in its

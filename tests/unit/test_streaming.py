@@ -326,14 +326,19 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
         streaming.describe(manifest, channel, "classification", tmp_path / "data")
     put_parquet(s3_endpoint, bucket, "t/b.parquet", table.drop_columns(["label"]), 50)
     manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
-    with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: columns \['label'\] not found"):
+    lacks_label = rf"s3://{bucket}/t/b.parquet: no column 'label' \(its columns are \['f0', 'f1', 'f2', 'f3'\]\)"
+    with pytest.raises(DataError, match=lacks_label):
         streaming.describe(manifest, channel, "classification", tmp_path / "data")
     # With the classes declared the label column is not read whole, and an object in the sample without
     # the label showed only as missing labels: the footers still name it.
     monkeypatch.setattr(streaming, "SAMPLE_ROWS", 10_000)
     declared = channel.model_copy(update={"classes": [0, 1]})
-    with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: columns \['label'\] not found"):
+    with pytest.raises(DataError, match=lacks_label):
         streaming.describe(manifest, declared, "classification", tmp_path / "data")
+    # a label no object has is the spec's mistake: the field is named, not an object
+    misspelled = declared.model_copy(update={"label": "labl"})
+    with pytest.raises(DataError, match=r"label column 'labl' not found.*set inputs.train.label"):
+        streaming.describe(manifest, misspelled, "classification", tmp_path / "data")
 
 
 def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_again(s3_endpoint, tmp_path, monkeypatch):
