@@ -140,33 +140,34 @@ _PART = "@rows"  # in a unit's id: a range of a row group's rows, "<row group id
 
 def _part_of(unit_id: str) -> tuple[str, slice | None]:
     """A unit's row group id, and the range of its rows the unit is (None: all of them)."""
-    found = re.fullmatch(rf"(.*){_PART}(\d+):(\d+)", unit_id)  # at the end: a key may hold "@rows" too
+    found = re.fullmatch(rf"(.*){_PART}(\d+):(\d+)", unit_id, flags=re.DOTALL)  # a key may hold "@rows", or "\n"
     return (found[1], slice(int(found[2]), int(found[3]))) if found else (unit_id, None)
 
 
-def _split(units: list[tuple[str, int, int]], slots: int) -> list[tuple[str, int, int]]:
-    """``units`` (row groups), the largest split in halves until there are at least ``slots`` of them: a
-    channel of fewer row groups than groups still gives every group a share. Deterministic."""
-    units = list(units)
-    while len(units) < slots:
-        unit = max(units, key=lambda u: (u[2] - u[1], u[0]))
-        if unit[2] - unit[1] < 2:
-            break  # fewer rows than groups
-        row_group, part = _part_of(unit[0])
-        base = part.start if part else 0  # the unit's first row within its row group
-        middle = (unit[1] + unit[2]) // 2
-        units.remove(unit)
-        for start, end in ((unit[1], middle), (middle, unit[2])):
-            first, last = base + start - unit[1], base + end - unit[1]
-            units.append((f"{row_group}{_PART}{first}:{last}", start, end))
-    return units
+def _even_shares(units: list[tuple[str, int, int]], slots: int) -> list[list[tuple[str, int, int]]]:
+    """Shares for more slots than row groups (``units``): the channel's rows cut into ``slots`` ranges of
+    near-equal size, each range's pieces of row groups as its units (``<row group id>@rows<a>:<b>``,
+    rows ``a`` to ``b`` of that row group). Every slot gets a share, and shares of one size: a smaller one
+    would be walked round again to fill the epoch. Deterministic."""
+    units = sorted(units, key=lambda u: u[1])
+    edges = np.linspace(units[0][1], units[-1][2], slots + 1).astype(int) if units else np.zeros(slots + 1, int)
+    shares = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        share = []
+        for unit_id, start, end in units:
+            lo, hi = max(a, start), min(b, end)
+            if hi > lo:
+                whole = (lo, hi) == (start, end)
+                share.append((unit_id if whole else f"{unit_id}{_PART}{lo - start}:{hi - start}", int(lo), int(hi)))
+        shares.append(share)
+    return shares
 
 
 class StreamSampler:
     """Rows of a channel streamed from S3 by parquet row group (``mode: stream``).
 
     The row groups are dealt to the slots (``sharding.assign``; with fewer row groups than slots, the
-    largest are split into ranges of rows); with ``replicated`` the shares rotate each epoch, so over
+    rows are cut into even ranges, ``_even_shares``); with ``replicated`` the shares rotate each epoch, so over
     ``slots`` epochs every slot sees the whole channel. Within an epoch
     a slot visits its row groups in a shuffled order and each row group's rows shuffled; the next
     row groups are read ahead in a background thread while the current one trains.
@@ -221,7 +222,8 @@ class StreamSampler:
 
     def _shares_for(self, slots: int) -> list[list[tuple[str, int, int]]]:
         if slots not in self._shares:
-            shares = sharding.assign(_split(self.units, slots), slots)
+            few = len(self.units) < slots  # fewer row groups than groups: cut them into even ranges
+            shares = _even_shares(self.units, slots) if few else sharding.assign(self.units, slots)
             if any(not share for share in shares):
                 raise DataError(f"the streamed train channel has fewer rows than the {slots} replica groups")
             self._shares[slots] = shares
