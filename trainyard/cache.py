@@ -63,7 +63,8 @@ class Pin:
     before checking or reading them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, trim: bool = True) -> None:
+        self._trim = trim  # release trims the cache to its cap
         folder = pins_dir()
         folder.mkdir(parents=True, exist_ok=True)
         name = uuid.uuid4().hex
@@ -83,13 +84,16 @@ class Pin:
                 data = data[os.write(self._fd, data) :]
 
     def release(self) -> None:
-        """Unpin, then trim the cache to its cap: the pin may have been all that kept it over."""
+        """Unpin, then (unless made with ``trim=False``) trim the cache to its cap: the pin may have been
+        all that kept it over. Trimming is housekeeping: its failure is not the caller's."""
         if self._fd < 0:
             return
         self.path.unlink(missing_ok=True)
         os.close(self._fd)  # drops the lock
         self._fd = -1
-        evict()
+        if self._trim:
+            with contextlib.suppress(OSError, TrainyardError):
+                evict()
 
     def __enter__(self) -> Pin:
         return self

@@ -45,14 +45,15 @@ def stage_channels(
 
     The objects are pinned in the cache by ``pin``, which the caller releases once it has read them
     (without one, they are pinned only while this runs). Afterwards the cache is trimmed to its size
-    cap, least recently used first, never evicting an object any job has pinned; releasing the pin
-    trims it again.
+    cap, least recently used first, never evicting an object any job has pinned; releasing the
+    caller's pin trims it again.
     A ``mode: stream`` channel is listed only: its replica groups read it from S3 themselves.
     """
     cache.max_bytes()  # a malformed cap fails here, before anything is fetched
     with contextlib.ExitStack() as stack:
-        caller_pin = pin is not None
-        pin = pin or stack.enter_context(cache.Pin())  # released (and the cache trimmed) on leaving
+        # Our own pin is released without a trim: it would take what was just staged, were the channel
+        # over the cap; the trim below, while it holds, never does.
+        pin = pin or stack.enter_context(cache.Pin(trim=False))
         manifests = {}
         for name, channel in channels.items():
             manifest = list_channel(name, channel)
@@ -69,8 +70,7 @@ def stage_channels(
                 with progress.transfer(f"staging {name}", manifest.bytes, len(manifest.objects)) as (moved, done):
                     manifests[name] = fetch_channel(manifest, moved, pin, done)
             write_json_atomic(manifest_dir / f"{name}.json", manifests[name].to_dict())
-        if caller_pin:  # trim what no job holds now; releasing the caller's pin trims again
-            cache.evict()
+        cache.evict()  # never an object pinned; a caller's pin trims again when released
     return manifests
 
 

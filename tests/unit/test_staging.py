@@ -658,3 +658,13 @@ def test_a_cached_object_written_to_since_it_was_verified_is_fetched_again(s3_en
     again = stage(f"s3://{bucket}/raw/", tmp_path, format="raw")
     assert again.objects_downloaded == 1
     assert cached.read_bytes() == b"GOODGOODGOOD"  # the cache holds S3's bytes again
+
+
+def test_a_channel_over_the_cap_staged_without_a_pin_is_there_when_staging_returns(s3_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "100")  # the channel alone is over the cap
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000)
+    staged = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert Path(staged.objects[0].path).read_bytes() == b"x" * 1000
