@@ -216,7 +216,9 @@ def head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> Stage
         meta = client.head_object(Bucket=target.bucket, Key=target.key, **obj.version)
     except ClientError as exc:
         error = s3.describe_error(exc, obj.uri)
-        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404 and _no_bucket(client, target.bucket):
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404 and s3.bucket_missing(
+            client, target.bucket
+        ):
             # a HEAD's 404 has no body to say which: no such object, or no such bucket
             error = StorageError(
                 f"{obj.uri}: bucket {target.bucket!r} does not exist; create it or fix the bucket name"
@@ -226,15 +228,6 @@ def head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> Stage
         raise wrong
     obj.size, obj.etag = meta["ContentLength"], meta["ETag"].strip('"')
     return obj
-
-
-def _no_bucket(client, bucket: str) -> bool:
-    """Whether S3 says ``bucket`` does not exist (False when it cannot say: a role may not HEAD it)."""
-    try:
-        client.head_bucket(Bucket=bucket)
-    except ClientError as exc:
-        return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
-    return False
 
 
 def wrong_version(obj: StagedObject, response: dict) -> StorageError | None:

@@ -10,8 +10,6 @@ import json
 import tempfile
 from pathlib import Path
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from trainyard import s3
 from trainyard.errors import StorageError
 from trainyard.spec import TrainingJob
@@ -23,23 +21,15 @@ def job_prefix(job: TrainingJob, job_id: str) -> s3.S3Uri:
 
 
 def check_destination(job: TrainingJob) -> None:
-    """Fail before any compute when ``output.s3_uri``'s bucket does not exist (found out after training,
-    the job's model would be lost with it). A bucket this role may not HEAD passes: writing to a prefix
-    needs no right to list the bucket, so a denied HEAD says nothing about the upload."""
+    """Fail before any compute when S3 says ``output.s3_uri``'s bucket does not exist (found out after
+    training, the job's model would be lost with it). Anything less certain lets the job go on: a role
+    may write to a prefix without the right to HEAD the bucket, and a passing error is staging's to retry."""
     target = s3.S3Uri.parse(job.output.s3_uri)
-    try:
-        s3.client().head_bucket(Bucket=target.bucket)
-    except ClientError as exc:
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if status == 404 or exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
-            raise StorageError(
-                f"output.s3_uri {job.output.s3_uri}: bucket {target.bucket!r} does not exist; create it or fix "
-                "the bucket name"
-            ) from exc
-        if status != 403:
-            raise s3.describe_error(exc, job.output.s3_uri) from exc
-    except BotoCoreError as exc:
-        raise s3.describe_error(exc, job.output.s3_uri) from exc
+    if s3.bucket_missing(s3.client(), target.bucket):
+        raise StorageError(
+            f"output.s3_uri {job.output.s3_uri}: bucket {target.bucket!r} does not exist; create it or fix the "
+            "bucket name"
+        )
 
 
 def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) -> str:

@@ -161,6 +161,18 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
     return StorageError(f"{uri}: {exc}")
 
 
+def bucket_missing(client, bucket: str) -> bool:
+    """Whether S3 says for certain that ``bucket`` does not exist (HeadBucket's 404). Anything else,
+    a role that may not HEAD it, a 5xx, an unreachable endpoint, is not certain: False."""
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
+    except BotoCoreError:
+        return False
+    return False
+
+
 def disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` says a write found no space (or no quota) left: trying again will not help."""
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
