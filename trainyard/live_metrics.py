@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from trainyard.registry import _experiment, store_client, tracking_uri
+from trainyard.registry import _experiment, tracking_uri
 from trainyard.spec import TrainingJob
 
 LIVE_JOB_TAG = "trainyard.live_job_id"
@@ -19,8 +19,10 @@ class LiveRun:
     """An MLflow run for one job's live metrics."""
 
     def __init__(self, job: TrainingJob, job_id: str):
+        from mlflow import MlflowClient
+
         uri = tracking_uri()
-        self.client = store_client(uri)
+        self.client = MlflowClient(uri)
         experiment = _experiment(self.client, job.model_name, uri)
         run = self.client.create_run(experiment, run_name=f"{job_id}-live", tags={LIVE_JOB_TAG: job_id})
         self.run_id = run.info.run_id

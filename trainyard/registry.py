@@ -54,21 +54,13 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
 
 
-def store_client(uri: str):
-    """An MLflow client whose model registry is the same store as its tracking: left unset, MLflow takes
-    the registry from its process-wide tracking URI, which is not ours in a process that has not set it
-    (the registry's models would be looked for in ``./mlflow.db``)."""
-    import mlflow
-
-    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
 def ensure_store(uri: str | None = None) -> str:
     """Create the tracking database once, before concurrent writers could race to migrate it."""
+    import mlflow
 
     uri = uri or tracking_uri()
     try:
-        store_client(uri).search_experiments(max_results=1)
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)
     except _service_errors() as exc:
         raise _translate(exc, "checking the tracking store", uri) from exc
     return uri
@@ -89,9 +81,10 @@ def register(
     ``tags`` is the pipeline's lineage (data, compute, carbon, Prefect run); the version also gets the
     code version, the job spec and the final metrics, and a model card as its description.
     """
+    import mlflow
 
     uri = ensure_store()
-    client = store_client(uri)
+    client = mlflow.MlflowClient(uri)
     name = job.model_name
     try:
         version = _version_of_job(client, name, job_id)
@@ -112,15 +105,15 @@ def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
     import mlflow
 
     uri = ensure_store()
-    client = store_client(uri)
+    client = mlflow.MlflowClient(uri)
     try:
         version = promotion.alias_version(client, name, promotion.CHAMPION)
         if version is None:
             return None
-        # a models:/ URI is resolved in MLflow's process-wide stores, not the embedded one unless set
+        # A models:/ URI is resolved in MLflow's process-wide store, which is ./mlflow.db in a process
+        # that has not set it (not the embedded store); the version the alias named, not the alias again.
         mlflow.set_tracking_uri(uri)
-        mlflow.set_registry_uri(uri)
-        model = mlflow.pytorch.load_model(f"models:/{name}@{promotion.CHAMPION}", map_location="cpu")
+        model = mlflow.pytorch.load_model(f"models:/{name}/{version.version}", map_location="cpu")
     except _service_errors() as exc:
         raise _translate(exc, f"loading the champion of {name!r}", uri) from exc
     return model, f"{name} v{version.version}"
@@ -128,8 +121,9 @@ def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
 
 def log_summary(run_id: str, summary: dict) -> None:
     """Attach the final job summary to the job's MLflow run."""
+    import mlflow
 
-    client = store_client(tracking_uri())
+    client = mlflow.MlflowClient(tracking_uri())
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "summary.json"
         path.write_text(json.dumps(summary, indent=2, default=str))
@@ -138,9 +132,10 @@ def log_summary(run_id: str, summary: dict) -> None:
 
 def list_versions(name: str | None = None) -> list[dict]:
     """Every registered version (of ``name``, or of every model), newest first, as ``model`` summaries."""
+    import mlflow
 
     uri = tracking_uri()
-    client = store_client(uri)
+    client = mlflow.MlflowClient(uri)
     try:
         if name is not None:
             client.get_registered_model(name)  # an unknown name is a mistake, not an empty list
@@ -182,9 +177,10 @@ def promote(name: str, ref: str) -> dict:
 
 
 def _with_version(name: str, ref: str, what: str, action) -> dict:
+    import mlflow
 
     uri = tracking_uri()
-    client = store_client(uri)
+    client = mlflow.MlflowClient(uri)
     label = f"{name} version {ref}" if ref.isdigit() else f"{name}@{ref}"
     try:
         version = client.get_model_version(name, ref) if ref.isdigit() else promotion.alias_version(client, name, ref)
