@@ -72,6 +72,8 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         handle = stages["launch"]["handle"]
         stages["filtering"] = filter_samples(job, staged)
         report = stages["filtering"]["report"]
+        if report.dropped:  # after the stage is recorded: its compute is in the summary if this refuses
+            sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
         plan = TrainingPlan(
             job_id=job_id,
             job=job.model_dump(mode="json"),

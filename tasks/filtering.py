@@ -6,7 +6,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import stage_meter
-from trainyard import filtering, registry, sifting
+from trainyard import filtering, registry
 from trainyard.datasets import StagedData
 from trainyard.errors import RegistryError
 from trainyard.spec import TrainingJob
@@ -20,8 +20,6 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
         champion = _champion(job) if filtering.wants_champion(job.sifting, staged.streamed) else None
         record["report"] = filtering.filter_samples(staged, job.sifting, job.algorithm.task, champion)
     report = record["report"]
-    if report.dropped:
-        sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
     if job.sifting.prefilter_on and staged.streamed:
         logger.info("prefilter skipped: a streamed train channel is not read whole before training")
     if report.reference:
