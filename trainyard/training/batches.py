@@ -133,7 +133,8 @@ class StepData:
         return metrics | ({"kept_fraction_by_class": self._named(by_class)} if by_class else {})
 
     def counts(self) -> dict | None:
-        """The sifter's running totals, without the per-class counts: cheap enough for every step."""
+        """The sifter's running totals (what the job adds up of a group), without the report's derived
+        fractions: cheap enough for every step."""
         if self.sifter is None:
             return None
         sifter = self.sifter
@@ -143,6 +144,8 @@ class StepData:
             "passed_over": sifter.passed_over,
             "unsifted": sifter.unsifted,
             "skipped": sifter.skipped,
+            "kept_by_class": self._named(sifter.kept_by_class),
+            "scored_by_class": self._named(sifter.scored_by_class),
         }
         return counts | ({"losses_reused": self.memory.reused} if self.memory is not None else {})
 

@@ -304,14 +304,15 @@ class StepCounts:
     committed step in one small write, which a kill cannot leave half done. progress.json is written
     only at epoch ends: for a group killed between two, the job adds up these instead (``latest_counts``)."""
 
-    SIZE = 1024  # bytes, padded with spaces: every write covers the last one
-
     def __init__(self, path: Path):
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._size = 1024  # every write is padded with spaces to the longest yet: it covers the last one
 
     def write(self, step: int, samples_trained: int, meter: FlopMeter, data: StepData) -> None:
         values = {"step": step, "samples_trained": samples_trained, "flops": meter.as_dict(), "sifting": data.counts()}
-        os.pwrite(self._fd, json.dumps(values, separators=(",", ":")).encode().ljust(self.SIZE), 0)
+        line = json.dumps(values, separators=(",", ":")).encode()
+        self._size = max(self._size, len(line))
+        os.pwrite(self._fd, line.ljust(self._size), 0)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -325,6 +326,7 @@ def latest_counts(folder: Path) -> dict | None:
     counts = _read_json(folder / COUNTS_FILE)
     if counts is None or (progress is not None and counts["step"] <= progress["step"]):
         return progress
+    # the counts replace the report's (its fractions are derived, and recomputed from counts by the job)
     sifting = {**((progress or {}).get("sifting") or {}), **counts["sifting"]} if counts["sifting"] else None
     return (progress or {}) | {key: counts[key] for key in ("step", "samples_trained", "flops")} | {"sifting": sifting}
 
