@@ -292,9 +292,9 @@ def held_out_losses(
     chosen = np.flatnonzero(rows)
     if len(chosen) < 2:  # each half trains a reference model for the other: both need rows
         raise DataError(
-            "the prefilter's reference models train on one half of the rows and score the other, and only "
-            f"{len(chosen)} distinct row is left once duplicates are dropped; stage more data, or turn off the "
-            "loss-based drops and sifting.score reducible_loss"
+            "the prefilter's reference models train on one half of the rows and score the other, and "
+            f"{len(chosen)} distinct row(s) are left once duplicates are dropped; stage more data, or set "
+            "sifting.prefilter.drop_learnt_fraction and drop_unlearnable_fraction to 0 and sifting.score to loss"
         )
     halves = np.array_split(np.random.default_rng(config.seed).permutation(chosen), 2)
     flops = 0

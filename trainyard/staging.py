@@ -17,6 +17,7 @@ transfer manager (ranged, concurrent parts).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import uuid
 from collections.abc import Callable
@@ -142,13 +143,15 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             link_or_copy(Path(obj.path), target)
-        except OSError as exc:  # a key this file system cannot hold as a path (too long a name, say)
+        except OSError as exc:
             if s3.disk_full(exc):
                 raise s3.describe_error(exc, obj.uri) from exc
-            raise DataError(
-                f"{obj.uri}: cannot be laid out as a file under the channel folder ({exc.strerror or exc}); "
-                "rename it in S3"
-            ) from exc
+            if exc.errno in (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL):  # a key no path here can hold
+                raise DataError(
+                    f"{obj.uri}: cannot be laid out as a file under the channel folder ({exc.strerror or exc}); "
+                    "rename it in S3"
+                ) from exc
+            raise StorageError(f"{obj.uri}: laying it out under {folder} failed ({exc}); check that folder") from exc
     return folder
 
 

@@ -319,6 +319,10 @@ def test_a_key_too_long_for_a_file_name_is_named_not_a_traceback(tmp_path):
     manifest = listing.ChannelManifest("extra", "s3://b/ch/", "raw", objects)
     with pytest.raises(DataError, match=f"s3://b/ch/{rel}: cannot be laid out as a file.*rename it in S3"):
         staging.mirror(manifest, tmp_path / "mirror")
+    # a local failure (here the cached file is gone) is not the key's: no advice to rename it
+    gone = [listing.StagedObject("b", "ch/a.bin", 1, "etag", "a.bin", path=str(tmp_path / "evicted"))]
+    with pytest.raises(StorageError, match="s3://b/ch/a.bin: laying it out under .* failed"):
+        staging.mirror(listing.ChannelManifest("extra", "s3://b/ch/", "raw", gone), tmp_path / "mirror2")
 
 
 def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
