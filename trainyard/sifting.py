@@ -203,22 +203,30 @@ class Sifter:
         self.history = state["history"].numpy().astype(np.float32)
         self._undo = None  # a healed group's history is its peer's
 
-    def report(self) -> dict:
-        """Kept fraction overall and per class (of the candidates this group ranked), and the candidates
-        it did not rank (trained on or left out before sifting started)."""
+    def counts(self) -> dict:
+        """The running counts: what ranked, kept and passed over, overall and per class, and the candidates
+        not ranked (trained on, or left out, before sifting started). Groups' counts add up to the job's."""
         return {
-            "score": self.config.score,
             "scored": self.scored,
             "kept": self.kept,
             "passed_over": self.passed_over,
             "unsifted": self.unsifted,
             "skipped": self.skipped,
-            "kept_fraction": self.kept / self.scored if self.scored else None,  # nothing ranked yet
-            "kept_fraction_by_class": fractions_by_class(self.kept_by_class, self.scored_by_class),
-            # the counts behind them: groups' reports are added up by count, not by averaging fractions
             "kept_by_class": dict(self.kept_by_class),
             "scored_by_class": dict(self.scored_by_class),
         }
+
+    def report(self) -> dict:
+        """The counts, and the kept fraction overall and per class (of the candidates this group ranked)."""
+        return (
+            {"score": self.config.score}
+            | self.counts()
+            | {
+                "kept_fraction": self.kept / self.scored if self.scored else None,  # nothing ranked yet
+                # groups' reports are added up by count (above), not by averaging these fractions
+                "kept_fraction_by_class": fractions_by_class(self.kept_by_class, self.scored_by_class),
+            }
+        )
 
 
 def fractions_by_class(kept: dict[str, int], ranked: dict[str, int]) -> dict[str, float]:

@@ -133,32 +133,23 @@ class StepData:
         return metrics | ({"kept_fraction_by_class": self._named(by_class)} if by_class else {})
 
     def counts(self) -> dict | None:
-        """The sifter's running totals (what the job adds up of a group), without the report's derived
-        fractions: cheap enough for every step."""
+        """The sifter's running counts (what the job adds up of a group), classes named, without the
+        report's derived fractions: cheap enough for every step. None without sifting."""
         if self.sifter is None:
             return None
-        sifter = self.sifter
-        counts = {
-            "scored": sifter.scored,
-            "kept": sifter.kept,
-            "passed_over": sifter.passed_over,
-            "unsifted": sifter.unsifted,
-            "skipped": sifter.skipped,
-            "kept_by_class": self._named(sifter.kept_by_class),
-            "scored_by_class": self._named(sifter.scored_by_class),
-        }
+        counts = self.sifter.counts()
+        for key in ("kept_by_class", "scored_by_class"):
+            counts[key] = self._named(counts[key])
+        # candidates ranked by a remembered loss, without a scoring pass
         return counts | ({"losses_reused": self.memory.reused} if self.memory is not None else {})
 
     def report(self) -> dict | None:
-        """What this group's sifter scored and kept (None without sifting)."""
+        """What this group's sifter scored and kept, and its kept fractions (None without sifting)."""
         if self.sifter is None:
             return None
         report = self.sifter.report()
-        for key in ("kept_fraction_by_class", "kept_by_class", "scored_by_class"):
-            report[key] = self._named(report[key])
-        if self.memory is not None:  # candidates ranked by a remembered loss, without a scoring pass
-            report["losses_reused"] = self.memory.reused
-        return report
+        report["kept_fraction_by_class"] = self._named(report["kept_fraction_by_class"])
+        return report | self.counts()
 
     def _named(self, by_class: dict) -> dict:
         """``{class index: value}`` keyed by the classes' label values instead."""
