@@ -1,0 +1,157 @@
+"""The machine's cache under TRAINYARD_HOME: read-only verified files, a cached file written since it was
+verified fetched again, the size cap and least-recently-used eviction, and pins that keep a job's objects
+from other jobs' eviction (against both S3 endpoints where staging is involved)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import s3_endpoints
+from tests.unit.test_staging import stage
+from trainyard import cache, staging
+from trainyard.errors import TrainyardError
+from trainyard.spec import Channel
+
+s3_endpoint = s3_endpoints.s3_endpoint
+
+
+def test_a_cached_object_is_read_only(s3_endpoint, tmp_path):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 100)
+    path = Path(stage(f"s3://{bucket}/ch/", tmp_path, format="raw").objects[0].path)
+    assert path.stat().st_mode & 0o777 == 0o444  # a job's hard-linked copy cannot change the cache's bytes
+
+
+def test_cache_evicts_least_recently_used_but_never_the_current_channel(s3_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))  # a cache of this test's objects only
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for i in range(3):
+        client.put_object(Bucket=bucket, Key=f"old{i}/x.bin", Body=bytes(1000))
+        stage(f"s3://{bucket}/old{i}/", tmp_path, format="raw")
+    client.put_object(Bucket=bucket, Key="new/x.bin", Body=bytes(1000))
+    total = sum(p.stat().st_size for p in cache.objects_dir().glob("*/*"))
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, str(total - 1000))  # room for the new object and one old
+    new = stage(f"s3://{bucket}/new/", tmp_path, format="raw")
+    assert Path(new.objects[0].path).exists()
+    old = [cache.path_for(bucket, f"old{i}/x.bin", new.objects[0].etag) for i in range(3)]
+    assert [p.exists() for p in old] == [False, False, True]  # the two least recently used went
+
+
+def test_another_jobs_eviction_spares_the_objects_a_job_has_pinned_until_it_releases_them(
+    s3_endpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for name in ("first", "second"):
+        client.put_object(Bucket=bucket, Key=f"{name}/x.bin", Body=name.encode() * 500)
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "0")  # every object is over the cap
+    with cache.Pin() as pin:  # job 1 staged, and still reading what it staged
+        first = staging.stage_channels({"train": Channel(s3_uri=f"s3://{bucket}/first/", format="raw")}, tmp_path, pin)
+        stage(f"s3://{bucket}/second/", tmp_path / "job2", format="raw")  # job 2 stages and trims the cache
+        assert Path(first["train"].objects[0].path).read_bytes() == b"first" * 500
+    # released: the cache is trimmed back under its cap at once, not only by the next job's staging
+    assert not Path(first["train"].objects[0].path).exists()
+    assert not list(cache.pins_dir().glob("*"))
+
+
+def test_the_cache_cap_takes_units_and_a_malformed_one_fails_before_any_fetch(s3_endpoint, tmp_path, monkeypatch):
+    for text, size in (("", cache.DEFAULT_MAX_BYTES), ("1000", 1000), ("500MB", 500 * 10**6), ("100GiB", 100 * 2**30)):
+        monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, text)
+        assert cache.max_bytes() == size
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "ten gigs")
+    bucket = s3_endpoint.new_bucket()
+    s3_endpoint.client().put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 100)
+    with pytest.raises(TrainyardError, match="TRAINYARD_CACHE_MAX_BYTES='ten gigs' is not a size.*100GiB"):
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert not list(cache.objects_dir().glob("*/*"))  # nothing was fetched
+
+
+def test_a_pin_left_by_a_process_that_died_is_removed_by_the_next_eviction(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    obj = cache.path_for("b", "k", "e")
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(b"x" * 100)
+    held = cache.Pin()
+    held.add([obj])
+    killed = "import os; from trainyard import cache; p = cache.Pin(); p.add([{obj!r}]); os._exit(9)"
+    subprocess.run([sys.executable, "-c", killed.format(obj=str(obj))], check=False, cwd=Path(__file__).parents[2])
+    assert len(list(cache.pins_dir().glob("*.pin"))) == 2
+    assert cache.evict(limit=0)["evicted_objects"] == 0  # still pinned by the live holder
+    assert list(cache.pins_dir().glob("*.pin")) == [held.path]  # the dead one's pin is gone
+    held.release()
+    assert cache.evict(limit=0)["evicted_objects"] == 1 and not obj.exists()
+
+
+def test_a_download_abandoned_by_a_killed_job_is_removed_and_one_in_progress_is_not(tmp_path, monkeypatch):
+    import os
+    import time
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    folder = cache.path_for("b", "k", "e").parent
+    folder.mkdir(parents=True)
+    old, fresh = folder / ".x.123.ab.part", folder / ".y.456.cd.part"
+    old.write_bytes(b"x" * 100)
+    fresh.write_bytes(b"y" * 100)
+    hours_ago = time.time() - 2 * cache.STALE_PART_SECONDS
+    os.utime(old, (hours_ago, hours_ago))
+    cache.evict()
+    assert not old.exists() and fresh.exists()
+
+
+def test_a_pin_added_while_an_eviction_runs_waits_for_it_and_then_holds(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    obj = cache.path_for("b", "k", "e")
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(b"x" * 100)
+    with cache.Pin() as pin:
+        with cache._eviction_lock(cache.fcntl.LOCK_EX):  # an eviction is under way
+            adding = threading.Thread(target=pin.add, args=([obj],))
+            adding.start()
+            adding.join(0.5)
+            assert adding.is_alive()  # add waits: what the eviction deletes meanwhile is looked up afterwards
+        adding.join()
+        assert cache.pinned() == {str(obj)}
+        assert cache.evict(limit=0)["evicted_objects"] == 0
+    assert cache.pinned() == set()  # released on leaving the block
+
+
+def test_a_cached_object_written_to_since_it_was_verified_is_fetched_again(s3_endpoint, tmp_path, monkeypatch):
+    import os
+    import time
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="raw/a.bin", Body=b"GOODGOODGOOD")
+    first = stage(f"s3://{bucket}/raw/", tmp_path, format="raw")
+    cached = Path(first.objects[0].path)
+    assert stage(f"s3://{bucket}/raw/", tmp_path, format="raw").objects_downloaded == 0  # a plain re-stage: a hit
+    # A root entrypoint writes through its hard link despite the read-only mode (as root ignores it).
+    laid_out = staging.mirror(first, tmp_path / "job-folder") / "a.bin"
+    os.chmod(laid_out, 0o644)
+    time.sleep(0.05)  # past the file system's timestamp tick (a few ms): a write any later changes the mtime
+    laid_out.write_bytes(b"EVILGOODGOOD")  # same size: a size check alone would take it
+    again = stage(f"s3://{bucket}/raw/", tmp_path, format="raw")
+    assert again.objects_downloaded == 1
+    assert cached.read_bytes() == b"GOODGOODGOOD"  # the cache holds S3's bytes again
+
+
+def test_a_channel_over_the_cap_staged_without_a_pin_is_there_when_staging_returns(s3_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "100")  # the channel alone is over the cap
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000)
+    staged = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert Path(staged.objects[0].path).read_bytes() == b"x" * 1000

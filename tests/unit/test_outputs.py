@@ -1,0 +1,78 @@
+"""The job's outputs in output.s3_uri: uploaded with checksums, an interrupted upload aborted (no partial
+object), upload errors described, and a missing output bucket found before any compute (both endpoints)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import s3_endpoints
+from tests.unit.test_staging import BIG
+from trainyard import outputs, s3
+from trainyard.errors import StorageError
+from trainyard.spec import parse_job
+
+s3_endpoint = s3_endpoints.s3_endpoint
+fault_proxy = s3_endpoints.fault_proxy
+
+
+def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_nothing(
+    s3_endpoint, fault_proxy, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # fail fast: the part below never goes through
+    bucket = s3_endpoint.new_bucket()
+    job = parse_job(
+        {
+            "name": "out",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": f"s3://{bucket}/t/", "label": "y"}},
+            "output": {"s3_uri": f"s3://{bucket}/output/"},
+        }
+    )
+    uri = outputs.upload_summary(job, "job-1", {"status": "Completed"})
+    head = s3_endpoint.client().head_object(Bucket=bucket, Key="output/job-1/summary.json", ChecksumMode="ENABLED")
+    assert uri == f"s3://{bucket}/output/job-1/summary.json" and head.get("ChecksumSHA256")
+    model = tmp_path / "model.pt"
+    model.write_bytes(bytes(BIG))
+    fault_proxy.drop(1000, method="PUT", key="partNumber=2")  # every try of the second part fails
+    with pytest.raises(StorageError, match=f"s3://{bucket}/output/job-2/model/model.pt"):
+        s3.upload_file(model, f"s3://{bucket}/output/job-2/model/model.pt")
+    client = s3_endpoint.client()
+    assert "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix="output/job-2/")
+    # The multipart upload was aborted (S3 would otherwise keep, and bill, its parts): the proxy saw
+    # the abort answered. rclone serve s3 does not list multipart uploads; moto can say none is left.
+    aborts = [outcome for method, target, outcome in fault_proxy.log if method == "DELETE" and "uploadId=" in target]
+    assert aborts and all(outcome.startswith("2") for outcome in aborts), fault_proxy.log
+    if s3_endpoint.name == "moto":
+        assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    fault_proxy.clear_faults()
+    s3.upload_file(model, f"s3://{bucket}/output/job-2/model/model.pt")
+    head = client.head_object(Bucket=bucket, Key="output/job-2/model/model.pt", ChecksumMode="ENABLED")
+    assert head["ContentLength"] == BIG
+    if s3_endpoint.capabilities["multipart_checksum"]:  # rclone keeps none for a multipart upload
+        assert head.get("ChecksumSHA256")
+
+
+def test_a_missing_output_bucket_is_found_before_any_compute_and_upload_errors_are_named(s3_endpoint, tmp_path):
+    bucket = s3_endpoint.new_bucket()
+
+    def job(output: str):
+        train = {"s3_uri": f"s3://{bucket}/t/", "label": "y"}
+        return parse_job(
+            {
+                "name": "o",
+                "algorithm": {"builtin": "mlp-classifier"},
+                "inputs": {"train": train},
+                "output": {"s3_uri": output},
+            }
+        )
+
+    outputs.check_destination(job(f"s3://{bucket}/output/"))  # there: no error
+    with pytest.raises(
+        StorageError, match="output.s3_uri s3://no-such-out-bucket/o/: bucket 'no-such-out-bucket' does not exist"
+    ) as found:
+        outputs.check_destination(job("s3://no-such-out-bucket/o/"))
+    assert not found.value.transient
+    # boto3's upload error does not chain the request's: described from its context, not as raw text
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(StorageError, match="s3://no-such-out-bucket/k: bucket does not exist; create it"):
+        s3.upload_file(tmp_path / "f", "s3://no-such-out-bucket/k")
