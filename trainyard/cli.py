@@ -120,6 +120,9 @@ def _embedded_defaults(job_id: str) -> None:
     """
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives its ephemeral API 20 s to start; on a busy 2-core machine (a laptop also running
+    # the S3 endpoint and MLflow) its first start, database migrations included, can take longer.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
         prefect_home = home() / "prefect" / job_id
         prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
@@ -136,6 +139,15 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:
         console.print(f"[red]{exc}[/red]")
+    except RuntimeError as exc:
+        if "ephemeral Prefect API" not in str(exc):
+            raise
+        # Prefect's own words, without its traceback: the job never started, so there is no summary.
+        console.print(
+            f"[red]{exc}[/red]\nStart a Prefect server (`prefect server start`) and set PREFECT_API_URL, "
+            "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS."
+        )
+        return 1
     summary_path = job_dir(job_id) / "summary.json"
     if not summary_path.exists():
         console.print(f"[red]job {job_id} produced no summary; see the logs above[/red]")
