@@ -43,7 +43,10 @@ def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter:
             if task == "classification":
                 correct += int((out.argmax(dim=1) == yb).sum())
             else:
-                sq_err += float(((out - yb) ** 2).sum())
+                # A regression model may return (N, 1) for (N,) labels; subtracting those would
+                # broadcast to (N, N) and give every prediction's error against every label.
+                pred = out.reshape(yb.shape) if out.numel() == yb.numel() else out
+                sq_err += float(((pred - yb) ** 2).sum())
     model.train()
     metrics = {"val_loss": loss_sum / len(x)}
     if task == "classification":
