@@ -15,6 +15,7 @@ from rich.table import Table
 
 from trainyard import registry
 from trainyard.errors import TrainyardError
+from trainyard.redaction import redact_text
 
 models_app = typer.Typer(
     help="Registered models: list versions, show one's lineage, approve or reject it, promote it to champion.\n\n"
@@ -39,7 +40,7 @@ def list_(
     if not rows:
         out.print("no registered models")
         return
-    table = Table(title=f"registered models ({registry.tracking_uri()})")
+    table = Table(title=f"registered models ({redact_text(registry.tracking_uri())})")
     for column in ("model", "version", "aliases", "approval", "job", "gate"):
         table.add_column(column, justify="right" if column == "version" else "left")
     for r in rows:

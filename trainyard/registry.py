@@ -25,6 +25,7 @@ import torch
 from trainyard import model_card, promotion
 from trainyard.errors import RegistryError, StorageError, TrainyardError
 from trainyard.home import home
+from trainyard.redaction import redact, redact_text
 from trainyard.spec import METRICS, TrainingJob
 
 JOB_ID_TAG = "trainyard.job_id"
@@ -210,7 +211,7 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
             mlflow.log_metrics(metrics, step=entry["epoch"])
         for artifact in artifacts.values():
             mlflow.log_artifact(str(artifact))
-        mlflow.log_dict(job.model_dump(mode="json"), "job_spec.json")
+        mlflow.log_dict(redact(job.model_dump(mode="json")), "job_spec.json")
         mlflow.log_text(card, "model_card.md")
         info = _log_model(model, example)
         _check_artifacts(info.model_uri)
@@ -300,7 +301,7 @@ def model_summary(client, name: str, version, uri: str) -> dict:
         "uri": f"models:/{name}/{version.version}",
         "source": version.source,
         "run_id": version.run_id,
-        "tracking_uri": uri,
+        "tracking_uri": redact_text(uri),
         "aliases": sorted(getattr(version, "aliases", []) or []),
         "approval_status": tags.get(APPROVAL_TAG, "PendingManualApproval"),
         "gate": tags.get(promotion.GATE_TAG),
@@ -320,16 +321,17 @@ def _translate(exc: BaseException, what: str, uri: str) -> RegistryError:
     """A ``RegistryError`` naming what failed: unavailable (transient), not found, or refused."""
     from mlflow.exceptions import MlflowException
 
+    uri = redact_text(uri)  # a password in the tracking URI stays out of messages (MLflow's own quote it too)
     if isinstance(exc, TrainyardError):
         return exc if isinstance(exc, RegistryError) else RegistryError(f"{what} in {uri} failed: {exc}")
     if isinstance(exc, MlflowException):
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return ModelNotFound(f"{what}: {exc.message}")
+            return ModelNotFound(f"{what}: {redact_text(exc.message)}")
         if exc.error_code not in _TRANSIENT_CODES and exc.get_http_status_code() < 500:
-            return RegistryError(f"{what} in {uri} was refused: {exc.message}")
-        detail = exc.message
+            return RegistryError(f"{what} in {uri} was refused: {redact_text(exc.message)}")
+        detail = redact_text(exc.message)
     else:
-        detail = f"{type(exc).__name__}: {exc}"
+        detail = redact_text(f"{type(exc).__name__}: {exc}")
     return RegistryUnavailable(
         f"{what} failed: MLflow at {uri} is unavailable ({detail}). No version was left half-made; "
         "registering the same job again finishes it without a second version."

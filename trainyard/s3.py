@@ -28,6 +28,7 @@ from botocore.exceptions import (
 
 from trainyard import botocore_loader, collector
 from trainyard.errors import StorageError
+from trainyard.redaction import redact_text
 
 
 # Throttling (503 SlowDown) and 5xx are retried with backoff by botocore's adaptive mode.
@@ -125,7 +126,15 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
 
 
 def describe_error(exc: Exception, uri: str) -> StorageError:
-    """Turn a boto3 error into a ``StorageError`` that names the URI and says what to check."""
+    """Turn a boto3 error into a ``StorageError`` that names the URI and says what to check.
+
+    botocore quotes the endpoint URL in its errors; a password in it is masked (redaction.py).
+    """
+    error = _describe(exc, uri)
+    return StorageError(redact_text(str(error)), transient=error.transient)
+
+
+def _describe(exc: Exception, uri: str) -> StorageError:
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

@@ -59,7 +59,8 @@ def arrow_filesystem() -> pafs.S3FileSystem:
     if frozen:
         kwargs |= {"access_key": frozen.access_key, "secret_key": frozen.secret_key, "session_token": frozen.token}
     if not endpoint.hostname.endswith("amazonaws.com"):
-        kwargs |= {"endpoint_override": endpoint.netloc, "scheme": endpoint.scheme}
+        # host[:port] only: Arrow takes no userinfo (botocore ignores any in the URL, so this does too)
+        kwargs |= {"endpoint_override": endpoint.netloc.rpartition("@")[2], "scheme": endpoint.scheme}
     return pafs.S3FileSystem(**kwargs)
 
 

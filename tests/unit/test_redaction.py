@@ -1,0 +1,73 @@
+"""Secrets stay out of what Trainyard records: lineage, summaries, S3 messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+from botocore.exceptions import EndpointConnectionError
+
+from tests.unit.test_registry import register, tracking, trained  # noqa: F401 (a fixture)
+from trainyard import registry, s3
+from trainyard.redaction import MASK, redact, redact_text
+
+
+def test_a_urls_password_is_masked_and_its_user_kept():
+    assert (
+        redact_text("see https://alice:s3cr%2Ft@mlflow.example:5000/api")
+        == f"see https://alice:{MASK}@mlflow.example:5000/api"
+    )
+    assert redact_text("s3://bucket/key:with@odd/chars") == "s3://bucket/key:with@odd/chars"
+    assert redact_text("http://127.0.0.1:9000/") == "http://127.0.0.1:9000/"
+
+
+def test_secret_named_values_are_masked_and_others_kept():
+    spec = {"resources": {"job_variables": {"env": {"HF_TOKEN": "hf_x", "OMP_NUM_THREADS": "2", "DB_PASSWORD": "p"}}}}
+    env = redact(spec)["resources"]["job_variables"]["env"]
+    assert env == {"HF_TOKEN": MASK, "OMP_NUM_THREADS": "2", "DB_PASSWORD": MASK}
+    assert spec["resources"]["job_variables"]["env"]["HF_TOKEN"] == "hf_x"  # a copy
+
+
+def test_secrets_in_the_job_spec_never_reach_the_registry(tracking, tmp_path):  # noqa: F811
+    job, model, x = trained()
+    job = job.model_copy(
+        update={
+            "resources": job.resources.model_copy(
+                update={"job_variables": {"env": {"WANDB_API_KEY": "wandb-s3cret", "OMP_NUM_THREADS": "3"}}}
+            )
+        }
+    )
+    register(job, model, x, "job-1", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    version = client.get_model_version("reg-test", "1")
+    recorded = json.dumps(version.tags) + version.description
+    spec_file = mlflow.artifacts.download_artifacts(
+        run_id=version.run_id, artifact_path="job_spec.json", dst_path=str(tmp_path)
+    )
+    spec = Path(spec_file).read_text()
+    assert "wandb-s3cret" not in recorded + spec
+    assert json.loads(spec)["resources"]["job_variables"]["env"]["OMP_NUM_THREADS"] == "3"
+
+
+def test_the_summary_names_the_tracking_server_without_its_password(tracking, tmp_path):  # noqa: F811
+    job, model, x = trained()
+    register(job, model, x, "job-1", 0.9, tmp_path)
+    version = mlflow.MlflowClient(tracking).get_model_version("reg-test", "1")
+    summary = registry.model_summary(None, "reg-test", version, "https://alice:pw123@mlflow.example/")
+    assert summary["tracking_uri"] == f"https://alice:{MASK}@mlflow.example/"
+
+
+def test_an_s3_error_quoting_the_endpoint_masks_its_password():
+    error = s3.describe_error(EndpointConnectionError(endpoint_url="http://key:SECRETPW@127.0.0.1:9/b"), "s3://b/k")
+    assert "SECRETPW" not in str(error) and "127.0.0.1:9" in str(error) and error.transient
+
+
+def test_arrow_takes_the_endpoints_host_without_its_userinfo(monkeypatch):
+    from trainyard import streaming
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://key:SECRETPW@127.0.0.1:9/")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    settings = streaming.arrow_filesystem().__reduce__()[1][0]  # pyarrow exposes its settings only so
+    assert settings["endpoint_override"] == "127.0.0.1:9"
