@@ -606,7 +606,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise SpecError([f"--set {item!r}: {part} is not a section"])
             node = child
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise SpecError(
+                [f"--set {item!r}: the value is not valid YAML ({exc}); quote it, e.g. {key}='...'"]
+            ) from None
     return data
 
 
@@ -630,6 +635,12 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> TrainingJo
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise SpecError([f"{path}: no such file"]) from None
+    except IsADirectoryError:
+        raise SpecError([f"{path}: is a folder; give the job spec's YAML file"]) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"]) from None
+    except OSError as exc:  # unreadable: permissions, a broken link
+        raise SpecError([f"{path}: cannot be read ({exc.strerror or exc})"]) from None
     except yaml.YAMLError as exc:
         raise SpecError([f"{path}: not valid YAML ({exc})"]) from None
     data = data if data is not None else {}

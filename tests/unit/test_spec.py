@@ -175,6 +175,19 @@ def test_load_job_reports_missing_file_and_bad_yaml(tmp_path):
         load_job(bad)
 
 
+def test_unreadable_job_files_and_bad_override_values_are_spec_errors(tmp_path):
+    with pytest.raises(SpecError, match="is a folder"):
+        load_job(tmp_path)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_job(latin1)
+    with pytest.raises(SpecError, match=r"--set 'name=\[unclosed': the value is not valid YAML"):
+        apply_overrides(minimal(), ["name=[unclosed"])
+    result = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 2 and "is a folder" in result.output
+
+
 def test_validate_command(tmp_path):
     runner = CliRunner()
     good = tmp_path / "good.yaml"
