@@ -22,7 +22,7 @@ from trainyard.cli_models import models_app
 from trainyard.cli_report import report_app
 from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import home, new_job_id
-from trainyard.spec import TrainingJob, load_job, parse_job
+from trainyard.spec import TrainingJob, ignored_settings, load_job, parse_job
 
 app = typer.Typer(
     help="Trainyard: managed ML training as Prefect pipelines.",
@@ -50,6 +50,8 @@ def validate(
     """Check a job spec without running it: prints every problem with the field and the fix."""
     job = _load(spec, set_)
     console.print(f"[green]{spec}: valid[/green] job {job.name!r}, {job.resources.replicas} replica group(s)")
+    for setting in ignored_settings(job):
+        console.print(f"[yellow]ignored: {setting}[/yellow]")
 
 
 @app.command()

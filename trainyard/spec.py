@@ -86,9 +86,7 @@ class Hyperparameters(BaseModel):
     @field_validator("hidden_sizes")
     @classmethod
     def _positive_widths(cls, v: list[int]) -> list[int]:
-        if any(w < 1 for w in v):
-            raise ValueError("every hidden size must be a positive integer, e.g. [128, 128]")
-        return v
+        return _check_widths(v)
 
 
 class Channel(_Model):
@@ -260,6 +258,12 @@ class Prefilter(_Model):
     )
     reference_epochs: int = Field(default=3, ge=1, description="Epochs the reference models train for.")
     reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")
+
+    @field_validator("reference_hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, v: list[int]) -> list[int]:
+        return _check_widths(v)
+
     reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
     seed: int = Field(default=0, description="Seed of the cross-fitting split and the reference models.")
 
@@ -557,9 +561,34 @@ class TrainingJob(_Model):
 
 
 def ignored_settings(job: TrainingJob) -> list[str]:
-    """Settings this version accepts but does not act on, each worded for a warning."""
+    """Settings the job gives but will not act on, each worded for a warning.
+
+    Settings under a switched-off stage are warned about, not refused: turning a stage off with
+    ``enabled: false`` while keeping its tuning in the file is how such a stage is paused.
+    """
     ignored = []
+    sifting = job.sifting
+    if not sifting.enabled:
+        tuned = sorted(sifting.model_fields_set - {"enabled", "prefilter"})
+        if tuned:
+            ignored.append(
+                f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
+            )
+    if not sifting.prefilter_on:
+        tuned = sorted(sifting.prefilter.model_fields_set - {"enabled"})
+        if tuned:
+            switch = "sifting.prefilter.enabled" if sifting.prefilter.enabled is False else "sifting.enabled"
+            ignored.append(
+                f"sifting.prefilter.{', sifting.prefilter.'.join(tuned)}: the prefilter is off; "
+                f"set {switch}: true to use them"
+            )
     return ignored
+
+
+def _check_widths(v: list[int]) -> list[int]:
+    if any(w < 1 for w in v):
+        raise ValueError("every hidden size must be a positive integer, e.g. [128, 128]")
+    return v
 
 
 def _check_s3_uri(v: str) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from trainyard.cli import app
 from trainyard.errors import SpecError
-from trainyard.spec import TrainingJob, apply_overrides, load_job, parse_job
+from trainyard.spec import TrainingJob, apply_overrides, ignored_settings, load_job, parse_job
 
 DESIGN_EXAMPLE = textwrap.dedent(
     """
@@ -286,3 +287,26 @@ def test_empty_or_repeated_features_and_classes_are_refused():
     )
     assert any("two or more classes" in p for p in problems(train(classes=["only"])))
     assert parse_job(train(classes=[0, 1], features=["a", "b"]))
+
+
+def test_the_prefilters_reference_widths_are_checked():
+    found = problems(minimal(sifting={"enabled": True, "prefilter": {"reference_hidden_sizes": [0]}}))
+    assert found == [
+        "sifting.prefilter.reference_hidden_sizes: every hidden size must be a positive integer, e.g. [128, 128]"
+    ]
+
+
+def test_settings_of_a_stage_that_is_off_are_named_as_ignored(tmp_path):
+    assert ignored_settings(parse_job(minimal(sifting={"enabled": True, "beta": 2}))) == []
+    ignored = ignored_settings(parse_job(minimal(sifting={"beta": 0.5, "delay_steps": 3})))
+    assert ignored == [
+        "sifting.beta, sifting.delay_steps: online sifting is off; set sifting.enabled: true to use them"
+    ]
+    off = minimal(sifting={"enabled": True, "prefilter": {"enabled": False, "drop_learnt_fraction": 0.2}})
+    assert ignored_settings(parse_job(off)) == [
+        "sifting.prefilter.drop_learnt_fraction: the prefilter is off; set sifting.prefilter.enabled: true to use them"
+    ]
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal(sifting={"beta": 0.5})))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0 and "ignored: sifting.beta" in result.output
