@@ -90,12 +90,31 @@ def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
         )
 
 
-def _from_entrypoint(entrypoint: str, num_features: int, num_outputs: int, hp: Hyperparameters):
+def resolve_entrypoint(entrypoint: str):
+    """The function ``package.module:function`` names; a ``SpecError`` saying what to fix if there is none."""
     module_name, _, fn_name = entrypoint.partition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as exc:
-        raise SpecError([f"algorithm.entrypoint: cannot import {entrypoint!r} ({exc}); install the package"]) from exc
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise SpecError(
+            [
+                f"algorithm.entrypoint: cannot import {entrypoint!r} ({exc}); install the package that provides "
+                "it, or add its folder to PYTHONPATH"
+            ]
+        ) from exc
+    except Exception as exc:  # the module itself fails as it loads: its own error is the news
+        raise SpecError(
+            [f"algorithm.entrypoint: importing {module_name!r} failed: {type(exc).__name__}: {exc}"]
+        ) from exc
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        found = "is not callable" if hasattr(module, fn_name) else "does not exist"
+        raise SpecError([f"algorithm.entrypoint: {module_name}.{fn_name} {found}; check the function's name after ':'"])
+    return fn
+
+
+def _from_entrypoint(entrypoint: str, num_features: int, num_outputs: int, hp: Hyperparameters):
+    fn = resolve_entrypoint(entrypoint)
     result = fn(num_features, num_outputs, hp.model_dump())
     if not (
         isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module) and callable(result[1])

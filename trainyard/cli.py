@@ -52,6 +52,9 @@ def validate(
     console.print(f"[green]{spec}: valid[/green] job {job.name!r}, {job.resources.replicas} replica group(s)")
     for setting in ignored_settings(job):
         console.print(f"[yellow]ignored: {setting}[/yellow]")
+    problem = _entrypoint_problem(job)
+    if problem:  # only a warning: the job may be meant for workers where the package is installed
+        console.print(f"[yellow]{problem} (it must import where the job runs, not necessarily here)[/yellow]")
 
 
 @app.command()
@@ -62,6 +65,10 @@ def run(
 ) -> None:
     """Run one job in this process against the S3, MLflow and Prefect the environment names."""
     job = _load(spec, set_)
+    problem = _entrypoint_problem(job)
+    if problem:  # this process trains the job: an entrypoint it cannot import fails before any compute
+        console.print(f"[red]{spec}: {problem}[/red]")
+        raise typer.Exit(2)
     raise typer.Exit(_run_job(job, summary_out))
 
 
@@ -111,6 +118,19 @@ def _load(spec: Path, overrides: list[str] | None) -> TrainingJob:
     except SpecError as exc:
         console.print(f"[red]{spec}: {exc}[/red]")
         raise typer.Exit(2) from None
+
+
+def _entrypoint_problem(job: TrainingJob) -> str | None:
+    """Why the job's entrypoint cannot be imported in this process, or None (a built-in, or it imports)."""
+    if not job.algorithm.entrypoint:
+        return None
+    from trainyard.algorithms import resolve_entrypoint  # torch: only when there is an entrypoint to check
+
+    try:
+        resolve_entrypoint(job.algorithm.entrypoint)
+    except SpecError as exc:
+        return exc.problems[0]
+    return None
 
 
 def _embedded_defaults(job_id: str) -> None:

@@ -310,3 +310,33 @@ def test_settings_of_a_stage_that_is_off_are_named_as_ignored(tmp_path):
     spec.write_text(yaml.safe_dump(minimal(sifting={"beta": 0.5})))
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 0 and "ignored: sifting.beta" in result.output
+
+
+def per_row_build(num_features, num_outputs, hyperparameters):
+    """An importable entrypoint for the checks below."""
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "says"),
+    [
+        ("no_such_pkg.models:build", "install the package that provides it, or add its folder to PYTHONPATH"),
+        ("tests.unit.test_spec:no_such_build", "tests.unit.test_spec.no_such_build does not exist"),
+        ("tests.unit.test_spec:DESIGN_EXAMPLE", "tests.unit.test_spec.DESIGN_EXAMPLE is not callable"),
+    ],
+)
+def test_an_entrypoint_that_does_not_import_is_named_before_run_starts(tmp_path, monkeypatch, entrypoint, says):
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal(algorithm={"entrypoint": entrypoint})))
+    result = CliRunner().invoke(app, ["run", str(spec)])
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "home").exists()  # no job was made
+    validated = CliRunner().invoke(app, ["validate", str(spec)])  # validate warns: it may import where it runs
+    assert validated.exit_code == 0 and says in " ".join(validated.output.split())
+
+
+def test_an_importable_entrypoint_gets_no_warning(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal(algorithm={"entrypoint": "tests.unit.test_spec:per_row_build"})))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0 and "where the job runs" not in " ".join(result.output.split())
