@@ -83,10 +83,36 @@ def _scaled_mse(y_std: float) -> LossFn:
 
 def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
     """Fail clearly when a loss function reduces over the batch."""
+    if not isinstance(loss, torch.Tensor):
+        raise TrainingError(
+            f"algorithm.entrypoint: the loss function returned a {type(loss).__name__}; it must return a tensor "
+            "of one loss per sample (use reduction='none')"
+        )
     if loss.dim() != 1 or loss.shape[0] != batch_size:
         raise TrainingError(
             f"algorithm.entrypoint: the loss function returned shape {tuple(loss.shape)} for a batch of {batch_size}; "
             "it must return one loss per sample (use reduction='none')"
+        )
+
+
+def check_outputs(out, batch_size: int, num_outputs: int, task: str) -> None:
+    """Fail clearly when a model's output is not what training, validation and the registry read:
+    a tensor of (batch, classes) logits, or one number per row for regression."""
+    if not isinstance(out, torch.Tensor):
+        raise TrainingError(
+            f"algorithm.entrypoint: the model returned a {type(out).__name__}; forward() must return one tensor "
+            "(return the logits or predictions, not a tuple or dict)"
+        )
+    if task == "classification":
+        expected, fits = f"({batch_size}, {num_outputs})", tuple(out.shape) == (batch_size, num_outputs)
+    else:
+        expected = f"({batch_size},) or ({batch_size}, 1)"
+        fits = tuple(out.shape) in ((batch_size,), (batch_size, 1))
+    if not fits:
+        raise TrainingError(
+            f"algorithm.entrypoint: the model returned shape {tuple(out.shape)} for a batch of {batch_size}; "
+            f"a {task} model must return {expected}"
+            + (" (one logit per class: build it with num_outputs)" if task == "classification" else "")
         )
 
 

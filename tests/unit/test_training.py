@@ -249,6 +249,39 @@ def test_the_early_algorithm_check_sees_the_extra_channels_and_names_a_failing_e
     supervisor.check_algorithm(job, plan.train_data, 2, {"config": str(tmp_path)})  # the flow passes them: builds
 
 
+class TupleOut(torch.nn.Linear):
+    def forward(self, x):
+        out = super().forward(x)
+        return out, out.detach()
+
+
+def tuple_output_build(num_features, num_outputs, hyperparameters):
+    """A model returning (logits, features), which training would only trip on late."""
+    return TupleOut(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(
+        out[0], y, reduction="none"
+    )
+
+
+def one_column_build(num_features, num_outputs, hyperparameters):
+    """A 'classifier' with one output whatever the class count."""
+    return torch.nn.Linear(num_features, 1), lambda out, y: (out[:, 0] - y) ** 2
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        ("tuple_output_build", r"the model returned a tuple; forward\(\) must return one tensor"),
+        ("one_column_build", r"returned shape \(4, 1\) for a batch of 4; a classification model must return \(4, 2\)"),
+    ],
+)
+def test_a_model_whose_output_training_cannot_read_is_refused_early(trainyard_home, build, says):
+    from trainyard.training import supervisor
+
+    job, _, _, plan = make_job(trainyard_home, algorithm={"entrypoint": f"tests.unit.test_training:{build}"})
+    with pytest.raises(TrainingError, match=says):
+        supervisor.check_algorithm(job, plan.train_data, 2)
+
+
 def test_sharded_groups_train_on_disjoint_shares(trainyard_home):
     job, job_id, folder, plan = make_job(trainyard_home, hyperparameters={"epochs": 2, "batch_size": 64})
     job.inputs.train.distribution = "sharded"

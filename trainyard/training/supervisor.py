@@ -94,9 +94,14 @@ def check_algorithm(
         ) from exc
     n = min(4, len(x))
     try:
-        losses = loss_fn(model(x[:n]), y[:n])
+        out = model(x[:n])
     except Exception as exc:  # noqa: BLE001 - any failure here is the algorithm's, reported as such
-        raise TrainingError(f"the model or its loss failed on a first batch: {type(exc).__name__}: {exc}") from exc
+        raise TrainingError(f"the model failed on a first batch: {type(exc).__name__}: {exc}") from exc
+    algorithms.check_outputs(out, n, num_outputs, job.algorithm.task)
+    try:
+        losses = loss_fn(out, y[:n])
+    except Exception as exc:  # noqa: BLE001
+        raise TrainingError(f"the loss failed on a first batch: {type(exc).__name__}: {exc}") from exc
     algorithms.check_per_sample(losses, n)
 
 
