@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -147,3 +148,21 @@ def _from_entrypoint(entrypoint: str, num_features: int, num_outputs: int, hp: H
     ):
         raise TrainingError(f"{entrypoint} must return (torch.nn.Module, loss_fn), got {type(result).__name__}")
     return result
+
+
+@contextmanager
+def one_row_batch_norm(model: torch.nn.Module, rows: int):
+    """A batch of one row (a short last step, or a group's small share of a sifted batch) has no
+    batch statistics, and BatchNorm refuses to train on it: its BatchNorm layers normalise that row by
+    their running statistics instead (eval mode, for this forward pass only), so the row is still trained on."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
+    if rows != 1 or not norms:
+        yield
+        return
+    for m in norms:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in norms:
+            m.train()

@@ -175,6 +175,26 @@ def test_entrypoint_algorithm_trains(trainyard_home):
     assert outcome.history[-1]["train_loss"] < outcome.history[0]["train_loss"]
 
 
+def batch_norm_build(num_features, num_outputs, hyperparameters):
+    """An entrypoint with a BatchNorm layer, which cannot train on batch statistics of one row."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(num_features, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, num_outputs)
+    )
+    return model, lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def test_a_batch_norm_model_trains_through_a_one_row_step(trainyard_home):
+    job, *rest = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:batch_norm_build"},
+        hyperparameters={"epochs": 2, "batch_size": 599, "learning_rate": 0.05},  # 600 rows: 599, then 1
+        resources={"replicas": 1},
+    )
+    outcome, _ = run(job, *rest)
+    assert outcome.stop_reason == "Completed"
+    assert outcome.samples_trained == 1200  # the one-row steps' rows were trained on
+
+
 def test_patience_stops_when_nothing_improves(trainyard_home):
     job, *rest = make_job(
         trainyard_home,

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainyard.algorithms import LossFn
+from trainyard.algorithms import LossFn, one_row_batch_norm
 
 
 class FlopMeter:
@@ -41,7 +41,7 @@ class FlopMeter:
 
         def measure() -> tuple[int, int]:
             xs, ys = x.cpu(), y.cpu()  # the probe stays on the CPU; the count does not depend on the device
-            with FlopCounterMode(display=False) as fwd:
+            with FlopCounterMode(display=False) as fwd, one_row_batch_norm(self._model, len(xs)):
                 loss = self._loss_fn(self._model(xs), ys).mean()
             with FlopCounterMode(display=False) as bwd:
                 loss.backward()

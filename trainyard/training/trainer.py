@@ -183,7 +183,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             )
             if first_batch_seconds is None:
                 first_batch_seconds = time.monotonic() - started
-            losses = loss_fn(ddp(xb), yb)
+            with algorithms.one_row_batch_norm(model, len(xb)):
+                losses = loss_fn(ddp(xb), yb)
             algorithms.check_per_sample(losses, len(xb))
             data.trained(losses)  # with sifting.reuse_loss_epochs, these rows need no scoring pass for a while
             # torchft averages gradients over the quorum's groups, whose batches may differ in size:
