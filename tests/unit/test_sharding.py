@@ -49,3 +49,21 @@ def test_shares_are_balanced_and_adapt_to_a_new_group_count():
     assert [len(s) for s in before] == [500] * 4 and [len(s) for s in after] == [400] * 5
     assert len(set().union(*after)) == 2000  # disjoint (5 x 400) and covering
     assert all(before[g] & after[4] for g in range(4))
+
+
+def test_one_large_object_among_small_ones_is_cut_so_that_shares_stay_even():
+    # 1,000 rows in one row group and three objects of 10: dealt by object, one group would have
+    # 1,000 rows and the other 30, walked 33 times an epoch to keep up.
+    lay, start = [], 0
+    for i, rows in enumerate([1000, 10, 10, 10]):
+        lay.append({"id": f"s3://b/k/{i}", "start": start, "end": start + rows, "row_groups": [rows]})
+        start += rows
+    shares = [sharding.share_rows(lay, 2, g) for g in range(2)]
+    assert [len(s) for s in shares] == [515, 515]
+    assert sorted(np.concatenate(shares).tolist()) == list(range(1030))
+
+
+def test_balanced_allows_a_spread_of_five_percent_of_a_share():
+    assert sharding.balanced([[("a", 0, 105)], [("b", 105, 205)]])  # 105 and 100: 5 of a mean 102.5
+    assert not sharding.balanced([[("a", 0, 110)], [("b", 110, 210)]])
+    assert sharding.balanced([[("a", 0, 2)], [("b", 2, 3)]])  # a row apart is as even as it gets

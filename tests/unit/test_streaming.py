@@ -118,12 +118,17 @@ def test_the_scaling_sample_is_the_first_rows_and_their_row_groups_are_kept_for_
         np.testing.assert_array_equal(y, table["label"].to_numpy()[100 * i : 100 * (i + 1)])
 
 
-def numbered_rows_job(s3_endpoint, tmp_path) -> tuple:
-    """A streamed channel of 400 rows whose one feature is the row's number, in row groups of 50."""
+def numbered_rows_job(s3_endpoint, tmp_path, objects: tuple[tuple[int, int], ...] = ((400, 50),)) -> tuple:
+    """A streamed channel of 400 rows whose one feature is the row's number, in row groups of 50
+    (or the ``(rows, row group size)`` objects given)."""
     bucket = s3_endpoint.new_bucket()
-    table = blobs_table(400, seed=3)
-    table = table.append_column("row", pa.array(np.arange(400, dtype=np.float64)))
-    put_parquet(s3_endpoint, bucket, "t/a.parquet", table, 50)
+    total = sum(rows for rows, _ in objects)
+    table = blobs_table(total, seed=3)
+    table = table.append_column("row", pa.array(np.arange(total, dtype=np.float64)))
+    start = 0
+    for i, (rows, row_group) in enumerate(objects):
+        put_parquet(s3_endpoint, bucket, f"t/{chr(97 + i)}.parquet", table.slice(start, rows), row_group)
+        start += rows
     job = parse_job(
         {
             "name": "s",
@@ -186,6 +191,20 @@ def test_more_groups_than_row_groups_cut_the_rows_into_even_shares(s3_endpoint, 
         assert distinct == list(range(distinct[0], distinct[-1] + 1))  # one range of the channel's rows
         seen.append(set(rows))
     assert sorted(r for rows in seen for r in rows) == list(range(400))  # disjoint, and together every row
+
+
+def test_row_groups_too_unequal_to_deal_evenly_are_cut_into_even_shares(s3_endpoint, tmp_path):
+    # one row group of 340 rows and three of 20: dealt whole, one slot would have 340 rows and the other 60
+    job, plan = numbered_rows_job(s3_endpoint, tmp_path, objects=((340, 340), (60, 20)))
+    sampler = StreamSampler(job, plan, tmp_path / "cache")
+    seen = []
+    for slot in range(2):
+        rows = []
+        for index in range(sampler.steps_per_epoch(2)):
+            rows += sampler.slot_batch(0, index, 2, slot)[0][:, 0].int().tolist()
+        assert len(rows) == len(set(rows)) == 200  # no row walked twice
+        seen += rows
+    assert sorted(seen) == list(range(400))
 
 
 def test_a_failed_read_ahead_is_read_again_when_needed_and_a_second_failure_is_raised(s3_endpoint, tmp_path):

@@ -166,8 +166,9 @@ def _even_shares(units: list[tuple[str, int, int]], slots: int) -> list[list[tup
 class StreamSampler:
     """Rows of a channel streamed from S3 by parquet row group (``mode: stream``).
 
-    The row groups are dealt to the slots (``sharding.assign``; with fewer row groups than slots, the
-    rows are cut into even ranges, ``_even_shares``); with ``replicated`` the shares rotate each epoch, so over
+    The row groups are dealt to the slots (``sharding.assign``; with fewer row groups than slots, or
+    sizes that cannot be dealt evenly (``sharding.balanced``), the rows are cut into even ranges,
+    ``_even_shares``); with ``replicated`` the shares rotate each epoch, so over
     ``slots`` epochs every slot sees the whole channel. Within an epoch
     a slot visits its row groups in a shuffled order and each row group's rows shuffled; the next
     row groups are read ahead in a background thread while the current one trains.
@@ -222,8 +223,11 @@ class StreamSampler:
 
     def _shares_for(self, slots: int) -> list[list[tuple[str, int, int]]]:
         if slots not in self._shares:
-            few = len(self.units) < slots  # fewer row groups than groups: cut them into even ranges
-            shares = _even_shares(self.units, slots) if few else sharding.assign(self.units, slots)
+            # Row groups dealt whole, unless there are fewer than groups or they cannot be dealt evenly
+            # (a large one among small ones): then the rows are cut into even ranges.
+            shares = sharding.assign(self.units, slots) if len(self.units) >= slots else None
+            if shares is None or not sharding.balanced(shares):
+                shares = _even_shares(self.units, slots)
             if any(not share for share in shares):
                 raise DataError(f"the streamed train channel has fewer rows than the {slots} replica groups")
             self._shares[slots] = shares
