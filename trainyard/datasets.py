@@ -7,6 +7,7 @@ missing (NaN / null) labels, non-numeric features, a validation class never seen
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -52,7 +53,14 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
     reader = _READERS[manifest.format]
     tables = []
     start = 0
+    read = []  # the objects read, for the column check: an empty one has no columns to check
     for obj in manifest.objects:
+        if manifest.format != "parquet" and Path(obj.path).stat().st_size == 0:
+            # Spark writes an empty part file for each empty partition: no rows, not a broken object
+            if layout is not None:
+                layout.append({"id": obj.uri, "start": start, "end": start, "row_groups": None})
+            continue
+        read.append(obj)
         try:
             tables.append(reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path))
             if layout is not None:
@@ -68,7 +76,9 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
                 f"{obj.uri}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
                 "fix or remove the object, or set the channel's format"
             ) from exc
-    check_objects_have(required, {obj.uri: t.column_names for obj, t in zip(manifest.objects, tables, strict=True)})
+    check_objects_have(required, {obj.uri: t.column_names for obj, t in zip(read, tables, strict=True)})
+    if not tables:
+        raise DataError(f"channel {manifest.name!r} ({manifest.uri}): every object is empty (0 bytes)")
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

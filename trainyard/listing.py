@@ -245,10 +245,13 @@ def wrong_version(obj: StagedObject, response: dict) -> StorageError | None:
 
 
 def _is_data_key(rel: str) -> bool:
-    """Whether a key (relative to the channel's prefix) is data: folder markers, and Spark/Hadoop side
-    files and folders (``_SUCCESS``, ``.part-0.crc``, ``_temporary/``, ``.spark-staging-1/``) are not.
+    """Whether a key (relative to the channel's prefix) is data: folder markers (``dir/``, EMR's
+    ``dir_$folder$``), and Spark/Hadoop side files and folders (``_SUCCESS``, ``.part-0.crc``,
+    ``_temporary/``, ``.spark-staging-1/``) are not.
     ``.`` and ``..`` are left in, for ``check_relative_key`` to refuse by name."""
     parts = rel.split("/")
+    if parts[-1].endswith("_$folder$"):  # the folder markers of Hadoop's s3n and EMR
+        return False
     return bool(parts[-1]) and not any(p.startswith(("_", ".")) and p not in (".", "..") for p in parts)
 
 

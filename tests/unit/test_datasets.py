@@ -50,6 +50,24 @@ def test_parquet_csv_and_jsonl_read_alike(bucket, tmp_path):
         np.testing.assert_array_equal(y, arrays[0][1])
 
 
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_empty_part_files_add_no_rows_and_an_all_empty_channel_is_named(bucket, tmp_path, fmt):
+    # Spark writes a zero-byte part file for each empty partition
+    df = blobs_table(12).to_pandas()
+    body = df.to_csv(index=False) if fmt == "csv" else "\n".join(json.dumps(r) for r in df.to_dict(orient="records"))
+    s3.client().put_object(Bucket=bucket, Key=f"{fmt}/part-0.{fmt}", Body=b"")
+    s3.client().put_object(Bucket=bucket, Key=f"{fmt}/part-1.{fmt}", Body=body.encode())
+    manifest, channel = stage(bucket, tmp_path, fmt, prefix=f"{fmt}/")
+    layout = []
+    table = datasets.read_channel(manifest, layout, required=["label"])
+    assert table.num_rows == 12
+    assert [(e["start"], e["end"]) for e in layout] == [(0, 0), (0, 12)]
+    s3.client().put_object(Bucket=bucket, Key=f"none/part-0.{fmt}", Body=b"")
+    manifest, _ = stage(bucket, tmp_path / "none", fmt, prefix="none/")
+    with pytest.raises(DataError, match=r"every object is empty \(0 bytes\)"):
+        datasets.read_channel(manifest)
+
+
 def test_wrong_label_column_names_the_columns(bucket, tmp_path):
     put_table(bucket, "ch/a.parquet", blobs_table(10))
     manifest, channel = stage(bucket, tmp_path, label="churned")

@@ -386,6 +386,7 @@ def test_missing_bucket_prefix_and_empty_channel_are_named(s3_endpoint, tmp_path
         stage(f"s3://{bucket}/empty/", tmp_path)
     # a prefix with only a job's side files (a Spark job that wrote nothing) is empty too
     s3_endpoint.client().put_object(Bucket=bucket, Key="markers/_SUCCESS", Body=b"")
+    s3_endpoint.client().put_object(Bucket=bucket, Key="markers/part_$folder$", Body=b"")  # EMR's folder marker
     with pytest.raises(DataError, match=f"no objects under s3://{bucket}/markers/"):
         stage(f"s3://{bucket}/markers/", tmp_path)
 
