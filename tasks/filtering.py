@@ -18,7 +18,9 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
     logger = get_run_logger()
     with stage_meter("filtering", job) as record:
         champion = _champion(job) if filtering.wants_champion(job.sifting, staged.streamed) else None
-        record["report"] = filtering.filter_samples(staged, job.sifting, job.algorithm.task, champion)
+        record["report"] = filtering.filter_samples(
+            staged, job.sifting, job.algorithm.task, champion, job.algorithm, job.hyperparameters
+        )
     report = record["report"]
     if job.sifting.prefilter_on and staged.streamed:
         logger.info("prefilter skipped: a streamed train channel is not read whole before training")

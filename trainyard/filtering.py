@@ -34,6 +34,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainyard import algorithms
+from trainyard.algorithms import LossFn
 from trainyard.datasets import StagedData
 from trainyard.errors import DataError
 from trainyard.home import write_json_atomic
@@ -113,9 +114,17 @@ def wants_champion(sifting: Sifting, streamed: bool = False) -> bool:
 
 
 def filter_samples(
-    staged: StagedData, sifting: Sifting, task: str = "classification", champion: Champion | None = None
+    staged: StagedData,
+    sifting: Sifting,
+    task: str = "classification",
+    champion: Champion | None = None,
+    algorithm: Algorithm | None = None,
+    hyperparameters: Hyperparameters | None = None,
 ) -> FilterReport:
-    """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row."""
+    """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row.
+
+    With an entrypoint ``algorithm``, rows are scored with its own loss (``job_loss``), the loss its
+    training and sifting use, so that reducible loss subtracts like from like."""
     total = staged.rows["train"]
     report = FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=sifting.enabled)
     if not sifting.prefilter_on or staged.streamed:
@@ -123,6 +132,9 @@ def filter_samples(
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
     num_outputs = staged.schema.get("num_outputs", 1)
+    loss_fn = None
+    if algorithm is not None and algorithm.entrypoint and needs_reference(sifting):
+        loss_fn = job_loss(algorithm, hyperparameters or Hyperparameters(), x, y, num_outputs)
     result = prefilter(
         x,
         y,
@@ -132,6 +144,7 @@ def filter_samples(
         champion,
         with_losses=sifting.by_reducible_loss,
         min_class_fraction=sifting.prefilter.min_class_fraction,
+        loss_fn=loss_fn,
     )
     keep = result.keep
     arrays = {"x": x[keep], "y": y[keep]}
@@ -183,11 +196,13 @@ def prefilter(
     champion: Champion | None = None,
     with_losses: bool = False,
     min_class_fraction: float = 0.0,
+    loss_fn: LossFn | None = None,
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
     reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
     guard of the loss-based drops (classification; ``Prefilter.min_class_fraction``): no class keeps less
-    than this fraction of its proportional share of the kept rows."""
+    than this fraction of its proportional share of the kept rows. ``loss_fn``: the job's per-row loss
+    (``job_loss``), scoring the reference's outputs; by default the built-in algorithm's for ``task``."""
     keep = ~duplicates(x, y)
     dropped = {"duplicate": int((~keep).sum())}
     reasons = np.where(keep, 0, REASONS.index("duplicate")).astype(np.int8)
@@ -195,9 +210,9 @@ def prefilter(
         return Prefiltered(keep, dropped, 0, None, reasons=reasons)  # duplicates only: no reference model
     losses, flops, reference = None, 0, HOLDOUT
     if config.reference == "champion":
-        losses, flops, reference = champion_losses(x, y, keep, champion, task, num_outputs)
+        losses, flops, reference = champion_losses(x, y, keep, champion, task, num_outputs, loss_fn)
     if losses is None:
-        losses, flops = held_out_losses(x, y, keep, config, task, num_outputs)
+        losses, flops = held_out_losses(x, y, keep, config, task, num_outputs, loss_fn)
     candidates = np.flatnonzero(keep)
     order = candidates[np.argsort(losses[candidates], kind="stable")]
     n_learnt = math.floor(config.drop_learnt_fraction * len(order))
@@ -237,7 +252,13 @@ def _guard_classes(
 
 
 def champion_losses(
-    x: np.ndarray, y: np.ndarray, rows: np.ndarray, champion: Champion | None, task: str, num_outputs: int
+    x: np.ndarray,
+    y: np.ndarray,
+    rows: np.ndarray,
+    champion: Champion | None,
+    task: str,
+    num_outputs: int,
+    loss_fn: LossFn | None = None,
 ) -> tuple[np.ndarray | None, int, str]:
     """Each selected row's loss under the champion (NaN elsewhere), its FLOPs and ``"champion <name> vN"``;
     ``(None, 0, why)`` when there is no champion to use, so the caller falls back to cross-fitting."""
@@ -253,7 +274,9 @@ def champion_losses(
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             for part in np.array_split(chosen, max(1, math.ceil(len(chosen) / CHAMPION_BATCH))):
                 outputs = champion.model(torch.from_numpy(x[part]))
-                scored = _reference_loss(outputs, torch.from_numpy(y[part]), task, num_outputs, scale)
+                labels = torch.from_numpy(y[part])
+                _check_shape(outputs, task, num_outputs, len(part))
+                scored = loss_fn(outputs, labels) if loss_fn else _reference_loss(outputs, labels, task, scale)
                 losses[part] = scored.numpy()
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # another model's inputs or outputs
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -261,18 +284,35 @@ def champion_losses(
     return losses, counter.get_total_flops(), f"champion {champion.label}"
 
 
-def _reference_loss(
-    outputs: torch.Tensor, labels: torch.Tensor, task: str, num_outputs: int, scale: float = 1.0
-) -> torch.Tensor:
-    """Per-row loss of a reference model's outputs, on the job's own loss scale (``scale``: the label's
-    standard deviation for regression)."""
+def _check_shape(outputs: torch.Tensor, task: str, num_outputs: int, rows: int) -> None:
+    """A champion trained on other data may not fit this job's: its outputs say so."""
+    if task == "classification" and (outputs.dim() != 2 or outputs.shape[1] != num_outputs):
+        raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {num_outputs} classes")
+    if task != "classification" and outputs.numel() != rows:
+        raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {rows} rows")
+
+
+def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, scale: float = 1.0) -> torch.Tensor:
+    """Per-row loss of a reference model's outputs, on the built-in algorithms' loss scale (``scale``:
+    the label's standard deviation for regression)."""
     if task == "classification":
-        if outputs.dim() != 2 or outputs.shape[1] != num_outputs:
-            raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {num_outputs} classes")
         return torch.nn.functional.cross_entropy(outputs.float(), labels, reduction="none")
-    if outputs.numel() != len(labels):
-        raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {len(labels)} rows")
     return ((outputs.reshape(-1).float() - labels.float()) / scale) ** 2
+
+
+def job_loss(algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.ndarray, num_outputs: int) -> LossFn:
+    """An entrypoint's own per-row loss, taking a reference model's outputs: those are reshaped to what
+    the job's model gives (a regression model may give (N, 1) where the reference gives (N,))."""
+    model, loss_fn = algorithms.build(algorithm, hp, x, y, num_outputs)
+    with torch.no_grad():
+        tail = tuple(model.eval()(torch.from_numpy(x[: min(2, len(x))])).shape[1:])
+
+    def scored(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        losses = loss_fn(outputs.reshape(len(outputs), *tail), labels)
+        algorithms.check_per_sample(losses, len(outputs))
+        return losses.detach().float()
+
+    return scored
 
 
 def duplicates(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -285,9 +325,16 @@ def duplicates(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def held_out_losses(
-    x: np.ndarray, y: np.ndarray, rows: np.ndarray, config: Prefilter, task: str, num_outputs: int
+    x: np.ndarray,
+    y: np.ndarray,
+    rows: np.ndarray,
+    config: Prefilter,
+    task: str,
+    num_outputs: int,
+    loss_fn: LossFn | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Each selected row's loss under a reference model trained on the other half; NaN elsewhere."""
+    """Each selected row's loss under a reference model trained on the other half; NaN elsewhere.
+    ``loss_fn`` scores the reference's outputs (default: the loss it trained with)."""
     losses = np.full(len(x), np.nan)
     chosen = np.flatnonzero(rows)
     if len(chosen) < 2:  # each half trains a reference model for the other: both need rows
@@ -299,10 +346,10 @@ def held_out_losses(
     halves = np.array_split(np.random.default_rng(config.seed).permutation(chosen), 2)
     flops = 0
     for train_rows, score_rows in ((halves[0], halves[1]), (halves[1], halves[0])):
-        model, loss_fn, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
+        model, reference_loss, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             scored = model(torch.from_numpy(x[score_rows]))
-            losses[score_rows] = loss_fn(scored, torch.from_numpy(y[score_rows])).numpy()
+            losses[score_rows] = (loss_fn or reference_loss)(scored, torch.from_numpy(y[score_rows])).numpy()
         flops += spent + counter.get_total_flops()
     return losses, flops
 

@@ -224,3 +224,42 @@ def test_a_channel_of_one_distinct_row_is_named_not_scored_as_nan():
     x, y = np.ones((50, 3), np.float32), np.zeros(50, np.int64)  # every row the same
     with pytest.raises(DataError, match=r"1 distinct row\(s\) are left once duplicates are dropped"):
         filtering.prefilter(x, y, LOSS_BASED, "classification", 2)
+
+
+def hundredfold_loss_build(num_features, num_outputs, hyperparameters):
+    """An entrypoint whose loss is on its own scale: 100 times cross-entropy."""
+    model = torch.nn.Linear(num_features, num_outputs)
+    return model, lambda out, y: 100 * torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def column_mse_build(num_features, num_outputs, hyperparameters):
+    """A regression entrypoint giving (N, 1), with a loss that needs that shape."""
+    model = torch.nn.Linear(num_features, 1)
+    return model, lambda out, y: (out[:, 0] - y) ** 2
+
+
+def test_an_entrypoints_reference_losses_are_on_its_own_loss_scale(tmp_path):
+    from trainyard.spec import Algorithm, Hyperparameters
+
+    x, y, _ = noisy_blobs()
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 2100}, [])
+    sifting = Sifting(enabled=True, score="reducible_loss")
+    builtin = np.load(filtering.filter_samples(staged, sifting, "classification").train_data)["irreducible"]
+    entrypoint = Algorithm(entrypoint="tests.unit.test_filtering:hundredfold_loss_build")
+    report = filtering.filter_samples(staged, sifting, "classification", None, entrypoint, Hyperparameters())
+    own = np.load(report.train_data)["irreducible"]
+    # the same reference models (seeded), scored with the job's loss: what sifting subtracts from
+    np.testing.assert_allclose(own, 100 * builtin, rtol=1e-4)
+
+
+def test_a_regression_entrypoints_loss_gets_the_shape_its_model_gives():
+    from trainyard.spec import Algorithm, Hyperparameters
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 3)).astype(np.float32)
+    y = (3 * x[:, 0] + rng.normal(scale=0.1, size=200)).astype(np.float32)
+    algorithm = Algorithm(entrypoint="tests.unit.test_filtering:column_mse_build", task="regression")
+    loss = filtering.job_loss(algorithm, Hyperparameters(), x, y, 1)
+    losses = loss(torch.zeros(200), torch.from_numpy(y))  # a built-in reference gives (N,)
+    np.testing.assert_allclose(losses.numpy(), y**2, rtol=1e-6)
