@@ -57,6 +57,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         logger.warning("ignored: %s", setting)
     stages: dict[str, dict] = {}
     handle, outcome, model, carbon_section, error = None, None, None, None, None
+    failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary
     try:
         registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
         outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
@@ -110,6 +111,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
     except TrainyardError as exc:
         error = exc
         log.finish("Failed", "Failed", str(exc), failure_reason=str(exc))
+        failed_groups = getattr(exc, "failures", [])
     except Exception as exc:
         # a bug, not the user's mistake: the job still ends Failed with its summary, and the
         # traceback is kept (raised below)
@@ -119,7 +121,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
     finally:
         if handle is not None:
             launch.shutdown(handle)
-    summary = _summary(job, job_id, log, stages, outcome, model)
+    summary = _summary(job, job_id, log, stages, outcome, model, failed_groups)
     write_json_atomic(job_dir / "summary.json", summary)
     _publish(job, job_id, summary, model, logger)
     write_json_atomic(job_dir / "summary.json", summary)  # again, with where it was published (summary_uri)
@@ -150,7 +152,8 @@ def _emit_status(job_id: str, transition: dict) -> None:
     )
 
 
-def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -> dict:
+def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, failed_groups: list[dict]) -> dict:
+    """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome)."""
     report = stages.get("filtering", {}).get("report")
     energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
     summary = {
@@ -164,8 +167,8 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model) -
         "elastic": {
             "replicas_min": job.resources.min_replicas,
             "replicas_max": job.resources.max_replicas,
-            "failures": len(outcome.failures) if outcome else 0,
-            "failure_details": outcome.failures if outcome else [],
+            "failures": len(outcome.failures) if outcome else len(failed_groups),
+            "failure_details": outcome.failures if outcome else failed_groups,
             "recoveries": outcome.recoveries if outcome else [],
             "departures": outcome.departures if outcome else [],
             "joins": outcome.joins if outcome else [],

@@ -1,7 +1,9 @@
-"""What every stage task shares: wall time and energy of the stage, and which failures to retry."""
+"""What every stage task shares: wall time and energy of the stage, which failures to retry, and
+how a failure is logged."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,3 +39,17 @@ def retry_transient(task, task_run, state) -> bool:
     except Exception:  # noqa: BLE001 - anything else may be transient
         return True
     return False
+
+
+class _KnownErrorsWithoutTraceback(logging.Filter):
+    """Prefect logs a task that failed for good with its traceback. A ``TrainyardError`` (bad data, an
+    unusable algorithm, a service that stayed down) says what to fix in its message, which the record
+    keeps; its traceback would bury it. Any other exception is a bug and keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], TrainyardError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("prefect.task_runs").addFilter(_KnownErrorsWithoutTraceback())

@@ -37,7 +37,12 @@ class StorageError(TrainyardError, OSError):
 
 
 class TrainingError(TrainyardError, RuntimeError):
-    """A replica group failed beyond its retries, or training produced no usable model."""
+    """A replica group failed beyond its retries, or training produced no usable model.
+
+    ``failures``: each replica group failure seen before training gave up (as the summary lists them).
+    """
+
+    failures: list[dict] = []
 
 
 class RegistryError(TrainyardError, RuntimeError):

@@ -185,6 +185,7 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
         ("empty", "no objects under"),
         ("mean-loss", "algorithm.entrypoint: the loss function returned shape ()"),
         ("sifting-draw", "sifting.beta: each step draws hyperparameters.batch_size * (1 + beta) = 64 * 5 = 320"),
+        ("lost-group", "failed after 1 attempt(s) (retries.max_attempts 3)"),
     ],
 )
 def test_bad_data_fails_clearly_and_registers_nothing(
@@ -211,7 +212,11 @@ def test_bad_data_fails_clearly_and_registers_nothing(
         spec["sifting"] = {"enabled": True, "prefilter": {"drop_unlearnable_fraction": 0.05}}
     elif breakage == "sifting-draw":  # 150 training rows: one step an epoch, keeping 30 of them, not a batch
         spec["sifting"] = {"enabled": True, "beta": 4}
+    elif breakage == "lost-group":  # the only group dies; nothing to heal from and no checkpoint
+        spec["elastic"] = {"fault_injection": [{"replica": 0, "at_step": 2, "kind": "kill"}]}
     summary, _ = run_pipeline(spec)
+    if breakage == "lost-group":  # the group failure that ended training is in the summary
+        assert [(f["replica"], f["attempt"]) for f in summary["elastic"]["failure_details"]] == [(0, 0)]
     if breakage in ("mean-loss", "sifting-draw"):
         assert [t["status"] for t in summary["secondary_status_transitions"]] == ["Starting", "Downloading", "Failed"]
         assert summary["compute"]["flops_prefilter"] == 0

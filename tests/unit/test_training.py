@@ -461,8 +461,13 @@ def test_without_checkpoints_a_lost_job_fails_and_says_why(trainyard_home):
         resources={"replicas": 1},
         elastic={"fault_injection": [{"replica": 0, "at_step": 25, "kind": "kill"}]},
     )
-    with pytest.raises(TrainingError, match=r"no live replica group is left to heal from \(elastic.checkpoint_every"):
+    with pytest.raises(
+        TrainingError, match=r"no live replica group is left to heal from \(elastic.checkpoint_every"
+    ) as info:
         run(job, *rest)
+    # one attempt ran (a restart could not heal from anyone), and the error carries it for the summary
+    assert "failed after 1 attempt(s) (retries.max_attempts 3)" in str(info.value)
+    assert [(f["replica"], f["attempt"]) for f in info.value.failures] == [(0, 0)]
 
 
 def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_heal(trainyard_home):

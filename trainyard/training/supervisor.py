@@ -167,7 +167,7 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             emit("replica.failed", failure)
             if failure["user_error"]:
                 launch.shutdown(handle)
-                raise TrainingError(f"replica group {replica}: {failure['message']}")
+                raise _failed(f"replica group {replica}: {failure['message']}", failures)
             # A restart heals from a live group. With none left (or none ahead of a restarted group)
             # it would start over from step 0 alone; the S3 checkpoint, if the job writes them, is
             # the fallback for that.
@@ -220,7 +220,13 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     _report_progress(job_dir, handle, epochs_seen, on_progress)
     if not finished:
         last = failures[-1]["message"] if failures else "no group reported a result"
-        raise TrainingError(f"every replica group failed after {job.retries.max_attempts} attempt(s): {last}")
+        # the attempts that ran: a failure no retry can mend (no live peer to heal from) is not retried
+        attempts = 1 + max((f["attempt"] for f in failures), default=0)
+        raise _failed(
+            f"every replica group failed after {attempts} attempt(s) (retries.max_attempts "
+            f"{job.retries.max_attempts}): {last}",
+            failures,
+        )
     outcome = _collect(job_dir, handle, finished, failures)
     outcome.joins, outcome.scaling, outcome.withdrawn = scaler.joins(), scaler.changes, scaler.withdrawn
     for recovery in outcome.recoveries:
@@ -391,6 +397,13 @@ def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
             | ({"sifter_history": recovery["sifter_history"]} if recovery.get("sifter_history") is not None else {})
         )
     return records
+
+
+def _failed(message: str, failures: list[dict]) -> TrainingError:
+    """The training stage's error, carrying each group failure for the job summary."""
+    error = TrainingError(message)
+    error.failures = list(failures)  # a copy per error: the class default is shared
+    return error
 
 
 def _failure(out: Path, replica: int, attempt: int, code: int) -> dict:
