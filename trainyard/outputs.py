@@ -33,9 +33,12 @@ def check_destination(job: TrainingJob) -> None:
 
 
 def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) -> str:
-    """Upload the trained parameters and what is needed to rebuild the model; return the model folder URI."""
+    """Upload the trained parameters and what is needed to rebuild the model; return the model folder URI.
+
+    ``model.json`` goes first and ``model.pt`` last, so a ``model.pt`` in S3 always has its ``model.json``;
+    when ``model.pt`` fails, the ``model.json`` already up is deleted (best effort), leaving no half model.
+    """
     target = job_prefix(job, job_id).join("model")
-    s3.upload_file(model_path, str(target.join("model.pt")))
     meta = {
         "job_id": job_id,
         "algorithm": job.algorithm.model_dump(),
@@ -43,6 +46,11 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
         "schema": schema,
     }
     _upload_json(meta, str(target.join("model.json")))
+    try:
+        s3.upload_file(model_path, str(target.join("model.pt")))
+    except StorageError:
+        s3.delete_quietly(str(target.join("model.json")))
+        raise
     return str(target) + "/"
 
 

@@ -212,3 +212,14 @@ def put_bytes(uri: str, data: bytes) -> str:
     except (ClientError, BotoCoreError) as exc:
         raise describe_error(exc, uri) from exc
     return uri
+
+
+def delete_quietly(uri: str) -> bool:
+    """Delete one object, as a clean-up after a failure: whether it went; an error is not raised, since
+    the failure being cleaned up after is the one to report."""
+    target = S3Uri.parse(uri)
+    try:
+        client().delete_object(Bucket=target.bucket, Key=target.key)
+    except (ClientError, BotoCoreError):
+        return False
+    return True

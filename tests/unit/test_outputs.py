@@ -76,3 +76,28 @@ def test_a_missing_output_bucket_is_found_before_any_compute_and_upload_errors_a
     (tmp_path / "f").write_bytes(b"x")
     with pytest.raises(StorageError, match="s3://no-such-out-bucket/k: bucket does not exist; create it"):
         s3.upload_file(tmp_path / "f", "s3://no-such-out-bucket/k")
+
+
+@pytest.mark.parametrize("failing", ["model.pt", "model.json"])
+def test_a_model_that_fails_to_upload_leaves_no_half_model(s3_endpoint, fault_proxy, tmp_path, monkeypatch, failing):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    bucket = s3_endpoint.new_bucket()
+    job = parse_job(
+        {
+            "name": "out",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": f"s3://{bucket}/t/", "label": "y"}},
+            "output": {"s3_uri": f"s3://{bucket}/output/"},
+        }
+    )
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"parameters")
+    fault_proxy.drop(1000, method="PUT", key=failing)
+    with pytest.raises(StorageError, match=f"s3://{bucket}/output/job-3/model/{failing}"):
+        outputs.upload_model(job, "job-3", model, {"num_outputs": 2})
+    assert "Contents" not in s3_endpoint.client().list_objects_v2(Bucket=bucket, Prefix="output/job-3/")
+    fault_proxy.clear_faults()
+    uri = outputs.upload_model(job, "job-3", model, {"num_outputs": 2})
+    listed = s3_endpoint.client().list_objects_v2(Bucket=bucket, Prefix="output/job-3/")["Contents"]
+    assert uri == f"s3://{bucket}/output/job-3/model/"
+    assert sorted(o["Key"] for o in listed) == ["output/job-3/model/model.json", "output/job-3/model/model.pt"]
