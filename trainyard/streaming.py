@@ -278,6 +278,11 @@ def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int
         # do by default; pyarrow with write_page_checksum=True), are checked as each page is read.
         parquet = pq.ParquetFile(source, pre_buffer=True, page_checksum_verification=True)
         return parquet, source.size(), etag
+    except FileNotFoundError as exc:  # pyarrow's word for S3's 404
+        raise StorageError(
+            f"s3://{path}: no longer in S3 (deleted or renamed since the channel was staged); restore it, "
+            "or run the job again to stage the channel as it is now"
+        ) from exc
     except (OSError, pa.ArrowInvalid) as exc:
         raise read_error(exc, f"s3://{path}", "cannot be read as parquet") from exc
 

@@ -207,6 +207,17 @@ def test_row_groups_too_unequal_to_deal_evenly_are_cut_into_even_shares(s3_endpo
     assert sorted(seen) == list(range(400))
 
 
+def test_an_object_deleted_since_staging_is_named_as_gone(s3_endpoint, tmp_path):
+    job, plan = numbered_rows_job(s3_endpoint, tmp_path)
+    bucket = job.inputs.train.s3_uri.split("/")[2]
+    s3_endpoint.client().delete_object(Bucket=bucket, Key="t/a.parquet")
+    sampler = StreamSampler(job, plan, tmp_path / "another-machine")  # nothing of it kept locally
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/t/a.parquet: no longer in S3") as info:
+        for index in range(sampler.steps_per_epoch(1)):
+            sampler.slot_batch(0, index, 1, 0)
+    assert not info.value.transient
+
+
 def test_a_failed_read_ahead_is_read_again_when_needed_and_a_second_failure_is_raised(s3_endpoint, tmp_path):
     job, plan = numbered_rows_job(s3_endpoint, tmp_path)
     sampler = StreamSampler(job, plan, tmp_path / "cache")
