@@ -121,11 +121,22 @@ def _list_prefix(uri: str) -> list[StagedObject]:
         # "s3://bucket/key" may name one object; otherwise it is a prefix written without its slash.
         try:
             head = client.head_object(Bucket=root.bucket, Key=root.key)
-            rel = root.key.rsplit("/", 1)[-1]
-            return [StagedObject(root.bucket, root.key, head["ContentLength"], head["ETag"].strip('"'), rel)]
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
                 raise
+        else:
+            # An object that is also a folder of objects: staging either alone would lose the other silently.
+            # (folder markers and side files under it do not count: a first page of keys is enough to tell)
+            page = client.list_objects_v2(Bucket=root.bucket, Prefix=root.key + "/", MaxKeys=100)
+            under = [o["Key"] for o in page.get("Contents", []) if _is_data_key(o["Key"][len(root.key) + 1 :])]
+            if under:
+                raise DataError(
+                    f"{uri} is an object and also a prefix of objects (s3://{root.bucket}/{under[0]}, ...); end "
+                    "the URI with '/' for the objects under it, or list the one object in a manifest "
+                    "(s3_data_type: manifest)"
+                )
+            rel = root.key.rsplit("/", 1)[-1]
+            return [StagedObject(root.bucket, root.key, head["ContentLength"], head["ETag"].strip('"'), rel)]
     prefix = root.key if not root.key or root.key.endswith("/") else root.key + "/"
     objects = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix):

@@ -391,6 +391,19 @@ def test_missing_bucket_prefix_and_empty_channel_are_named(s3_endpoint, tmp_path
         stage(f"s3://{bucket}/markers/", tmp_path)
 
 
+def test_a_uri_that_is_an_object_and_a_prefix_is_refused_not_half_staged(s3_endpoint, tmp_path):
+    if s3_endpoint.name == "rclone":
+        pytest.skip("rclone serves a file system: 'odd/train' cannot be a file and a folder at once")
+    client, bucket = s3_endpoint.client(), s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="odd/train", Body=b"an object")
+    client.put_object(Bucket=bucket, Key="odd/train/", Body=b"")  # a folder marker alone is no ambiguity
+    assert [o.key for o in stage(f"s3://{bucket}/odd/train", tmp_path, format="raw").objects] == ["odd/train"]
+    client.put_object(Bucket=bucket, Key="odd/train/part-0", Body=b"and one under it")
+    with pytest.raises(DataError, match=rf"s3://{bucket}/odd/train is an object and also a prefix of objects"):
+        stage(f"s3://{bucket}/odd/train", tmp_path, format="raw")
+    assert [o.key for o in stage(f"s3://{bucket}/odd/train/", tmp_path, format="raw").objects] == ["odd/train/part-0"]
+
+
 def test_denied_request_is_clear(s3_endpoint, tmp_path, monkeypatch):
     s3_endpoint.skip_unless("sigv4_enforced")
     bucket = s3_endpoint.new_bucket()
