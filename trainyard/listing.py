@@ -152,7 +152,8 @@ def _list_manifest(uri: str) -> list[StagedObject]:
     where = s3.S3Uri.parse(uri)
     client = s3.client()
     try:
-        text = client.get_object(Bucket=where.bucket, Key=where.key)["Body"].read().decode("utf-8")
+        # utf-8-sig: a byte order mark (Windows editors write one) is not part of the JSON
+        text = client.get_object(Bucket=where.bucket, Key=where.key)["Body"].read().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(f"{uri}: a manifest must be UTF-8 JSON or JSON lines ({exc})") from exc
     try:
@@ -171,6 +172,8 @@ def _list_manifest(uri: str) -> list[StagedObject]:
             raise DataError(
                 f"{uri}: the manifest's prefix {prefix!r} is not an s3:// URI; write it as s3://bucket/prefix/"
             )
+        if not entries:
+            raise DataError(f"{uri}: the manifest has a prefix entry and no objects after it; list the objects' keys")
     parsed = []
     for entry in entries:
         value = entry.get("s3_uri") if isinstance(entry, dict) else entry
@@ -182,6 +185,11 @@ def _list_manifest(uri: str) -> list[StagedObject]:
             raise DataError(
                 f"{uri}: manifest entry {value!r} is a full URI, but after the manifest's prefix entries are keys "
                 f"relative to it; write it without {prefix!r}, or drop the prefix entry"
+            )
+        if not prefix and not value.startswith("s3://"):
+            raise DataError(
+                f"{uri}: manifest entry {value!r} is a key, but the manifest has no prefix entry to say where; write "
+                'it as s3://bucket/key, or begin the manifest with {"prefix": "s3://bucket/prefix/"}'
             )
         if value.endswith("/"):
             raise DataError(
@@ -227,18 +235,31 @@ def head(client, target: s3.S3Uri, rel: str = "", version_id: str = "") -> Stage
         meta = client.head_object(Bucket=target.bucket, Key=target.key, **obj.version)
     except ClientError as exc:
         error = s3.describe_error(exc, obj.uri)
-        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404 and s3.bucket_missing(
-            client, target.bucket
-        ):
-            # a HEAD's 404 has no body to say which: no such object, or no such bucket
-            error = StorageError(
-                f"{obj.uri}: bucket {target.bucket!r} does not exist; create it or fix the bucket name"
-            )
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            # a HEAD's 404 has no body to say which: no such bucket, no such object, or no such version
+            if s3.bucket_missing(client, target.bucket):
+                error = StorageError(
+                    f"{obj.uri}: bucket {target.bucket!r} does not exist; create it or fix the bucket name"
+                )
+            elif obj.version_id and _exists(client, target):
+                error = StorageError(
+                    f"{obj.uri}: the object has no version {obj.version_id!r}; check the version id "
+                    "(aws s3api list-object-versions lists them)"
+                )
         raise error from exc
     if wrong := wrong_version(obj, meta):
         raise wrong
     obj.size, obj.etag = meta["ContentLength"], meta["ETag"].strip('"')
     return obj
+
+
+def _exists(client, target: s3.S3Uri) -> bool:
+    """Whether the object's latest version is there (a HEAD), to tell a missing version from a missing object."""
+    try:
+        client.head_object(Bucket=target.bucket, Key=target.key)
+    except ClientError:
+        return False
+    return True
 
 
 def wrong_version(obj: StagedObject, response: dict) -> StorageError | None:

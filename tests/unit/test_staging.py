@@ -358,7 +358,7 @@ def test_a_manifest_can_pin_object_versions(s3_endpoint, tmp_path):
     client.put_object(
         Bucket=bucket, Key="gone.json", Body=json.dumps([f"s3://{bucket}/d/a.bin?versionId=nope"]).encode()
     )
-    with pytest.raises(StorageError, match=rf"s3://{bucket}/d/a.bin\?versionId=nope"):
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/d/a.bin\?versionId=nope: the object has no version 'nope'"):
         stage(f"s3://{bucket}/gone.json", tmp_path, s3_data_type="manifest", format="raw")
     with pytest.raises(DataError, match=rf"d/a.bin\?versionId={small_v1}: mode stream reads the latest version"):
         stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="parquet", mode="stream")
@@ -470,6 +470,17 @@ def test_a_large_objects_requests_timing_out_or_dropped_are_named_and_transient(
     assert failed.value.transient
 
 
+def test_a_manifest_saved_with_a_byte_order_mark_is_read(s3_endpoint, tmp_path):
+    client, bucket = s3_endpoint.client(), s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="d/a.bin", Body=b"data")
+    client.put_object(
+        Bucket=bucket, Key="m.json", Body=b"\xef\xbb\xbf" + json.dumps([f"s3://{bucket}/d/a.bin"]).encode()
+    )
+    assert [o.key for o in stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw").objects] == [
+        "d/a.bin"
+    ]
+
+
 def test_a_manifest_whose_prefix_or_entries_are_malformed_is_named(s3_endpoint, tmp_path):
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
@@ -479,6 +490,8 @@ def test_a_manifest_whose_prefix_or_entries_are_malformed_is_named(s3_endpoint, 
         ([{"prefix": prefix}, f"{prefix}a.bin"], f"manifest entry '{prefix}a.bin' is a full URI, but after"),
         ([{"prefix": prefix}, "sub/"], "manifest entry 'sub/' is a folder; a manifest lists objects"),
         ([f"{prefix}sub/"], f"manifest entry '{prefix}sub/' is a folder"),
+        (["p/a.bin"], "manifest entry 'p/a.bin' is a key, but the manifest has no prefix entry to say where"),
+        ([{"prefix": prefix}], "the manifest has a prefix entry and no objects after it"),
     ):
         client.put_object(Bucket=bucket, Key="m.json", Body=json.dumps(entries).encode())
         with pytest.raises(DataError, match=f"s3://{bucket}/m.json: {message}"):
