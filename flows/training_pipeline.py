@@ -71,7 +71,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         log.enter("Training", "Launching replica groups")
         stages["launch"] = launch_groups(job, job_id, str(job_dir))
         handle = stages["launch"]["handle"]
-        stages["filtering"] = filter_samples(job, staged)
+        stages["filtering"] = filter_samples(job, staged, job_id)
         report = stages["filtering"]["report"]
         if report.dropped:  # after the stage is recorded: its compute is in the summary if this refuses
             sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
@@ -100,7 +100,8 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         carbon_section = stages["carbon"]["carbon"]
         if primary == "Completed":
             tags = _lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
-            stages["registry"] = register_model(job, job_id, plan, outcome, tags)
+            files = {"filtered_manifest": report.manifest} if report.manifest else {}
+            stages["registry"] = register_model(job, job_id, plan, outcome, tags, files)
             model = stages["registry"]["model"]
         log.finish(
             primary,
@@ -218,6 +219,8 @@ def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, mode
     tags["sifting.prefilter_dropped"] = json.dumps(report.dropped or {}, sort_keys=True)
     if report and report.manifest_digest:  # which rows training read, when the prefilter chose them
         tags["sifting.filtered_manifest_digest"] = report.manifest_digest
+    if report and report.manifest_uri:
+        tags["sifting.filtered_manifest_uri"] = report.manifest_uri
     if outcome.sifting and outcome.sifting["kept_fraction"] is not None:  # None: the job ended within the delay
         tags["sifting.kept_fraction"] = f"{outcome.sifting['kept_fraction']:.4f}"
     return tags

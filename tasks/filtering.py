@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import stage_meter
-from trainyard import filtering, registry
+from trainyard import filtering, outputs, registry
 from trainyard.datasets import StagedData
 from trainyard.errors import RegistryError
 from trainyard.spec import TrainingJob
 
 
 @task(name="filtering", cache_policy=NO_CACHE)
-def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
+def filter_samples(job: TrainingJob, staged: StagedData, job_id: str) -> dict:
     """Filter the staged training set; return the report and the data the groups will train on."""
     logger = get_run_logger()
     with stage_meter("filtering", job) as record:
@@ -22,6 +24,10 @@ def filter_samples(job: TrainingJob, staged: StagedData) -> dict:
             staged, job.sifting, job.algorithm.task, champion, job.algorithm, job.hyperparameters
         )
     report = record["report"]
+    if report.manifest:  # with the job's outputs: which rows of which objects training read, and why not the rest
+        report.manifest_uri = outputs.upload_file(
+            job, job_id, Path(report.manifest), "filtering/train.filtered.manifest.json"
+        )
     if job.sifting.prefilter_on and staged.streamed:
         logger.info("prefilter skipped: a streamed train channel is not read whole before training")
     if report.reference:

@@ -21,7 +21,14 @@ from trainyard.training.supervisor import TrainingOutcome, load_model
 
 
 @task(name="registry", retries=2, retry_delay_seconds=3, retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
-def register_model(job: TrainingJob, job_id: str, plan: TrainingPlan, outcome: TrainingOutcome, tags: dict) -> dict:
+def register_model(
+    job: TrainingJob,
+    job_id: str,
+    plan: TrainingPlan,
+    outcome: TrainingOutcome,
+    tags: dict,
+    files: dict[str, str] | None = None,
+) -> dict:
     """Register the trained model (idempotent per job id); return the summary's ``model`` section.
 
     Args:
@@ -30,6 +37,7 @@ def register_model(job: TrainingJob, job_id: str, plan: TrainingPlan, outcome: T
         plan: where the training and validation arrays are (the input example comes from them).
         outcome: the training stage's result (model file, history, recoveries).
         tags: the pipeline's lineage tags (data, compute, carbon); Prefect's run and deployment are added.
+        files: more files for the version's run, by name (the filtered manifest), beside the training curves.
     """
     logger = get_run_logger()
     with stage_meter("registry", job) as record:
@@ -40,7 +48,14 @@ def register_model(job: TrainingJob, job_id: str, plan: TrainingPlan, outcome: T
         params |= {"algorithm": job.algorithm.builtin or job.algorithm.entrypoint, "replicas": job.resources.replicas}
         lineage = {**model_card.training_tags(outcome, job.sifting.enabled), **_prefect_tags(), **tags}
         record["model"] = registry.register(
-            model, job, job_id, example, outcome.history, params, lineage, {"training_curves": plot}
+            model,
+            job,
+            job_id,
+            example,
+            outcome.history,
+            params,
+            lineage,
+            {"training_curves": plot} | {name: Path(path) for name, path in (files or {}).items()},
         )
     m = record["model"]
     logger.info("registered %s version %s (aliases %s; %s)", m["name"], m["version"], m["aliases"], m["gate"])

@@ -58,7 +58,7 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
         if manifest.format != "parquet" and Path(obj.path).stat().st_size == 0:
             # Spark writes an empty part file for each empty partition: no rows, not a broken object
             if layout is not None:
-                layout.append({"id": obj.uri, "start": start, "end": start, "row_groups": None})
+                layout.append({"id": obj.uri, "start": start, "end": start, "row_groups": None, "etag": obj.etag})
             continue
         read.append(obj)
         try:
@@ -69,7 +69,8 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
                     meta = pq.ParquetFile(obj.path).metadata
                     row_groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
                 end = start + tables[-1].num_rows
-                layout.append({"id": obj.uri, "start": start, "end": end, "row_groups": row_groups})
+                # the ETag: which bytes of the object these rows are (the id carries a pinned version)
+                layout.append({"id": obj.uri, "start": start, "end": end, "row_groups": row_groups, "etag": obj.etag})
                 start = end
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             raise DataError(

@@ -63,7 +63,9 @@ class FilterReport:
     manifest: str | None = None
     """The filtered manifest (``write_manifest``), when the prefilter ran."""
     manifest_digest: str | None = None
-    """Its digest of which rows of which objects were kept."""
+    """Its digest of which rows of which objects (and which bytes of them: their ETags) were kept."""
+    manifest_uri: str | None = None
+    """Where the filtered manifest was uploaded with the job's outputs, once it was."""
     kept_for_balance: int = 0
     """Rows the loss-based drops would have taken, kept so that no class falls below the guard's floor."""
 
@@ -162,20 +164,23 @@ def filter_samples(
 
 
 def write_manifest(path: Path, report: FilterReport, staged: StagedData, reasons: np.ndarray) -> str:
-    """Write the filtered manifest and return its digest: for each source object, its rows, how many were
-    kept, and the numbers of the dropped ones by reason (counted from 0 within the object, in the order
-    staging read it), so a dropped row can be found in the data; the digest covers which rows of which
-    objects were kept."""
+    """Write the filtered manifest and return its digest: for each source object (its S3 URI, a pinned
+    version included, and its ETag), its rows, how many were kept, and the numbers of the dropped ones by
+    reason (counted from 0 within the object, in the order staging read it), so a dropped row can be found
+    in the data; the digest covers which rows of which objects, as which bytes, were kept."""
     objects = staged.train_layout or [{"id": staged.train_data, "start": 0, "end": len(reasons)}]
     entries, digest = [], hashlib.sha256()
     for obj in objects:
         fates = reasons[obj["start"] : obj["end"]]
         dropped = {name: np.flatnonzero(fates == code).tolist() for code, name in enumerate(REASONS) if code}
-        entries.append({"id": obj["id"], "rows": len(fates), "kept": int((fates == 0).sum()), "dropped": dropped})
-        digest.update(f"{obj['id']}\0{len(fates)}\0".encode() + np.packbits(fates == 0).tobytes() + b"\n")
+        entry = {"id": obj["id"], "etag": obj.get("etag"), "rows": len(fates), "kept": int((fates == 0).sum())}
+        entries.append(entry | {"dropped": dropped})
+        digest.update(
+            f"{obj['id']}\0{obj.get('etag') or ''}\0{len(fates)}\0".encode() + np.packbits(fates == 0).tobytes() + b"\n"
+        )
     manifest = {
-        "train_data": report.train_data,
-        "source": staged.train_data,
+        "train_data": report.train_data,  # this machine's arrays: the objects below say where the rows came from
+        "source_arrays": staged.train_data,
         "rows": report.total,
         "kept": report.kept,
         "dropped": report.dropped,

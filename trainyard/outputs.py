@@ -1,4 +1,5 @@
-"""The job's outputs in ``output.s3_uri``: ``<prefix>/<job id>/model/`` and ``summary.json``.
+"""The job's outputs in ``output.s3_uri``: ``<prefix>/<job id>/model/``, ``summary.json`` and, when the
+prefilter ran, ``filtering/train.filtered.manifest.json``.
 
 Uploads go through boto3's transfer manager, which aborts a failed multipart upload, so an
 interrupted upload never leaves a partial object under the final key.
@@ -52,6 +53,11 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
         s3.delete_quietly(str(target.join("model.json")))
         raise
     return str(target) + "/"
+
+
+def upload_file(job: TrainingJob, job_id: str, path: Path, name: str) -> str:
+    """Upload one of the job's files (the filtered manifest) as ``<job prefix>/<name>``; return its URI."""
+    return s3.upload_file(path, str(job_prefix(job, job_id).join(name)))
 
 
 def upload_summary(job: TrainingJob, job_id: str, summary: dict) -> str:

@@ -144,6 +144,14 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     assert sum(len(o["dropped"]["unlearnable"]) for o in filtered["objects"]) == pre["dropped"]["unlearnable"]
     artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)}
     assert "training_curves.png" in artifacts  # loss, accuracy and the kept fraction per epoch
+    # the filtered manifest goes with the job's outputs and the registered version's run, naming each
+    # object's bytes by ETag
+    assert "train.filtered.manifest.json" in artifacts
+    assert pre["manifest_uri"] == run.data.tags["sifting.filtered_manifest_uri"]
+    assert pre["manifest_uri"] == f"{summary['output_uri']}filtering/train.filtered.manifest.json"
+    key = pre["manifest_uri"].split("/", 3)[3]
+    uploaded = json.loads(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert uploaded == filtered and all(o["etag"] and o["id"].startswith("s3://") for o in filtered["objects"])
 
 
 def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlflow_uri):
