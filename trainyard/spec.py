@@ -7,6 +7,7 @@ with one line per problem naming the field and the fix (``load_job`` raises ``Sp
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -473,6 +474,15 @@ class TrainingJob(_Model):
     def _consistent(self) -> TrainingJob:
         problems = []
         for name, channel in self.channels().items():
+            if name not in ("train", "validation") and self.algorithm.builtin is not None:
+                # Extra channels are side files for an entrypoint: a built-in reads none, so one is a typo
+                # (inputs.validaton) or a leftover, and would be downloaded for nothing.
+                close = difflib.get_close_matches(name, ["validation", "train"], n=1, cutoff=0.6)
+                hint = f"did you mean inputs.{close[0]}? " if close else ""
+                problems.append(
+                    f"inputs.{name}: built-in algorithms read only inputs.train and inputs.validation; {hint}"
+                    "remove it, or rename it"
+                )
             if name not in ("train", "validation") and channel.mode == "stream":
                 problems.append(f"inputs.{name}.mode: only a parquet train channel can stream; use file")
             if name not in ("train", "validation") and channel.distribution == "sharded":
@@ -561,12 +571,20 @@ class TrainingJob(_Model):
 
 
 def ignored_settings(job: TrainingJob) -> list[str]:
-    """Settings the job gives but will not act on, each worded for a warning.
+    """Settings the job gives that will not do what they seem to (ignored, or read as something else),
+    each worded for a warning.
 
     Settings under a switched-off stage are warned about, not refused: turning a stage off with
     ``enabled: false`` while keeping its tuning in the file is how such a stage is paused.
     """
     ignored = []
+    for name in job.channels():
+        close = difflib.get_close_matches(name, ["validation"], n=1, cutoff=0.75)
+        if name not in ("train", "validation") and close:
+            ignored.append(
+                f"inputs.{name}: as spelt, an extra channel for the entrypoint, not the validation set; "
+                f"rename it inputs.{close[0]} if that is what it is"
+            )
     sifting = job.sifting
     if not sifting.enabled:
         tuned = sorted(sifting.model_fields_set - {"enabled", "prefilter"})

@@ -246,9 +246,28 @@ def test_prefilter_settings_that_cannot_work_are_refused():
 def test_an_extra_channel_cannot_be_sharded():
     extra = {"vocab": {"s3_uri": "s3://bkt/vocab/", "format": "raw", "distribution": "sharded"}}
     inputs = {"train": {"s3_uri": "s3://bkt/train/", "label": "y"}} | extra
-    assert any(p.startswith("inputs.vocab.distribution:") for p in problems(minimal(inputs=inputs)))
+    entrypoint = {"entrypoint": "pkg.models:build"}  # extra channels are for an entrypoint
+    assert any(
+        p.startswith("inputs.vocab.distribution:") for p in problems(minimal(inputs=inputs, algorithm=entrypoint))
+    )
     inputs["vocab"]["distribution"] = "replicated"
-    assert parse_job(minimal(inputs=inputs)).channels()["vocab"].distribution == "replicated"
+    assert parse_job(minimal(inputs=inputs, algorithm=entrypoint)).channels()["vocab"].distribution == "replicated"
+
+
+def test_an_extra_channel_with_a_built_in_algorithm_is_refused_and_a_near_miss_named():
+    inputs = {
+        "train": {"s3_uri": "s3://bkt/train/", "label": "y"},
+        "validaton": {"s3_uri": "s3://bkt/v/", "label": "y"},
+    }
+    assert problems(minimal(inputs=inputs)) == [
+        "inputs.validaton: built-in algorithms read only inputs.train and inputs.validation; did you mean "
+        "inputs.validation? remove it, or rename it"
+    ]
+    job = parse_job(minimal(inputs=inputs, algorithm={"entrypoint": "pkg.models:build"}))
+    assert ignored_settings(job) == [
+        "inputs.validaton: as spelt, an extra channel for the entrypoint, not the validation set; rename it "
+        "inputs.validation if that is what it is"
+    ]
 
 
 def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
