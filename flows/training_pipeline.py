@@ -54,7 +54,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
     log = status.StatusLog(on_transition=lambda t: _emit_status(job_id, t))
     log.enter("Starting", "Job spec validated; preparing the job")
     for setting in ignored_settings(job):
-        logger.warning("ignored: %s", setting)
+        logger.warning("%s", setting)
     stages: dict[str, dict] = {}
     handle, outcome, model, carbon_section, error = None, None, None, None, None
     failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary

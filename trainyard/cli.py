@@ -51,7 +51,7 @@ def validate(
     job = _load(spec, set_)
     console.print(f"[green]{spec}: valid[/green] job {job.name!r}, {job.resources.replicas} replica group(s)")
     for setting in ignored_settings(job):
-        console.print(f"[yellow]ignored: {setting}[/yellow]")
+        console.print(f"[yellow]warning: {setting}[/yellow]")
     problem = _entrypoint_problem(job)
     if problem:  # only a warning: the job may be meant for workers where the package is installed
         console.print(f"[yellow]{problem} (it must import where the job runs, not necessarily here)[/yellow]")

@@ -260,13 +260,13 @@ class Prefilter(_Model):
     reference_epochs: int = Field(default=3, ge=1, description="Epochs the reference models train for.")
     reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")
 
+    reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
+    seed: int = Field(default=0, description="Seed of the cross-fitting split and the reference models.")
+
     @field_validator("reference_hidden_sizes")
     @classmethod
     def _positive_widths(cls, v: list[int]) -> list[int]:
         return _check_widths(v)
-
-    reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
-    seed: int = Field(default=0, description="Seed of the cross-fitting split and the reference models.")
 
     @model_validator(mode="after")
     def _leaves_rows(self) -> Prefilter:

@@ -328,7 +328,7 @@ def test_settings_of_a_stage_that_is_off_are_named_as_ignored(tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(minimal(sifting={"beta": 0.5})))
     result = CliRunner().invoke(app, ["validate", str(spec)])
-    assert result.exit_code == 0 and "ignored: sifting.beta" in result.output
+    assert result.exit_code == 0 and "warning: sifting.beta" in result.output
 
 
 def per_row_build(num_features, num_outputs, hyperparameters):
