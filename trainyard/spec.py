@@ -424,14 +424,41 @@ class Carbon(_Model):
 class PromoteIf(_Model):
     """The promotion gate: when a new version becomes the champion."""
 
-    metric: str = Field(default="val_accuracy", description="Metric compared against the champion's.")
-    mode: Literal["max", "min"] = Field(default="max", description="max: bigger wins; min: smaller wins.")
+    metric: str = Field(
+        default="val_accuracy",
+        description="Metric compared against the champion's: val_accuracy, val_loss, val_rmse or train_loss.",
+    )
+    mode: Literal["max", "min"] | None = Field(
+        default=None,
+        description="max: bigger wins; min: smaller wins. Default: the metric's own direction (max for "
+        "val_accuracy, min for the losses and val_rmse).",
+    )
     min_gain: float = Field(default=0.0, ge=0, description="How much better than the champion it must be.")
     max_emissions_kg: float | None = Field(
         default=None,
         gt=0,
         description="Carbon ceiling: a version whose job emitted more kgCO2e never becomes the champion.",
     )
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"unknown metric {v!r}; use one of {', '.join(METRICS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _direction(self) -> PromoteIf:
+        # A gate that calls a bigger loss better would crown every worse model.
+        natural = "max" if METRICS[self.metric] else "min"
+        if self.mode is None:
+            object.__setattr__(self, "mode", natural)
+        elif self.mode != natural:
+            raise ValueError(
+                f"mode {self.mode} would promote a worse model: {self.metric} is better "
+                f"{'bigger' if natural == 'max' else 'smaller'}; use {natural}, or leave mode out"
+            )
+        return self
 
 
 class Registry(_Model):
@@ -513,6 +540,16 @@ class TrainingJob(_Model):
                 problems.append("stopping.target_metric.name: val_accuracy is for classifiers; use val_rmse")
             if target.name == "val_rmse" and self.algorithm.task == "classification":
                 problems.append("stopping.target_metric.name: val_rmse is for regression; use val_accuracy")
+        gate = self.registry.promote_if
+        if gate is not None:
+            if gate.metric.startswith("val_") and self.inputs.validation is None:
+                problems.append(
+                    f"registry.promote_if.metric: {gate.metric} needs a validation channel; add inputs.validation"
+                )
+            if gate.metric == "val_accuracy" and self.algorithm.task == "regression":
+                problems.append("registry.promote_if.metric: val_accuracy is for classifiers; use val_rmse")
+            if gate.metric == "val_rmse" and self.algorithm.task == "classification":
+                problems.append("registry.promote_if.metric: val_rmse is for regression; use val_accuracy")
         if self.stopping.patience_epochs is not None and self.inputs.validation is None:
             problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
         if self.sifting.by_reducible_loss:

@@ -69,7 +69,10 @@ def trained(model_name: str, steps: int = 60, **promote_if):
             "name": "server-test",
             "algorithm": {"builtin": "mlp-classifier"},
             "hyperparameters": {"hidden_sizes": [8]},
-            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+            "inputs": {
+                "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
+                "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
+            },
             "output": {"s3_uri": "s3://bkt/o/"},
             "registry": {"model_name": model_name, "promote_if": {"metric": "val_accuracy", **promote_if}},
         }

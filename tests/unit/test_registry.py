@@ -33,7 +33,10 @@ def trained(seed: int = 0, steps: int = 60):
             "name": "reg-test",
             "algorithm": {"builtin": "mlp-classifier"},
             "hyperparameters": {"hidden_sizes": [8], "seed": seed},
-            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+            "inputs": {
+                "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
+                "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
+            },
             "output": {"s3_uri": "s3://bkt/o/"},
             "registry": {"promote_if": {"metric": "val_accuracy", "mode": "max"}},
         }
@@ -98,6 +101,25 @@ def test_gate_rule_gain_direction_and_carbon_ceiling():
     assert not over.wins and "ceiling" in over.reason
     assert not decide(rule, 0.10, None, has_champion=False, emissions_kg=None).wins  # a ceiling needs a figure
     assert not decide(None, 0.9, 0.1, has_champion=True, emissions_kg=None).wins  # no gate: only by hand
+
+
+def test_a_gates_direction_is_its_metrics_and_a_contrary_one_is_refused():
+    from trainyard.errors import SpecError
+
+    assert PromoteIf(metric="val_loss").mode == "min" and PromoteIf(metric="val_accuracy").mode == "max"
+    assert not decide(PromoteIf(metric="val_loss"), 0.95, 0.20, has_champion=True, emissions_kg=None).wins
+    job, _, _ = trained()
+    spec = job.model_dump(mode="json")
+    for gate, problem in (
+        ({"metric": "val_loss", "mode": "max"}, "registry.promote_if: mode max would promote a worse model"),
+        ({"metric": "val_acuracy"}, "registry.promote_if.metric: unknown metric 'val_acuracy'"),
+        ({"metric": "val_rmse"}, "registry.promote_if.metric: val_rmse is for regression; use val_accuracy"),
+    ):
+        with pytest.raises(SpecError, match=problem.replace("(", r"\(")):
+            parse_job(spec | {"registry": {"promote_if": gate}})
+    no_validation = spec | {"inputs": {"train": spec["inputs"]["train"]}, "registry": {"promote_if": {}}}
+    with pytest.raises(SpecError, match="val_accuracy needs a validation channel"):
+        parse_job(no_validation)
 
 
 def test_model_card_has_data_metrics_carbon_and_lineage():
