@@ -63,7 +63,7 @@ def ensure_store(uri: str | None = None) -> str:
     try:
         mlflow.MlflowClient(uri).search_experiments(max_results=1)
     except _service_errors() as exc:
-        raise _translate(exc, "checking the tracking store", uri) from exc
+        raise _translate(exc, "checking the tracking store", uri, registering=False) from exc
     return uri
 
 
@@ -116,7 +116,7 @@ def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
         mlflow.set_tracking_uri(uri)
         model = mlflow.pytorch.load_model(f"models:/{name}/{version.version}", map_location="cpu")
     except _service_errors() as exc:
-        raise _translate(exc, f"loading the champion of {name!r}", uri) from exc
+        raise _translate(exc, f"loading the champion of {name!r}", uri, registering=False) from exc
     return model, f"{name} v{version.version}"
 
 
@@ -136,14 +136,18 @@ def list_versions(name: str | None = None) -> list[dict]:
     import mlflow
 
     uri = tracking_uri()
-    client = mlflow.MlflowClient(uri)
     try:
+        client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
         if name is not None:
             client.get_registered_model(name)  # an unknown name is a mistake, not an empty list
         found = client.search_model_versions(f"name='{name}'" if name else None)
         rows = [model_summary(client, v.name, v, uri) for v in found]
+        # search_model_versions leaves out the aliases: the registered model holds them
+        aliases = {n: client.get_registered_model(n).aliases or {} for n in {r["name"] for r in rows}}
     except _service_errors() as exc:
-        raise _translate(exc, f"listing {name or 'registered models'}", uri) from exc
+        raise _translate(exc, f"listing {name or 'registered models'}", uri, registering=False) from exc
+    for row in rows:
+        row["aliases"] = sorted(a for a, v in aliases[row["name"]].items() if int(v) == row["version"])
     return sorted(rows, key=lambda r: (r["name"], -r["version"]))
 
 
@@ -181,16 +185,16 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
     import mlflow
 
     uri = tracking_uri()
-    client = mlflow.MlflowClient(uri)
     label = f"{name} version {ref}" if ref.isdigit() else f"{name}@{ref}"
     try:
+        client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
         version = client.get_model_version(name, ref) if ref.isdigit() else promotion.alias_version(client, name, ref)
         if version is None:
             raise ModelNotFound(f"{label}: no such registered model or alias")
         action(client, version)
         version = client.get_model_version(name, version.version)
     except _service_errors() as exc:
-        raise _translate(exc, f"{what} {label}", uri) from exc
+        raise _translate(exc, f"{what} {label}", uri, registering=False) from exc
     return {**model_summary(client, name, version, uri), "tags": dict(version.tags or {}), "card": version.description}
 
 
@@ -317,8 +321,9 @@ def _service_errors() -> tuple[type[BaseException], ...]:
     return (MlflowException, OSError, BotoCoreError, ClientError)
 
 
-def _translate(exc: BaseException, what: str, uri: str) -> RegistryError:
-    """A ``RegistryError`` naming what failed: unavailable (transient), not found, or refused."""
+def _translate(exc: BaseException, what: str, uri: str, registering: bool = True) -> RegistryError:
+    """A ``RegistryError`` naming what failed: unavailable (transient), not found, or refused.
+    ``registering``: the failure interrupted a registration (its message says how to finish it)."""
     from mlflow.exceptions import MlflowException
 
     uri = redact_text(uri)  # a password in the tracking URI stays out of messages (MLflow's own quote it too)
@@ -332,7 +337,9 @@ def _translate(exc: BaseException, what: str, uri: str) -> RegistryError:
         detail = redact_text(exc.message)
     else:
         detail = redact_text(f"{type(exc).__name__}: {exc}")
-    return RegistryUnavailable(
-        f"{what} failed: MLflow at {uri} is unavailable ({detail}). No version was left half-made; "
-        "registering the same job again finishes it without a second version."
+    finish = (
+        " No version was left half-made; registering the same job again finishes it without a second version."
+        if registering
+        else ""
     )
+    return RegistryUnavailable(f"{what} failed: MLflow at {uri} is unavailable ({detail}).{finish}")

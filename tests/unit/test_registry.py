@@ -194,6 +194,30 @@ def test_models_cli_lists_shows_approves_rejects_and_promotes(tracking, tmp_path
     assert "approval" in runner.invoke(app, ["models", "--help"]).output
 
 
+def test_models_list_shows_each_versions_aliases(tracking, tmp_path):
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    register(job, model, x, "b", 0.70, tmp_path)  # worse: candidate
+    rows = {r["version"]: r["aliases"] for r in registry.list_versions("reg-test")}
+    assert rows == {1: ["champion"], 2: ["candidate"]}
+    listed = CliRunner().invoke(app, ["models", "list"])
+    assert "champion" in listed.output and "candidate" in listed.output
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [("mlflow.internal:5000", "was refused"), ("http://127.0.0.1:9", "is unavailable")],
+)
+def test_models_commands_name_a_bad_or_unreachable_tracking_server_without_a_traceback(monkeypatch, uri, says):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    for args in (["list"], ["show", "m", "1"]):
+        result = CliRunner().invoke(app, ["models", *args])
+        assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
+        flat = " ".join(result.output.split())
+        assert says in flat and "half-made" not in flat and "Traceback" not in flat, flat
+
+
 def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
     assert registry.load_champion("reg-test") is None  # nothing registered yet
     job, model, x = trained()
