@@ -23,7 +23,8 @@ class LiveRun:
 
         uri = tracking_uri()
         self.client = MlflowClient(uri)
-        experiment = _experiment(self.client, job.model_name, uri)
+        # the job's experiment, where registration puts the version's run (job.name, as registry.py does)
+        experiment = _experiment(self.client, job.name, uri)
         run = self.client.create_run(experiment, run_name=f"{job_id}-live", tags={LIVE_JOB_TAG: job_id})
         self.run_id = run.info.run_id
 

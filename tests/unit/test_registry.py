@@ -267,3 +267,14 @@ def test_the_filtering_task_falls_back_when_there_is_no_champion_to_load(trackin
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     down = _champion(job)
     assert down.model is None and down.label.startswith("the registry could not be read")
+
+
+def test_the_live_run_is_in_the_jobs_experiment_with_the_registered_versions_run(tracking):
+    from trainyard.live_metrics import LiveRun
+
+    job, _, _ = trained()
+    job = job.model_copy(update={"registry": job.registry.model_copy(update={"model_name": "nightly-reg"})})
+    live = LiveRun(job, "job-1")
+    live.close()
+    client = mlflow.MlflowClient(tracking)
+    assert client.get_experiment(client.get_run(live.run_id).info.experiment_id).name == job.name == "reg-test"
