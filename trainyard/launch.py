@@ -34,6 +34,9 @@ from trainyard.training.replica import THREADS_ENV
 HEARTBEAT_TIMEOUT_MS = 500
 JOIN_TIMEOUT_MS = 3000
 _PROCESSES: dict[int, subprocess.Popen] = {}
+# The exit codes of the processes ``shutdown`` stopped and forgot: a supervisor that shut its groups
+# down (a stop's grace ran out) still asks how they ended.
+_ENDED: dict[int, int] = {}
 
 
 @dataclass(slots=True)
@@ -229,6 +232,8 @@ def _local_gpus(handle: LaunchHandle, replica: int) -> str:
 def _exit_code(pid: int) -> int | None:
     proc = _PROCESSES.get(pid)
     if proc is None:
+        if pid in _ENDED:
+            return _ENDED[pid]
         raise TrainingError(f"process {pid} was not started by this launcher")
     return proc.poll()
 
@@ -259,3 +264,4 @@ def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        _ENDED[pid] = proc.returncode

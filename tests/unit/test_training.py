@@ -342,6 +342,22 @@ def slow_build(num_features, num_outputs, hyperparameters):
     return Slow(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
 
 
+def test_a_stop_whose_grace_runs_out_ends_the_job_stopped_with_the_finished_groups_model(trainyard_home, monkeypatch):
+    # group 1 hangs; max_runtime stops the job; group 0 leaves at its next step, group 1 never does and
+    # is shut down when the grace runs out. The job is still Stopped with group 0's model, not Failed.
+    monkeypatch.setattr(supervisor, "STOP_GRACE_SECONDS", 3.0)
+    job, *rest = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 1000, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        stopping={"max_runtime_seconds": 12},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 5, "kind": "hang"}]},
+    )
+    outcome, _ = run(job, *rest)
+    assert outcome.stop_reason == "MaxRuntimeExceeded"
+    assert outcome.replicas_finished == [0] and outcome.model_path
+    assert [f["replica"] for f in outcome.failures] == [1]
+
+
 def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch):
     monkeypatch.setenv("TRAINYARD_SILENT_GROUP_SECONDS", "12")  # just over the 10 s collective timeout
     job, job_id, folder, plan = make_job(
