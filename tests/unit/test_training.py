@@ -431,6 +431,34 @@ def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home):
         torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
 
 
+def test_a_group_scaled_away_while_it_starts_is_not_a_failure_and_not_restarted(trainyard_home):
+    import threading
+    import time
+
+    from trainyard.training import scaling
+    from trainyard.training.plan import attempt_dir
+
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 30, "batch_size": 64, "learning_rate": 0.01},
+        resources={"replicas": 2, "max_replicas": 3},
+    )
+
+    def operator():  # 2 -> 3, then back to 2 before the new group is up (its SIGTERM handler may not be)
+        path = attempt_dir(folder, 0, 0) / "heartbeat.json"
+        while not path.exists() or json.loads(path.read_text() or "{}").get("step", 0) < 20:
+            time.sleep(0.05)
+        scaling.request(job_id, 3)
+        time.sleep(0.5)
+        scaling.request(job_id, 2)
+
+    threading.Thread(target=operator, daemon=True).start()
+    outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed" and outcome.failures == []
+    assert all(r.attempt == 0 for r in handle.replicas) and 2 not in outcome.replicas_finished
+
+
 def test_scale_requests_are_checked(trainyard_home):
     import os
 
@@ -447,7 +475,36 @@ def test_scale_requests_are_checked(trainyard_home):
     with pytest.raises(TrainingError, match=r"replicas: 5 is outside the job's range 1\.\.4"):
         scaling.request(job_id, 5)
     assert "asked for 4" in scaling.request(job_id, 4)
-    assert json.loads((folder / "scale.json").read_text()) == {"replicas": 4}
+    assert json.loads((folder / "scale.json").read_text())["replicas"] == 4
+
+
+def test_asking_again_for_the_size_last_asked_for_is_acted_on(trainyard_home, monkeypatch):
+    # 3 groups asked for and running; a spot notice takes one; `trainyard scale JOB 3` again must replace it
+    from trainyard import launch
+    from trainyard.launch import LaunchHandle, ReplicaProcess
+    from trainyard.training.plan import request_scale
+    from trainyard.training.scaling import Scaler
+
+    job, _, folder, _ = make_job(trainyard_home, resources={"replicas": 2, "max_replicas": 3})
+    started = []
+
+    def start_replica(handle, replica, attempt, resume=False):
+        started.append(replica)
+        return ReplicaProcess(replica, attempt, 1000 + replica, "")
+
+    monkeypatch.setattr(launch, "start_replica", start_replica)
+    live = {r: ReplicaProcess(r, 0, 1000 + r, "") for r in (0, 1)}
+    handle = LaunchHandle("j", str(folder), "local", "", 0, 1, list(live.values()))
+    scaler = Scaler(handle, job, lambda kind, payload: None)
+    request_scale(folder, 3)
+    scaler.tick(live, 10)
+    assert started == [2] and sorted(live) == [0, 1, 2]
+    scaler.tick(live, 11)  # the same request: acted on once
+    assert started == [2]
+    del live[1]  # group 1 left (a spot notice)
+    request_scale(folder, 3)
+    scaler.tick(live, 50)
+    assert started == [2, 3] and sorted(live) == [0, 2, 3]
 
 
 def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home, bucket):

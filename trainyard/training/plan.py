@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -77,14 +78,18 @@ def stop_requested(job_dir: Path) -> dict | None:
 
 
 def request_scale(job_dir: Path, replicas: int) -> None:
-    """Ask the train stage to run ``replicas`` groups: it starts new ones, or asks some to leave."""
-    write_json_atomic(job_dir / SCALE_FILE, {"replicas": replicas})
+    """Ask the train stage to run ``replicas`` groups: it starts new ones, or asks some to leave.
+
+    Each request has an id of its own: asking again for the number last asked for (after a group
+    was lost to a spot notice, say) is a new request, acted on."""
+    write_json_atomic(job_dir / SCALE_FILE, {"replicas": replicas, "id": uuid.uuid4().hex})
 
 
-def scale_requested(job_dir: Path) -> int | None:
-    """The number of groups last asked for, if any."""
+def scale_requested(job_dir: Path) -> tuple[int, str] | None:
+    """The last request, if any: ``(groups asked for, the request's id)``."""
     path = job_dir / SCALE_FILE
     try:
-        return int(json.loads(path.read_text())["replicas"])
-    except (FileNotFoundError, ValueError, KeyError):
+        found = json.loads(path.read_text())
+        return int(found["replicas"]), str(found.get("id", ""))
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None

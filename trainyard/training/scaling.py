@@ -44,16 +44,16 @@ class Scaler:
 
     def tick(self, live: dict[int, ReplicaProcess], step: int) -> None:
         """Act on a new request, if there is one (the first tick on a pool also fills up to max_replicas)."""
-        asked = scale_requested(self.job_dir)
+        request = scale_requested(self.job_dir)
         # Fill once the job trains: a filling group that got the pool's room before the first groups
         # would have no peer to heal from.
         fill = self._fill and step > 0
         self._fill = self._fill and not fill
-        new = asked is not None and asked != self._seen
+        new = request is not None and request != self._seen
         if not (new or fill):
             return
-        asked = asked if new else self.job.resources.max_replicas
-        self._seen = asked
+        asked = request[0] if new else self.job.resources.max_replicas
+        self._seen = request if new else self._seen
         resources = self.job.resources
         target = min(max(asked, resources.min_replicas), resources.max_replicas)
         active = sorted(r for r in live if r not in self.leaving)

@@ -156,6 +156,10 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             if code == 0 and (out / "result.json").exists():
                 finished[replica] = json.loads((out / "result.json").read_text())
                 continue
+            if replica in scaler.leaving:
+                # asked to leave (scaled down): however it ended, even before its SIGTERM handler was up,
+                # it is not a failure and is not restarted
+                continue
             failure = _failure(out, replica, proc.attempt, code)
             job_done = any(res["stop_reason"] != "Left" for res in finished.values())
             if job_done and failure["kind"] == "NoPeerToHeal":
