@@ -53,15 +53,20 @@ def report(carbon: dict, settings: Carbon, outcome=None, prefilter=None, metrics
     out["g_per_1k_samples_trained"] = emissions * 1e6 / samples if samples else None
     accuracy = (metrics or {}).get("val_accuracy")
     out["g_per_val_accuracy_point"] = emissions * 1000 / (accuracy * 100) if accuracy else None
+    # A group's own meter starts before its process has read the job, so it measures at PUE 1; the
+    # stages' meters apply the job's PUE, and so, for the shares to be comparable, does this.
     out["by_replica"] = {
-        r: {"energy_kwh": kwh, "emissions_kg": kwh * intensity / 1000 if intensity else None}
+        r: {
+            "energy_kwh": kwh * settings.pue,
+            "emissions_kg": kwh * settings.pue * intensity / 1000 if intensity else None,
+        }
         for r, kwh in (outcome.energy_by_replica if outcome else {}).items()
     }
     out["sifting_saved"] = _sifting_saved(carbon, outcome, prefilter)
     out["merge"] = (
         "job total = one machine-wide tracker per stage in the orchestrating process (stages never overlap); "
-        "by_replica = each group's own process-mode tracker: its share of the training stage on this machine, "
-        "shown for attribution and not added to the total"
+        "by_replica = each group's own process-mode tracker (times the job's PUE, as the stages are): its share "
+        "of the training stage on this machine, shown for attribution and not added to the total"
     )
     return out
 

@@ -98,6 +98,15 @@ def test_the_esg_report_counts_every_row_sifting_left_untrained_against_what_sco
     assert saved["emissions_kg"] == pytest.approx(saved["energy_kwh"] * 0.25)
 
 
+def test_a_groups_share_carries_the_jobs_pue_as_the_stages_do():
+    from types import SimpleNamespace
+
+    outcome = SimpleNamespace(samples_trained=0, flops={}, history=[], sifting=None, energy_by_replica={"0": 0.002})
+    carbon_report = {"energy_kwh": 0.01, "emissions_kg": 0.003, "intensity_g_per_kwh": 300.0, "by_stage": {}}
+    share = esg.report(carbon_report, Carbon(country_iso_code="IRL", pue=1.5), outcome)["by_replica"]["0"]
+    assert share == {"energy_kwh": pytest.approx(0.003), "emissions_kg": pytest.approx(0.003 * 0.3)}
+
+
 def test_live_watch_reports_and_stops_once_past_the_budget():
     samples, over = [], []
     with carbon.meter("training", Carbon(country_iso_code="IRL")) as record:
