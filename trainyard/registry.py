@@ -121,7 +121,13 @@ def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
 
 
 def log_summary(run_id: str, summary: dict) -> None:
-    """Attach the final job summary to the job's MLflow run."""
+    """Attach the final job summary to the job's MLflow run, and give its registered version the job's
+    final carbon figures.
+
+    The version's ``carbon.*`` tags and card were written during registration, before the registry
+    stage's own energy was known; they now take the summary's (and the ledger's) totals, so every place
+    shows one figure. The figure the promotion gate's ceiling judged stays as ``carbon.emissions_kg_at_gate``.
+    """
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri())
@@ -129,6 +135,20 @@ def log_summary(run_id: str, summary: dict) -> None:
         path = Path(tmp) / "summary.json"
         path.write_text(json.dumps(summary, indent=2, default=str))
         client.log_artifact(run_id, str(path))
+    model, carbon = summary.get("model"), summary.get("carbon") or {}
+    if not model or carbon.get("energy_kwh") is None:
+        return
+    name, number = model["name"], str(model["version"])
+    tags = dict(client.get_model_version(name, number).tags or {})
+    final = {"carbon.energy_kwh": f"{carbon['energy_kwh']:.6g}", "carbon.emissions_kg": f"{carbon['emissions_kg']:.6g}"}
+    if promotion.EMISSIONS_TAG in tags and "carbon.emissions_kg_at_gate" not in tags:
+        final["carbon.emissions_kg_at_gate"] = tags[promotion.EMISSIONS_TAG]
+    for key, value in final.items():
+        client.set_model_version_tag(name, number, key, value)
+        client.set_tag(run_id, key, value)
+    card = model_card.render(name, tags.get(JOB_ID_TAG, summary.get("job_id", "")), tags | final)
+    client.update_model_version(name, number, description=card)
+    client.log_text(run_id, card, "model_card.md")
 
 
 def list_versions(name: str | None = None) -> list[dict]:

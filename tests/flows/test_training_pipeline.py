@@ -110,6 +110,9 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert len(live) == 1  # energy and emissions logged while the groups trained
     history = mlflow.MlflowClient(mlflow_uri).get_metric_history(live.run_id[0], "emissions_kg")
     assert history and history[-1].value > 0
+    # one figure everywhere: the version's tags say what the summary and the ledger say
+    version = mlflow.MlflowClient(mlflow_uri).get_model_version("test-job", str(model["version"]))
+    assert version.tags["carbon.emissions_kg"] == f"{c['emissions_kg']:.6g}"
     ledger = s3.client().get_object(Bucket=bucket, Key=f"output/carbon-ledger/{job_id}.csv")["Body"].read().decode()
     header, row = ledger.strip().splitlines()
     assert header.startswith("job_id,") and row.startswith(f"{job_id},")

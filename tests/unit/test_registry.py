@@ -278,3 +278,17 @@ def test_the_live_run_is_in_the_jobs_experiment_with_the_registered_versions_run
     live.close()
     client = mlflow.MlflowClient(tracking)
     assert client.get_experiment(client.get_run(live.run_id).info.experiment_id).name == job.name == "reg-test"
+
+
+def test_the_versions_carbon_figures_become_the_jobs_final_ones(tracking, tmp_path):
+    job, model, x = trained()
+    info = register(job, model, x, "job-1", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    client.set_model_version_tag("reg-test", "1", "carbon.emissions_kg", "0.002")  # what the gate saw
+    summary = {"job_id": "job-1", "model": info, "carbon": {"energy_kwh": 0.0125, "emissions_kg": 0.0031}}
+    registry.log_summary(info["run_id"], summary)
+    version = client.get_model_version("reg-test", "1")
+    assert version.tags["carbon.energy_kwh"] == "0.0125" and version.tags["carbon.emissions_kg"] == "0.0031"
+    assert version.tags["carbon.emissions_kg_at_gate"] == "0.002"
+    assert "0.0031" in version.description and "0.002 " not in version.description
+    assert client.get_run(info["run_id"]).data.tags["carbon.emissions_kg"] == "0.0031"
