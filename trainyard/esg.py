@@ -95,7 +95,13 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     flops = outcome.flops
     per_sample = (flops["forward"] + flops["backward"]) / outcome.samples_trained
     epochs = len(outcome.history) or 1
-    saved = (untrained(sifting) + dropped_rows * epochs) * per_sample
+    # Three sources, kept apart: what the keep rule passed over (the part its scoring paid for, and what
+    # the summary's "sifting cost more than it saved" warning weighs), what was left out unscored before
+    # delay_steps (no scoring, but not trained either), and the prefilter's dropped rows.
+    by_rule = (sifting["passed_over"] if sifting else 0) * per_sample
+    unscored = (untrained(sifting) - (sifting["passed_over"] if sifting else 0)) * per_sample
+    by_prefilter = dropped_rows * epochs * per_sample
+    saved = by_rule + unscored + by_prefilter
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
     train_kwh = carbon["by_stage"].get("training", {}).get("energy_kwh", 0.0)
     train_flops = flops["forward"] + flops["backward"] + flops.get("evaluation", 0) + flops.get("scoring", 0)
@@ -104,6 +110,9 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     net = (saved - spent) * kwh_per_flop
     return {
         "flops_not_spent": saved,
+        "flops_not_spent_by_keep_rule": by_rule,
+        "flops_not_spent_before_delay": unscored,
+        "flops_not_spent_by_prefilter": by_prefilter,
         "flops_spent_scoring": spent,
         "energy_kwh": net,
         "emissions_kg": net * intensity / 1000,

@@ -103,7 +103,9 @@ def sifting_section(job, report, outcome) -> dict:
         ratio = online.get("backward_forward_ratio") or 0.0
         section["warning"] = (
             f"sifting cost more compute than it saved: its scoring passes took {online['scoring_flops']:.3g} FLOPs, "
-            f"the training passes it skipped would have taken {online['training_flops_skipped']:.3g} (backward/forward "
+            f"the training passes its keep rule skipped would have taken {online['training_flops_skipped']:.3g} "
+            "(the carbon report's sifting_saved also counts rows left out before delay_steps, which no scoring "
+            f"paid for; backward/forward "
             f"FLOP ratio {ratio:.2f}, beta {job.sifting.beta:g}); raise sifting.beta, set sifting.reuse_loss_epochs, "
             "or turn sifting off for this model"
         )

@@ -93,6 +93,9 @@ def test_the_esg_report_counts_every_row_sifting_left_untrained_against_what_sco
     }
     saved = esg.report(carbon_report, Carbon(country_iso_code="IRL"), outcome, prefilter)["sifting_saved"]
     assert saved["flops_not_spent"] == (600 + 400 + 50 * 3) * 10
+    # apart: the keep rule's (what the summary's sifting warning weighs), the delay's, the prefilter's
+    assert (saved["flops_not_spent_by_keep_rule"], saved["flops_not_spent_before_delay"]) == (6000, 4000)
+    assert saved["flops_not_spent_by_prefilter"] == 1500
     assert saved["flops_spent_scoring"] == 2000 + 500
     assert saved["energy_kwh"] == pytest.approx((11500 - 2500) * 1e-6)
     assert saved["emissions_kg"] == pytest.approx(saved["energy_kwh"] * 0.25)

@@ -241,18 +241,6 @@ def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
     assert totals["kept_fraction_by_class"] == {"0": 510 / 1010, "1": 0.25}  # not the mean of 0.5 and 1.0
 
 
-def test_the_training_sifting_skipped_counts_the_rows_the_carbon_report_counts():
-    from trainyard.status import untrained
-    from trainyard.training.supervisor import _sifting_totals
-
-    # 40 trained (30 kept, 10 unsifted before the delay ended), 30 passed over, 10 left out in the delay
-    group = {"scored": 60, "kept": 30, "passed_over": 30, "unsifted": 10, "skipped": 10, "score": "loss"}
-    totals = _sifting_totals([group], {"forward": 400, "backward": 800, "scoring": 100})
-    per_sample = (400 + 800) / 40
-    assert untrained(totals) == 40
-    assert totals["training_flops_skipped"] == untrained(totals) * per_sample  # what carbon.sifting_saved counts
-
-
 def test_learning_rate_schedules():
     from trainyard.spec import Hyperparameters
     from trainyard.training.epochs import learning_rate

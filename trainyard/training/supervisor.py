@@ -344,13 +344,9 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         "kept_fraction_by_class": fractions_by_class(kept_by_class, scored_by_class),
         # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.
         "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
-        # What the scoring passes cost, against the training passes of the candidates drawn and not
-        # trained on (passed over by the rule, or left out before it started): the same rows the carbon
-        # report's sifting_saved counts, so its net saving and this warning agree.
+        # What the scoring passes cost, against the training passes of the candidates the rule passed over.
         "scoring_flops": flops["scoring"],
-        "training_flops_skipped": round(
-            sum(r.get("passed_over", 0) + r.get("skipped", 0) for r in reports) * train_per_sample
-        ),
+        "training_flops_skipped": round(sum(r.get("passed_over", 0) for r in reports) * train_per_sample),
     }
     if any("losses_reused" in r for r in reports):
         totals["losses_reused"] = sum(r.get("losses_reused", 0) for r in reports)
