@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,12 @@ def carbon(
     """Energy and emissions of every job whose ledger line is under OUTPUT_URI/carbon-ledger/."""
     from trainyard import esg
 
+    if since is not None:
+        try:
+            since = date.fromisoformat(since).isoformat()
+        except ValueError:
+            console.print(f"[red]--since {since!r}: not a date; write it as YYYY-MM-DD, e.g. 2026-11-01[/red]")
+            raise typer.Exit(2) from None
     try:
         rows = esg.read_ledger(output_uri, since)
     except TrainyardError as exc:
@@ -40,16 +47,24 @@ def carbon(
             r["status"],
             f"{float(r['energy_kwh']):.4g}",
             f"{float(r['emissions_kg']):.4g}",
-            r["scope2_market_based_kg"] or "not provided",
+            f"{float(r['scope2_market_based_kg']):.4g}" if r["scope2_market_based_kg"] else "not provided",
             r["measurement_mode"],
         )
     energy = sum(float(r["energy_kwh"]) for r in rows)
     emissions = sum(float(r["emissions_kg"]) for r in rows)
-    table.add_row("total", f"{len(rows)} job(s)", "", f"{energy:.4g}", f"{emissions:.4g}", "", "", style="bold")
+    market = [float(r["scope2_market_based_kg"]) for r in rows if r["scope2_market_based_kg"]]
+    # a market-based total only where every job has a figure: a partial sum would read as the whole
+    market_total = f"{sum(market):.4g}" if rows and len(market) == len(rows) else ""
+    table.add_row(
+        "total", f"{len(rows)} job(s)", "", f"{energy:.4g}", f"{emissions:.4g}", market_total, "", style="bold"
+    )
     Console().print(table)
-    if csv_out is not None:
-        esg.write_csv(rows, csv_out)
-        console.print(f"wrote {csv_out}")
-    if png_out is not None:
-        esg.plot_ledger(rows, png_out)
-        console.print(f"wrote {png_out}")
+    for path, write in ((csv_out, esg.write_csv), (png_out, esg.plot_ledger)):
+        if path is None:
+            continue
+        try:
+            write(rows, path)
+        except OSError as exc:
+            console.print(f"[red]{path}: cannot be written ({exc.strerror or exc})[/red]")
+            raise typer.Exit(1) from None
+        console.print(f"wrote {path}")

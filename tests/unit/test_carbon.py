@@ -128,6 +128,7 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
     for i, day in enumerate(("2026-11-01", "2026-11-20")):
         row = {"job_id": f"job-{i}", "finished_at": f"{day}T10:00:00", "status": "Completed"}
         row |= {"energy_kwh": 0.5, "emissions_kg": 0.1 * (i + 1), "measurement_mode": "cpu:cpu_load"}
+        row |= {"scope2_market_based_kg": 0.0123456789 * (i + 1)}
         esg.write_ledger_row(f"s3://{bucket}/out/", row)
     assert [r["job_id"] for r in esg.read_ledger(f"s3://{bucket}/out/", since="2026-11-10")] == ["job-1"]
     files = ["--csv", str(tmp_path / "l.csv"), "--png", str(tmp_path / "l.png")]
@@ -135,6 +136,14 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
     assert result.exit_code == 0, result.output
     assert "job-0" in result.output and "2 job(s)" in result.output
     assert (tmp_path / "l.csv").read_text().count("\n") == 3 and (tmp_path / "l.png").stat().st_size > 1000
+    assert "0.01235" in result.output and "0.03704" in result.output  # each job's market-based kg, and their total
+    for args, code, says in (
+        (["--since", "yesterday"], 2, "--since 'yesterday': not a date"),
+        (["--csv", str(tmp_path / "no-such-folder" / "l.csv")], 1, "cannot be written"),
+    ):
+        failed = CliRunner().invoke(app, ["report", "carbon", f"s3://{bucket}/out/", *args])
+        assert failed.exit_code == code and says in failed.output, failed.output
+        assert failed.exception is None or isinstance(failed.exception, SystemExit)
 
 
 GROUP_METER = """
