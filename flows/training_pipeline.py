@@ -113,12 +113,14 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         error = exc
         log.finish("Failed", "Failed", str(exc), failure_reason=str(exc))
         failed_groups = getattr(exc, "failures", [])
+        _add_failed_stage(stages, exc)
     except Exception as exc:
         # a bug, not the user's mistake: the job still ends Failed with its summary, and the
         # traceback is kept (raised below)
         error = exc
         reason = f"internal error: {exc!r}; please report it"
         log.finish("Failed", "Failed", reason, failure_reason=reason)
+        _add_failed_stage(stages, exc)
     finally:
         if handle is not None:
             launch.shutdown(handle)
@@ -135,6 +137,14 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         failed.__cause__ = error
         return Failed(message=str(failed), data=failed)
     return summary
+
+
+def _add_failed_stage(stages: dict, exc: BaseException) -> None:
+    """The stage that failed, with the time and energy it spent (``stage_meter``), so that the summary
+    and the ledger count them: a failed job's footprint is not only the stages that finished."""
+    record = getattr(exc, "stage_record", None)
+    if record is not None and record["stage"] not in stages:
+        stages[record["stage"]] = record
 
 
 def _name_run(job_id: str) -> None:

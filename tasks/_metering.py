@@ -15,16 +15,24 @@ from trainyard.spec import TrainingJob
 
 @contextmanager
 def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
-    """Time and meter the enclosed stage; the yielded dict gets ``seconds`` and ``energy`` on exit."""
+    """Time and meter the enclosed stage; the yielded dict gets ``seconds`` and ``energy`` on exit.
+
+    A stage that fails spent its time and energy all the same: the exception carries them as
+    ``stage_record`` (``stage``, ``seconds``, ``energy``), for the job's summary and ledger.
+    """
     record: dict = {"stage": stage}
     started = time.monotonic()
-    with carbon.meter(stage, job.carbon) as energy:
-        record["meter"] = energy  # live readings while the stage runs
-        try:
-            yield record
-        finally:
-            record["seconds"] = time.monotonic() - started
-            del record["meter"]
+    try:
+        with carbon.meter(stage, job.carbon) as energy:
+            record["meter"] = energy  # live readings while the stage runs
+            try:
+                yield record
+            finally:
+                record["seconds"] = time.monotonic() - started
+                del record["meter"]
+    except Exception as exc:
+        exc.stage_record = {"stage": stage, "seconds": record["seconds"], "energy": energy.to_dict()}
+        raise
     record["energy"] = energy.to_dict()
 
 

@@ -228,6 +228,8 @@ def test_bad_data_fails_clearly_and_registers_nothing(
     summary, _ = run_pipeline(spec)
     if breakage == "lost-group":  # the group failure that ended training is in the summary
         assert [(f["replica"], f["attempt"]) for f in summary["elastic"]["failure_details"]] == [(0, 0)]
+        # and the failed stage's time and energy count: a failed job's footprint is not only its finished stages
+        assert summary["timings"]["training"] > 0 and summary["carbon"]["by_stage"]["training"]["energy_kwh"] > 0
     if breakage in ("mean-loss", "sifting-draw"):
         assert [t["status"] for t in summary["secondary_status_transitions"]] == ["Starting", "Downloading", "Failed"]
         assert summary["compute"]["flops_prefilter"] == 0
