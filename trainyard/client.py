@@ -14,6 +14,7 @@ Stopped`` and the secondary status transitions the pipeline publishes as ``train
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from trainyard.errors import TrainyardError
@@ -45,12 +46,28 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     return str(run.id)
 
 
+def _read_run(api, run_id: str):
+    """The flow run ``run_id`` names; a ``TrainyardError`` saying so when it is not a run id or the API has none."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        raise TrainyardError(f"{run_id!r} is not a flow run id (a UUID); `trainyard jobs list` shows them") from None
+    try:
+        return api.read_flow_run(run_id)
+    except ObjectNotFound:
+        raise TrainyardError(
+            f"no flow run {run_id} on the Prefect API at PREFECT_API_URL; `trainyard jobs list` shows them"
+        ) from None
+
+
 def status(run_id: str) -> dict[str, Any]:
     """The job's primary status, its secondary status transitions and, once it ended, its summary."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as api:
-        run = api.read_flow_run(run_id)
+        run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
         transitions = _transitions(api, job_id, run.created)
     state = run.state.type.value if run.state else "PENDING"
@@ -93,7 +110,7 @@ def stop(run_id: str) -> list[str]:
     from prefect.states import Cancelling
 
     with get_client(sync_client=True) as api:
-        run = api.read_flow_run(run_id)
+        run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
         groups = api.read_flow_runs(
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"trainyard-job:{job_id}", "trainyard-replica"]))

@@ -185,6 +185,11 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     while any(not r.state.is_final() for r in _replica_runs(job_id)) and time.monotonic() < deadline:
         time.sleep(1)
     assert all(r.state.type.value == "CANCELLED" for r in _replica_runs(job_id))
+    # a run id the API does not know, or that is not one, is named as such (exit 2, no traceback)
+    for wrong, says in (("0" * 8 + "-0000-4000-8000-" + "0" * 12, "no flow run"), ("nope", "is not a flow run id")):
+        for command in ("stop", "describe"):
+            result = CliRunner().invoke(app, ["jobs", command, wrong])
+            assert result.exit_code == 2 and says in result.output, result.output
 
 
 def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket):
