@@ -550,6 +550,13 @@ class TrainingJob(_Model):
                 problems.append("registry.promote_if.metric: val_accuracy is for classifiers; use val_rmse")
             if gate.metric == "val_rmse" and self.algorithm.task == "classification":
                 problems.append("registry.promote_if.metric: val_rmse is for regression; use val_accuracy")
+        if target is not None and target.name == "train_loss" and self.resources.max_replicas > 1:
+            # Each group's train_loss is over its own share of the batches: the groups would reach the
+            # target at different epochs and stop apart. Validation metrics are of the shared parameters.
+            problems.append(
+                "stopping.target_metric.name: train_loss is each replica group's own, so groups would stop at "
+                "different epochs; use val_loss (with inputs.validation), or one replica group (max_replicas: 1)"
+            )
         if self.stopping.patience_epochs is not None and self.inputs.validation is None:
             problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
         if self.sifting.by_reducible_loss:

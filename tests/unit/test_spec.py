@@ -155,14 +155,14 @@ def test_overrides_apply_yaml_values():
         [
             "hyperparameters.epochs=5",
             "resources.replicas=2",
-            "stopping.target_metric.name=train_loss",
-            "stopping.target_metric.value=0.1",
+            "stopping.max_runtime_seconds=600",
+            "carbon.pue=1.2",
         ],
     )
     job = parse_job(data)
     assert job.hyperparameters.epochs == 5
     assert job.resources.replicas == 2
-    assert job.stopping.target_metric.value == 0.1
+    assert job.stopping.max_runtime_seconds == 600 and job.carbon.pue == 1.2
     with pytest.raises(SpecError, match="key.path=value"):
         apply_overrides(minimal(), ["novalue"])
 
@@ -359,3 +359,13 @@ def test_an_importable_entrypoint_gets_no_warning(tmp_path):
     spec.write_text(yaml.safe_dump(minimal(algorithm={"entrypoint": "tests.unit.test_spec:per_row_build"})))
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 0 and "where the job runs" not in " ".join(result.output.split())
+
+
+def test_a_train_loss_target_needs_a_single_replica_group():
+    target = {"target_metric": {"name": "train_loss", "value": 0.3}}
+    found = problems(minimal(stopping=target, resources={"replicas": 2}))
+    assert found == [
+        "stopping.target_metric.name: train_loss is each replica group's own, so groups would stop at different "
+        "epochs; use val_loss (with inputs.validation), or one replica group (max_replicas: 1)"
+    ]
+    assert parse_job(minimal(stopping=target, resources={"replicas": 1})).stopping.target_metric.name == "train_loss"
