@@ -372,6 +372,7 @@ def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch)
     assert failure["replica"] == 0 and "hung" in failure["message"]
     (recovery,) = outcome.recoveries
     assert recovery["source"] == "peer" and recovery["failed_at_step"] == 10 and recovery["rejoined_at_step"] > 10
+    assert recovery["recovery_seconds"] > 12  # from its last heartbeat, so the silence it took to notice counts
     states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 1), (1, 0))]
     for key in states[0]:
         torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)

@@ -136,7 +136,7 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     live = {r.replica: r for r in handle.replicas}
     failures: list[dict] = []
     finished: dict[int, dict] = {}
-    silenced: dict[tuple[int, int], float] = {}  # (replica, attempt) -> seconds silent
+    silenced: dict[tuple[int, int], tuple[float, float]] = {}  # (replica, attempt) -> (seconds silent, last beat)
     # Below the collective timeout a group waiting on a dead peer would be taken for hung.
     silent_limit = max(
         float(os.environ.get(SILENT_GROUP_SECONDS_ENV) or SILENT_GROUP_SECONDS), PG_TIMEOUT.total_seconds() + 2
@@ -165,8 +165,11 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             if job_done and failure["kind"] == "NoPeerToHeal":
                 continue  # a restart that came back after the others finished the job: nothing failed
             if (replica, proc.attempt) in silenced:
-                silent = silenced[replica, proc.attempt]
+                silent, last_beat = silenced[replica, proc.attempt]
                 failure["message"] = f"silent for {silent:.1f} s (hung, or lost with its node): killed and restarted"
+                # it stopped training at its last heartbeat, not when the silence was noticed: recovery
+                # time (to the restart's first committed step) counts from there
+                failure["detected_unix"] = last_beat
             failures.append(failure)
             emit("replica.failed", failure)
             if failure["user_error"]:
@@ -209,7 +212,8 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
         for replica, proc in live.items():
             silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
             if silent > silent_limit and (replica, proc.attempt) not in silenced:
-                silenced[replica, proc.attempt] = silent  # hung (SIGSTOP, a wedged collective): its peers went on
+                # hung (SIGSTOP, a wedged collective): its peers went on
+                silenced[replica, proc.attempt] = (silent, time.time() - silent)
                 launch.kill(handle, proc)
         epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
         now = time.monotonic()
