@@ -86,8 +86,8 @@ def _market_based(energy_kwh: float, location_kg: float, settings: Carbon) -> di
 
 
 def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
-    """Energy of the training FLOPs sifting did not spend, net of what scoring cost (at the training
-    stage's measured energy per FLOP)."""
+    """Energy of the training FLOPs sifting did not spend, net of what scoring cost: online scoring at
+    the training stage's measured energy per FLOP, the prefilter's as the filtering stage measured it."""
     sifting = outcome.sifting if outcome else None
     dropped_rows = sum((prefilter.dropped or {}).values()) if prefilter else 0
     if not outcome or (not sifting and not dropped_rows) or not outcome.samples_trained:
@@ -107,7 +107,12 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     train_flops = flops["forward"] + flops["backward"] + flops.get("evaluation", 0) + flops.get("scoring", 0)
     kwh_per_flop = train_kwh / train_flops if train_flops else 0.0
     intensity = carbon.get("intensity_g_per_kwh") or 0.0
-    net = (saved - spent) * kwh_per_flop
+    # The prefilter's scoring is what the filtering stage measured, not its FLOPs at the training stage's
+    # kWh per FLOP: a short stage's fixed costs would price a few FLOPs at many times the whole job.
+    prefilter_kwh = (
+        carbon["by_stage"].get("filtering", {}).get("energy_kwh", 0.0) if prefilter and prefilter.scoring_flops else 0.0
+    )
+    net = (saved - flops.get("scoring", 0)) * kwh_per_flop - prefilter_kwh
     return {
         "flops_not_spent": saved,
         "flops_not_spent_by_keep_rule": by_rule,

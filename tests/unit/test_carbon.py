@@ -89,7 +89,8 @@ def test_the_esg_report_counts_every_row_sifting_left_untrained_against_what_sco
         "energy_kwh": 1.2,
         "emissions_kg": 0.3,
         "intensity_g_per_kwh": 250.0,
-        "by_stage": {"training": {"energy_kwh": 0.012}},  # 1e-6 kWh per training FLOP (12,000 of them)
+        # 1e-6 kWh per training FLOP (12,000 of them); the filtering stage, where the prefilter scored, measured
+        "by_stage": {"training": {"energy_kwh": 0.012}, "filtering": {"energy_kwh": 0.0007}},
     }
     saved = esg.report(carbon_report, Carbon(country_iso_code="IRL"), outcome, prefilter)["sifting_saved"]
     assert saved["flops_not_spent"] == (600 + 400 + 50 * 3) * 10
@@ -97,7 +98,8 @@ def test_the_esg_report_counts_every_row_sifting_left_untrained_against_what_sco
     assert (saved["flops_not_spent_by_keep_rule"], saved["flops_not_spent_before_delay"]) == (6000, 4000)
     assert saved["flops_not_spent_by_prefilter"] == 1500
     assert saved["flops_spent_scoring"] == 2000 + 500
-    assert saved["energy_kwh"] == pytest.approx((11500 - 2500) * 1e-6)
+    # online scoring at the training stage's kWh per FLOP; the prefilter's as its stage measured it
+    assert saved["energy_kwh"] == pytest.approx((11500 - 2000) * 1e-6 - 0.0007)
     assert saved["emissions_kg"] == pytest.approx(saved["energy_kwh"] * 0.25)
 
 
