@@ -16,6 +16,7 @@ from trainyard.spec import PromoteIf
 
 GATE_TAG = "trainyard.gate"
 EMISSIONS_TAG = "carbon.emissions_kg"
+GATE_ROUNDS = 5  # a gate's rounds against champions other gates set meanwhile (see ``gate``)
 CHAMPION, CANDIDATE = "champion", "candidate"
 
 
@@ -53,20 +54,30 @@ def decide(
 
 
 def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
-    """Move ``champion`` to the new version when it wins, else point ``candidate`` at it; record why."""
-    champion = alias_version(client, name, CHAMPION)
-    if champion is not None and str(champion.version) == str(version.version):
-        decision = GateDecision(True, "already champion")  # an earlier attempt moved the alias, then stopped
-    else:
-        metric = rule.metric if rule else None
-        decision = decide(
-            rule,
-            _version_metric(client, version, metric),
-            _version_metric(client, champion, metric) if champion is not None else None,
-            champion is not None,
-            _float((version.tags or {}).get(EMISSIONS_TAG)),
-        )
-        client.set_registered_model_alias(name, CHAMPION if decision.wins else CANDIDATE, version.version)
+    """Move ``champion`` to the new version when it wins, else point ``candidate`` at it; record why.
+
+    MLflow has no compare-and-set for aliases, so two jobs finishing together could each beat the
+    champion they read and the last to write would win, better or not. After moving ``champion`` the
+    gate reads it back: if another gate moved it meanwhile, this version is judged again against that
+    one (a few rounds at most; each round leaves the better of the two).
+    """
+    metric = rule.metric if rule else None
+    ours = _version_metric(client, version, metric)
+    emissions = _float((version.tags or {}).get(EMISSIONS_TAG))
+    for _ in range(GATE_ROUNDS):
+        champion = alias_version(client, name, CHAMPION)
+        if champion is not None and str(champion.version) == str(version.version):
+            decision = GateDecision(True, "already champion")  # an earlier attempt moved the alias, then stopped
+            break
+        theirs = _version_metric(client, champion, metric) if champion is not None else None
+        decision = decide(rule, ours, theirs, champion is not None, emissions)
+        if not decision.wins:
+            client.set_registered_model_alias(name, CANDIDATE, version.version)
+            break
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+        now = alias_version(client, name, CHAMPION)
+        if now is None or str(now.version) == str(version.version):
+            break
     client.set_model_version_tag(name, version.version, GATE_TAG, f"{_role(decision)}: {decision.reason}")
     return decision
 

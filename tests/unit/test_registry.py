@@ -292,3 +292,23 @@ def test_the_versions_carbon_figures_become_the_jobs_final_ones(tracking, tmp_pa
     assert version.tags["carbon.emissions_kg_at_gate"] == "0.002"
     assert "0.0031" in version.description and "0.002 " not in version.description
     assert client.get_run(info["run_id"]).data.tags["carbon.emissions_kg"] == "0.0031"
+
+
+def test_a_gate_whose_champion_another_gate_moved_meanwhile_judges_again(tracking, tmp_path, monkeypatch):
+    job, model, x = trained()
+    register(job, model, x, "a", 0.60, tmp_path)  # champion
+    register(job, model, x, "b", 0.70, tmp_path)  # beats a: champion
+    client = mlflow.MlflowClient(tracking)
+    client.set_registered_model_alias("reg-test", "champion", "1")  # as if b's gate had read a and not written yet
+    moved = []
+    real = mlflow.MlflowClient.set_registered_model_alias
+
+    def interleaved(self, name, alias, version):  # b's late write lands right after c's
+        real(self, name, alias, version)
+        if alias == "champion" and str(version) == "3" and not moved:
+            moved.append(True)
+            real(self, name, "champion", "2")
+
+    monkeypatch.setattr(mlflow.MlflowClient, "set_registered_model_alias", interleaved)
+    register(job, model, x, "c", 0.90, tmp_path)  # best: must end champion, whatever b wrote meanwhile
+    assert moved and str(client.get_model_version_by_alias("reg-test", "champion").version) == "3"
