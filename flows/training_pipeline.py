@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.events import emit_event
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
@@ -58,6 +59,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
     stages: dict[str, dict] = {}
     handle, outcome, model, carbon_section, error = None, None, None, None, None
     failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary
+    terminated: TerminationSignal | None = None
     try:
         registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
         outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
@@ -114,6 +116,12 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         log.finish("Failed", "Failed", str(exc), failure_reason=str(exc))
         failed_groups = getattr(exc, "failures", [])
         _add_failed_stage(stages, exc)
+    except TerminationSignal as exc:
+        # SIGTERM (`trainyard jobs stop` through a worker, or the process told to end): the job still ends
+        # with its summary, as Stopped; the signal is raised again below for Prefect to finish the run
+        terminated = exc
+        log.finish("Stopped", "Stopped", "the job's process was told to stop (SIGTERM)", failure_reason="Terminated")
+        _add_failed_stage(stages, exc)
     except Exception as exc:
         # a bug, not the user's mistake: the job still ends Failed with its summary, and the
         # traceback is kept (raised below)
@@ -128,6 +136,8 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
     write_json_atomic(job_dir / "summary.json", summary)
     _publish(job, job_id, summary, model, logger)
     write_json_atomic(job_dir / "summary.json", summary)  # again, with where it was published (summary_uri)
+    if terminated is not None:
+        raise terminated
     if error is not None and not isinstance(error, TrainyardError):
         raise error
     if error is not None:

@@ -30,7 +30,7 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
             finally:
                 record["seconds"] = time.monotonic() - started
                 del record["meter"]
-    except Exception as exc:
+    except BaseException as exc:  # a SIGTERM's TerminationSignal too: the stage spent what it spent
         exc.stage_record = {"stage": stage, "seconds": record["seconds"], "energy": energy.to_dict()}
         raise
     record["energy"] = energy.to_dict()

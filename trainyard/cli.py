@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -157,6 +158,10 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     from flows.training_pipeline import training_pipeline
     from trainyard.home import job_dir
 
+    # SIGTERM ends this process by an exception, not at once, so that what it started (the local S3
+    # endpoint, the ephemeral API) is stopped on the way out. During the flow Prefect handles the signal
+    # first (the flow writes its summary as Stopped), then passes it on to this handler.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:
@@ -170,6 +175,13 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
             "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS."
         )
         return 1
+    except BaseException:
+        # SIGTERM or Ctrl-C: the flow wrote its summary as Stopped. Exiting on a signal skips the hook
+        # that stops Prefect's ephemeral API, which would outlive the job.
+        _stop_ephemeral_api()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     summary_path = job_dir(job_id) / "summary.json"
     if not summary_path.exists():
         console.print(f"[red]job {job_id} produced no summary; see the logs above[/red]")
@@ -179,6 +191,22 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         summary_out.write_text(json.dumps(summary, indent=2))
     print_summary(summary)
     return 0 if summary["status"] == "Completed" else 1
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_ephemeral_api() -> None:
+    """Stop the Prefect API this process started for itself, if it started one."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        SubprocessASGIServer().stop()  # the ephemeral API is the instance without a fixed port
+    except Exception:  # noqa: BLE001 - on the way out already: the signal is what to report
+        pass
 
 
 def print_summary(summary: dict) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from trainyard.errors import StorageError
-from trainyard.servers import free_port, stop_process, wait_until_answering
+from trainyard.servers import die_with_parent, free_port, stop_process, wait_until_answering
 
 # The credentials moto accepts; they are not secrets and never leave this machine.
 LOCAL_ENV = {
@@ -38,6 +38,7 @@ class LocalS3:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # gone with the process that started it, even one killed outright
         )
         problem = wait_until_answering(f"{self.endpoint_url}/moto-api/", self._proc, timeout_seconds)
         if problem:

@@ -3,8 +3,10 @@ a free port, waiting until one answers HTTP, and stopping it."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -44,3 +46,16 @@ def stop_process(proc: subprocess.Popen | None, timeout_seconds: float = 10.0) -
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def die_with_parent() -> None:
+    """For ``Popen(preexec_fn=...)``: on Linux, the child gets SIGTERM when the process that started it
+    dies, however it dies (a SIGTERM that Prefect turns into an exit skips the ``finally`` that would stop
+    it). Elsewhere nothing. Call ``Popen`` from the thread that lives as long as the server should: the
+    signal follows the starting thread's death."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

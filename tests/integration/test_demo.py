@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,49 @@ def test_an_ephemeral_api_that_does_not_start_is_one_message_not_a_traceback(tmp
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PREFECT_API_URL" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_job_told_to_stop_with_sigterm_ends_stopped_with_its_summary_and_leaves_no_server(tmp_path):
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_", "MLFLOW_"))}
+    env |= {"TRAINYARD_HOME": str(tmp_path / "home"), "DO_NOT_TRACK": "1"}
+    trainyard = str(Path(sys.executable).with_name("trainyard"))
+    demo = subprocess.Popen(
+        [trainyard, "demo", "--rows", "2000", "--epochs", "500"],
+        env=env,
+        # not pipes: a server the demo left behind would hold them open
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not list((tmp_path / "home" / "jobs").glob("*/replicas/0/attempt-0/heartbeat.json")):
+            assert demo.poll() is None and time.monotonic() < deadline, "the demo never started training"
+            time.sleep(0.5)
+        children = [p for p in Path("/proc").glob("[0-9]*") if _parent(p) == demo.pid]
+        servers = [int(p.name) for p in children if re.search(rb"moto.server|uvicorn", (p / "cmdline").read_bytes())]
+        assert len(servers) == 2, "the demo's S3 endpoint and Prefect API were not found"
+        demo.send_signal(signal.SIGTERM)
+        demo.wait(timeout=120)
+    finally:
+        demo.kill()
+    (summary_path,) = (tmp_path / "home" / "jobs").glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["status"] == "Stopped" and summary["failure_reason"] == "Terminated"
+    assert "training" in summary["timings"]
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in servers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()], "a server outlived the job"
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        for line in (proc / "status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
