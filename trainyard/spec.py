@@ -532,24 +532,9 @@ class TrainingJob(_Model):
                 )
         target = self.stopping.target_metric
         if target is not None:
-            if target.name.startswith("val_") and self.inputs.validation is None:
-                problems.append(
-                    f"stopping.target_metric.name: {target.name} needs a validation channel; add inputs.validation"
-                )
-            if target.name == "val_accuracy" and self.algorithm.task == "regression":
-                problems.append("stopping.target_metric.name: val_accuracy is for classifiers; use val_rmse")
-            if target.name == "val_rmse" and self.algorithm.task == "classification":
-                problems.append("stopping.target_metric.name: val_rmse is for regression; use val_accuracy")
-        gate = self.registry.promote_if
-        if gate is not None:
-            if gate.metric.startswith("val_") and self.inputs.validation is None:
-                problems.append(
-                    f"registry.promote_if.metric: {gate.metric} needs a validation channel; add inputs.validation"
-                )
-            if gate.metric == "val_accuracy" and self.algorithm.task == "regression":
-                problems.append("registry.promote_if.metric: val_accuracy is for classifiers; use val_rmse")
-            if gate.metric == "val_rmse" and self.algorithm.task == "classification":
-                problems.append("registry.promote_if.metric: val_rmse is for regression; use val_accuracy")
+            problems += self._metric_problems("stopping.target_metric.name", target.name)
+        if self.registry.promote_if is not None:
+            problems += self._metric_problems("registry.promote_if.metric", self.registry.promote_if.metric)
         if target is not None and target.name == "train_loss" and self.resources.max_replicas > 1:
             # Each group's train_loss is over its own share of the batches: the groups would reach the
             # target at different epochs and stop apart. Validation metrics are of the shared parameters.
@@ -596,6 +581,18 @@ class TrainingJob(_Model):
             # line (the messages themselves use "; " between a problem and its fix).
             raise ValueError("\n".join(problems))
         return self
+
+    def _metric_problems(self, field: str, metric: str) -> list[str]:
+        """Why ``metric`` cannot be read in this job: a validation metric without validation data, or
+        another task's metric."""
+        problems = []
+        if metric.startswith("val_") and self.inputs.validation is None:
+            problems.append(f"{field}: {metric} needs a validation channel; add inputs.validation")
+        if metric == "val_accuracy" and self.algorithm.task == "regression":
+            problems.append(f"{field}: val_accuracy is for classifiers; use val_rmse")
+        if metric == "val_rmse" and self.algorithm.task == "classification":
+            problems.append(f"{field}: val_rmse is for regression; use val_accuracy")
+        return problems
 
     def channels(self) -> dict[str, Channel]:
         """The configured channels by name (``train`` first)."""

@@ -15,12 +15,9 @@ s3_endpoint = s3_endpoints.s3_endpoint
 fault_proxy = s3_endpoints.fault_proxy
 
 
-def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_nothing(
-    s3_endpoint, fault_proxy, tmp_path, monkeypatch
-):
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # fail fast: the part below never goes through
-    bucket = s3_endpoint.new_bucket()
-    job = parse_job(
+def output_job(bucket: str):
+    """A job whose outputs go to ``s3://<bucket>/output/``."""
+    return parse_job(
         {
             "name": "out",
             "algorithm": {"builtin": "mlp-classifier"},
@@ -28,6 +25,14 @@ def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_no
             "output": {"s3_uri": f"s3://{bucket}/output/"},
         }
     )
+
+
+def test_outputs_are_uploaded_with_checksums_and_an_interrupted_upload_leaves_nothing(
+    s3_endpoint, fault_proxy, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # fail fast: the part below never goes through
+    bucket = s3_endpoint.new_bucket()
+    job = output_job(bucket)
     uri = outputs.upload_summary(job, "job-1", {"status": "Completed"})
     head = s3_endpoint.client().head_object(Bucket=bucket, Key="output/job-1/summary.json", ChecksumMode="ENABLED")
     assert uri == f"s3://{bucket}/output/job-1/summary.json" and head.get("ChecksumSHA256")
@@ -82,14 +87,7 @@ def test_a_missing_output_bucket_is_found_before_any_compute_and_upload_errors_a
 def test_a_model_that_fails_to_upload_leaves_no_half_model(s3_endpoint, fault_proxy, tmp_path, monkeypatch, failing):
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     bucket = s3_endpoint.new_bucket()
-    job = parse_job(
-        {
-            "name": "out",
-            "algorithm": {"builtin": "mlp-classifier"},
-            "inputs": {"train": {"s3_uri": f"s3://{bucket}/t/", "label": "y"}},
-            "output": {"s3_uri": f"s3://{bucket}/output/"},
-        }
-    )
+    job = output_job(bucket)
     model = tmp_path / "model.pt"
     model.write_bytes(b"parameters")
     fault_proxy.drop(1000, method="PUT", key=failing)
