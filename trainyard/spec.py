@@ -377,9 +377,7 @@ class TargetMetric(_Model):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"unknown metric {v!r}; use one of {', '.join(METRICS)}")
-        return v
+        return _known_metric(v)
 
 
 class Stopping(_Model):
@@ -443,9 +441,7 @@ class PromoteIf(_Model):
     @field_validator("metric")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"unknown metric {v!r}; use one of {', '.join(METRICS)}")
-        return v
+        return _known_metric(v)
 
     @model_validator(mode="after")
     def _direction(self) -> PromoteIf:
@@ -642,6 +638,12 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"set {switch}: true to use them"
             )
     return ignored
+
+
+def _known_metric(v: str) -> str:
+    if v not in METRICS:
+        raise ValueError(f"unknown metric {v!r}; use one of {', '.join(METRICS)}")
+    return v
 
 
 def _check_widths(v: list[int]) -> list[int]:
