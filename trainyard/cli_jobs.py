@@ -48,18 +48,10 @@ def stop(run_id: RunId) -> None:
 
 
 def _call(fn, *args):
-    from prefect.exceptions import ObjectNotFound
-
     try:
         return fn(*args)
-    except TrainyardError as exc:
+    except TrainyardError as exc:  # a run id that is not one, or that the API does not know (client.py)
         console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
-    except (ObjectNotFound, ValueError) as exc:  # a run id the API does not know, or not a UUID at all
-        detail = f" ({exc})" if isinstance(exc, ValueError) else ""
-        console.print(
-            f"[red]no flow run {args[0]!r} on this Prefect API{detail}; `trainyard jobs list` shows them[/red]"
-        )
         raise typer.Exit(2) from None
     except Exception as exc:  # noqa: BLE001 - the API unreachable: say so, no traceback
         console.print(f"[red]{type(exc).__name__}: {exc}[/red] (is PREFECT_API_URL right?)")

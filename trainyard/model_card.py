@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Collection
 from pathlib import Path
 
-from trainyard.redaction import redact
+from trainyard.redaction import redact_spec
 from trainyard.spec import TrainingJob
 
 CODE_VERSION_ENV = "TRAINYARD_CODE_VERSION"
@@ -57,7 +57,7 @@ def lineage_tags(job: TrainingJob, final_metrics: dict[str, float]) -> dict[str,
     """The engine's share of a version's lineage: code version, job spec, final metrics."""
     tags = {
         CODE_VERSION_TAG: code_version(),
-        JOB_SPEC_TAG: json.dumps(redact(job.model_dump(mode="json")), sort_keys=True, separators=(",", ":")),
+        JOB_SPEC_TAG: json.dumps(redact_spec(job.model_dump(mode="json")), sort_keys=True, separators=(",", ":")),
     }
     tags |= {f"{METRIC_TAG_PREFIX}{k}": f"{v:.6g}" for k, v in final_metrics.items()}
     return tags

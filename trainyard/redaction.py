@@ -1,9 +1,11 @@
 """Keeping secrets out of what Trainyard records: MLflow tags and artifacts, model cards, summaries, messages.
 
-A job spec travels into lineage that everyone with read access to the registry sees, so a value
-under a secret-looking name (``resources.job_variables.env.HF_TOKEN``) is masked there, as Prefect,
-Airflow and MLflow mask such names in their UIs. A URL's password (``https://user:pw@host``) is
-masked wherever a URL is recorded or quoted in a message.
+A job spec travels into lineage that everyone with read access to the registry sees. Its own fields
+hold no secrets, but ``resources.job_variables`` (environment variables and other settings for the
+work pool) may: there, a value under a secret-looking name (``env.HF_TOKEN``, ``DB_PASSWORD``) is
+masked, as Prefect, Airflow and MLflow mask such names in their UIs. Elsewhere names are left alone,
+so that a channel called ``tokenizer`` or a hyperparameter ``max_tokens`` stays in the lineage. A
+URL's password (``https://user:pw@host``) is masked wherever a URL is recorded or quoted in a message.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ from typing import Any
 MASK = "***"
 
 # Names whose values are secrets by convention (AWS_SECRET_ACCESS_KEY, HF_TOKEN, DB_PASSWORD,
-# WANDB_API_KEY, GOOGLE_APPLICATION_CREDENTIALS, ...). No field of the job spec itself matches.
-SECRET_NAME = re.compile(r"secret|token|passw|pwd|credential|private|api_?key|access_?key|auth|session|cookie", re.I)
+# WANDB_API_KEY, GOOGLE_APPLICATION_CREDENTIALS, ...): one of these words as a whole part of the name.
+SECRET_NAME = re.compile(
+    r"(^|[_.-])(secret|token|password|passwd|pwd|credentials?|private_?key|api_?key|access_?key|auth|session|cookie)s?"
+    r"($|[_.-])",
+    re.I,
+)
 
 # The password of a URL's userinfo: scheme://user:password@host
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<password>[^/@\s]+)@")
@@ -26,15 +32,27 @@ def redact_text(text: str) -> str:
     return _URL_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
 
 
-def redact(value: Any) -> Any:
-    """A copy of a JSON-like value with secret-named entries masked and URL passwords removed."""
+def redact_spec(spec: dict) -> dict:
+    """A copy of a job spec (``model_dump(mode="json")``) fit for lineage: secret-named values under
+    ``resources.job_variables`` masked, URL passwords masked everywhere."""
+    out = redact(spec)
+    variables = (out.get("resources") or {}).get("job_variables")
+    if isinstance(variables, dict):
+        out["resources"]["job_variables"] = redact(variables, by_name=True)
+    return out
+
+
+def redact(value: Any, by_name: bool = False) -> Any:
+    """A copy of a JSON-like value with URL passwords masked; with ``by_name``, secret-named entries too."""
     if isinstance(value, dict):
         return {
-            key: MASK if isinstance(key, str) and SECRET_NAME.search(key) and item not in (None, "") else redact(item)
+            key: MASK
+            if by_name and isinstance(key, str) and SECRET_NAME.search(key) and item not in (None, "")
+            else redact(item, by_name)
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):
-        return [redact(item) for item in value]
+        return [redact(item, by_name) for item in value]
     if isinstance(value, str):
         return redact_text(value)
     return value

@@ -25,7 +25,7 @@ import torch
 from trainyard import model_card, promotion
 from trainyard.errors import RegistryError, StorageError, TrainyardError
 from trainyard.home import home
-from trainyard.redaction import redact, redact_text
+from trainyard.redaction import redact_spec, redact_text
 from trainyard.spec import METRICS, TrainingJob
 
 JOB_ID_TAG = "trainyard.job_id"
@@ -235,7 +235,7 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
             mlflow.log_metrics(metrics, step=entry["epoch"])
         for artifact in artifacts.values():
             mlflow.log_artifact(str(artifact))
-        mlflow.log_dict(redact(job.model_dump(mode="json")), "job_spec.json")
+        mlflow.log_dict(redact_spec(job.model_dump(mode="json")), "job_spec.json")
         mlflow.log_text(card, "model_card.md")
         info = _log_model(model, example)
         _check_artifacts(info.model_uri)

@@ -624,13 +624,13 @@ def ignored_settings(job: TrainingJob) -> list[str]:
             )
     sifting = job.sifting
     if not sifting.enabled:
-        tuned = sorted(sifting.model_fields_set - {"enabled", "prefilter"})
+        tuned = _tuned(sifting, {"enabled", "prefilter"})
         if tuned:
             ignored.append(
                 f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
             )
     if not sifting.prefilter_on:
-        tuned = sorted(sifting.prefilter.model_fields_set - {"enabled"})
+        tuned = _tuned(sifting.prefilter, {"enabled"})
         if tuned:
             switch = "sifting.prefilter.enabled" if sifting.prefilter.enabled is False else "sifting.enabled"
             ignored.append(
@@ -638,6 +638,16 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"set {switch}: true to use them"
             )
     return ignored
+
+
+def _tuned(model: BaseModel, leave_out: set[str]) -> list[str]:
+    """The fields of ``model`` that differ from their defaults. Not ``model_fields_set``: a spec that went
+    through ``model_dump`` (a job submitted to a deployment) has every field set."""
+    return sorted(
+        name
+        for name, info in type(model).model_fields.items()
+        if name not in leave_out and getattr(model, name) != info.get_default(call_default_factory=True)
+    )
 
 
 def _known_metric(v: str) -> str:

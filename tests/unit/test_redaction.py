@@ -10,7 +10,7 @@ from botocore.exceptions import EndpointConnectionError
 
 from tests.unit.test_registry import register, tracking, trained  # noqa: F401 (a fixture)
 from trainyard import registry, s3
-from trainyard.redaction import MASK, redact, redact_text
+from trainyard.redaction import MASK, SECRET_NAME, redact_spec, redact_text
 
 
 def test_a_urls_password_is_masked_and_its_user_kept():
@@ -22,11 +22,23 @@ def test_a_urls_password_is_masked_and_its_user_kept():
     assert redact_text("http://127.0.0.1:9000/") == "http://127.0.0.1:9000/"
 
 
-def test_secret_named_values_are_masked_and_others_kept():
-    spec = {"resources": {"job_variables": {"env": {"HF_TOKEN": "hf_x", "OMP_NUM_THREADS": "2", "DB_PASSWORD": "p"}}}}
-    env = redact(spec)["resources"]["job_variables"]["env"]
-    assert env == {"HF_TOKEN": MASK, "OMP_NUM_THREADS": "2", "DB_PASSWORD": MASK}
+def test_secret_named_job_variables_are_masked_and_other_names_kept():
+    spec = {
+        "resources": {"job_variables": {"env": {"HF_TOKEN": "hf_x", "OMP_NUM_THREADS": "2", "DB_PASSWORD": "p"}}},
+        "inputs": {"tokenizer": {"s3_uri": "s3://b/tok/"}},
+        "hyperparameters": {"max_tokens": 512, "author_id": 3},
+    }
+    redacted = redact_spec(spec)
+    assert redacted["resources"]["job_variables"]["env"] == {
+        "HF_TOKEN": MASK,
+        "OMP_NUM_THREADS": "2",
+        "DB_PASSWORD": MASK,
+    }
+    # names outside the job variables are the spec's own fields and the user's settings: lineage keeps them
+    assert redacted["inputs"] == spec["inputs"] and redacted["hyperparameters"] == spec["hyperparameters"]
     assert spec["resources"]["job_variables"]["env"]["HF_TOKEN"] == "hf_x"  # a copy
+    names = ["AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "GOOGLE_APPLICATION_CREDENTIALS", "github-token", "AUTHOR"]
+    assert [bool(SECRET_NAME.search(n)) for n in names] == [True, True, True, True, False]
 
 
 def test_secrets_in_the_job_spec_never_reach_the_registry(tracking, tmp_path):  # noqa: F811

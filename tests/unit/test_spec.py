@@ -321,6 +321,8 @@ def test_settings_of_a_stage_that_is_off_are_named_as_ignored(tmp_path):
     assert ignored == [
         "sifting.beta, sifting.delay_steps: online sifting is off; set sifting.enabled: true to use them"
     ]
+    # a job submitted to a deployment arrives as a full dump: every field set, none tuned
+    assert ignored_settings(parse_job(parse_job(minimal()).model_dump(mode="json"))) == []
     off = minimal(sifting={"enabled": True, "prefilter": {"enabled": False, "drop_learnt_fraction": 0.2}})
     assert ignored_settings(parse_job(off)) == [
         "sifting.prefilter.drop_learnt_fraction: the prefilter is off; set sifting.prefilter.enabled: true to use them"
