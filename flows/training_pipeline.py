@@ -257,7 +257,10 @@ def _publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, l
         logger.warning("could not upload the summary or the carbon ledger row: %s", exc)
     create_markdown_artifact(key=f"carbon-{job.name.lower()}", markdown=esg.markdown(job_id, summary["carbon"]))
     if model is not None:
-        registry.log_summary(model["run_id"], summary)
+        try:
+            registry.log_summary(model["run_id"], summary)
+        except Exception as exc:  # noqa: BLE001 - the job is done and its summary written: a registry hiccup is logged
+            logger.warning("could not attach the summary to MLflow run %s: %s", model["run_id"], exc)
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
     create_markdown_artifact(
         key=f"job-summary-{job.name.lower()}",

@@ -22,6 +22,7 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
     """
     record: dict = {"stage": stage}
     started = time.monotonic()
+    energy = None
     try:
         with carbon.meter(stage, job.carbon) as energy:
             record["meter"] = energy  # live readings while the stage runs
@@ -31,7 +32,8 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
                 record["seconds"] = time.monotonic() - started
                 del record["meter"]
     except BaseException as exc:  # a SIGTERM's TerminationSignal too: the stage spent what it spent
-        exc.stage_record = {"stage": stage, "seconds": record["seconds"], "energy": energy.to_dict()}
+        if energy is not None:  # (None: the meter itself failed, or the signal came while it started)
+            exc.stage_record = {"stage": stage, "seconds": time.monotonic() - started, "energy": energy.to_dict()}
         raise
     record["energy"] = energy.to_dict()
 

@@ -127,7 +127,12 @@ def _list_prefix(uri: str) -> list[StagedObject]:
         else:
             # An object that is also a folder of objects: staging either alone would lose the other silently.
             # (folder markers and side files under it do not count: a first page of keys is enough to tell)
-            page = client.list_objects_v2(Bucket=root.bucket, Prefix=root.key + "/", MaxKeys=100)
+            try:
+                page = client.list_objects_v2(Bucket=root.bucket, Prefix=root.key + "/", MaxKeys=100)
+            except ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 403:
+                    raise
+                page = {}  # a role that may read the object but not list the bucket: it named an object
             under = [o["Key"] for o in page.get("Contents", []) if _is_data_key(o["Key"][len(root.key) + 1 :])]
             if under:
                 raise DataError(

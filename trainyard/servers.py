@@ -48,14 +48,26 @@ def stop_process(proc: subprocess.Popen | None, timeout_seconds: float = 10.0) -
         proc.wait()
 
 
+def _find_prctl():
+    """libc's ``prctl``, looked up once in the parent: nothing is loaded between fork and exec."""
+    if sys.platform != "linux":
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _find_prctl()
+
+
 def die_with_parent() -> None:
     """For ``Popen(preexec_fn=...)``: on Linux, the child gets SIGTERM when the process that started it
     dies, however it dies (a SIGTERM that Prefect turns into an exit skips the ``finally`` that would stop
     it). Elsewhere nothing. Call ``Popen`` from the thread that lives as long as the server should: the
     signal follows the starting thread's death."""
-    if sys.platform != "linux":
+    if _PRCTL is None:
         return
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

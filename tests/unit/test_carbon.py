@@ -175,3 +175,27 @@ def test_a_group_meter_measures_energy_without_the_emissions_lookup(tmp_path):
     )
     assert "cpu:" in record["measurement_mode"] and "emissions_kg" not in record
     assert not result["geo_imported"]
+
+
+def test_a_stage_stopped_while_its_meter_starts_raises_the_stop_not_a_key_error(monkeypatch):
+    import contextlib
+
+    from tasks._metering import stage_meter
+    from trainyard.spec import parse_job
+
+    @contextlib.contextmanager
+    def interrupted(*args, **kwargs):  # the signal lands in codecarbon's start, before the meter yields
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(carbon, "meter", interrupted)
+    job = parse_job(
+        {
+            "name": "m",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+            "output": {"s3_uri": "s3://bkt/o/"},
+        }
+    )
+    with pytest.raises(KeyboardInterrupt), stage_meter("staging", job):
+        pass

@@ -49,3 +49,15 @@ def test_the_meter_counts_every_size_exactly_as_measuring_each_would():
         fresh.forward += one.forward
         fresh.backward += one.backward
     assert (meter.scoring, meter.forward, meter.backward) == (fresh.scoring, fresh.forward, fresh.backward)
+
+
+def test_a_batch_norm_model_is_metered_on_one_row_batches():
+    # a validation set with one row over EVAL_BATCH, or one candidate to score: the probe stays in train mode
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    meter = FlopMeter(model, algorithms.per_sample_cross_entropy)
+    one = torch.zeros(1, 3)
+    meter.add_train_step(one, torch.zeros(1, dtype=torch.long))
+    meter.add_evaluation(one)
+    meter.add_scoring(one)
+    assert meter.forward > 0 and meter.evaluation > 0 and meter.scoring > 0
+    assert model[1].training  # left as it was

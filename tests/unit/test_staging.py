@@ -404,6 +404,19 @@ def test_a_uri_that_is_an_object_and_a_prefix_is_refused_not_half_staged(s3_endp
     assert [o.key for o in stage(f"s3://{bucket}/odd/train/", tmp_path, format="raw").objects] == ["odd/train/part-0"]
 
 
+def test_a_single_object_stages_for_a_role_that_may_not_list_its_bucket(s3_endpoint, tmp_path, monkeypatch):
+    from botocore.exceptions import ClientError
+
+    client, bucket = s3_endpoint.client(), s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="d/only.bin", Body=b"readable, not listable")
+
+    def denied(**kwargs):  # s3:GetObject on the key, no s3:ListBucket
+        raise ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "List")
+
+    monkeypatch.setattr(s3.client(), "list_objects_v2", denied)
+    assert [o.key for o in stage(f"s3://{bucket}/d/only.bin", tmp_path, format="raw").objects] == ["d/only.bin"]
+
+
 def test_denied_request_is_clear(s3_endpoint, tmp_path, monkeypatch):
     s3_endpoint.skip_unless("sigv4_enforced")
     bucket = s3_endpoint.new_bucket()

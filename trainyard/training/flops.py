@@ -56,8 +56,9 @@ class FlopMeter:
         """Record one no-grad forward pass over batch ``x`` (validation or scoring)."""
 
         def measure() -> tuple[int]:
-            with torch.no_grad(), FlopCounterMode(display=False) as fwd:
-                self._model(x.cpu())
+            xs = x.cpu()
+            with torch.no_grad(), FlopCounterMode(display=False) as fwd, one_row_batch_norm(self._model, len(xs)):
+                self._model(xs)
             return (fwd.get_total_flops(),)
 
         self.evaluation += self._eval_cost(x.shape[0], measure)[0]
