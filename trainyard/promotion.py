@@ -45,11 +45,12 @@ def decide(
         return GateDecision(False, f"this version has no final {rule.metric}")
     if theirs is None:
         return GateDecision(True, f"the champion has no {rule.metric}")
-    gain = (ours - theirs) if rule.mode == "max" else (theirs - ours)
+    gain = (ours - theirs) if rule.direction == "max" else (theirs - ours)
     verdict = "beats" if gain > rule.min_gain else "does not beat"
     return GateDecision(
         gain > rule.min_gain,
-        f"{rule.metric} {ours:.6g} {verdict} the champion's {theirs:.6g} by more than {rule.min_gain:g} ({rule.mode})",
+        f"{rule.metric} {ours:.6g} {verdict} the champion's {theirs:.6g} by more than {rule.min_gain:g} "
+        f"({rule.direction})",
     )
 
 

@@ -92,7 +92,7 @@ def register(
         if version is None:
             version = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
         if promotion.GATE_TAG not in (version.tags or {}):  # new, or an earlier attempt stopped before the gate
-            promotion.gate(client, job.registry.promote_if, name, version)
+            promotion.gate(client, job.gate, name, version)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except _service_errors() as exc:
         raise _translate(exc, f"registering {name!r} for job {job_id}", uri) from exc

@@ -422,9 +422,10 @@ class Carbon(_Model):
 class PromoteIf(_Model):
     """The promotion gate: when a new version becomes the champion."""
 
-    metric: str = Field(
-        default="val_accuracy",
-        description="Metric compared against the champion's: val_accuracy, val_loss, val_rmse or train_loss.",
+    metric: str | None = Field(
+        default=None,
+        description="Metric compared against the champion's: val_accuracy, val_loss, val_rmse or train_loss "
+        "(default: val_accuracy for a classifier, val_rmse for regression).",
     )
     mode: Literal["max", "min"] | None = Field(
         default=None,
@@ -440,21 +441,24 @@ class PromoteIf(_Model):
 
     @field_validator("metric")
     @classmethod
-    def _known(cls, v: str) -> str:
-        return _known_metric(v)
+    def _known(cls, v: str | None) -> str | None:
+        return v if v is None else _known_metric(v)
 
     @model_validator(mode="after")
     def _direction(self) -> PromoteIf:
         # A gate that calls a bigger loss better would crown every worse model.
-        natural = "max" if METRICS[self.metric] else "min"
-        if self.mode is None:
-            object.__setattr__(self, "mode", natural)
-        elif self.mode != natural:
+        if self.metric is not None and self.mode is not None and self.mode != self.direction:
+            natural = self.direction
             raise ValueError(
                 f"mode {self.mode} would promote a worse model: {self.metric} is better "
                 f"{'bigger' if natural == 'max' else 'smaller'}; use {natural}, or leave mode out"
             )
         return self
+
+    @property
+    def direction(self) -> Literal["max", "min"]:
+        """``max`` or ``min``: the metric's own direction (``mode`` may only agree with it)."""
+        return "max" if METRICS[self.metric or "val_accuracy"] else "min"
 
 
 class Registry(_Model):
@@ -529,8 +533,8 @@ class TrainingJob(_Model):
         target = self.stopping.target_metric
         if target is not None:
             problems += self._metric_problems("stopping.target_metric.name", target.name)
-        if self.registry.promote_if is not None:
-            problems += self._metric_problems("registry.promote_if.metric", self.registry.promote_if.metric)
+        if self.gate is not None:
+            problems += self._metric_problems("registry.promote_if.metric", self.gate.metric)
         if target is not None and target.name == "train_loss" and self.resources.max_replicas > 1:
             # Each group's train_loss is over its own share of the batches: the groups would reach the
             # target at different epochs and stop apart. Validation metrics are of the shared parameters.
@@ -577,6 +581,15 @@ class TrainingJob(_Model):
             # line (the messages themselves use "; " between a problem and its fix).
             raise ValueError("\n".join(problems))
         return self
+
+    @property
+    def gate(self) -> PromoteIf | None:
+        """``registry.promote_if`` with its metric filled in for the task (val_accuracy or val_rmse)."""
+        rule = self.registry.promote_if
+        if rule is None or rule.metric is not None:
+            return rule
+        default = "val_rmse" if self.algorithm.task == "regression" else "val_accuracy"
+        return rule.model_copy(update={"metric": default})
 
     def _metric_problems(self, field: str, metric: str) -> list[str]:
         """Why ``metric`` cannot be read in this job: a validation metric without validation data, or

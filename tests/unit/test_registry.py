@@ -106,7 +106,7 @@ def test_gate_rule_gain_direction_and_carbon_ceiling():
 def test_a_gates_direction_is_its_metrics_and_a_contrary_one_is_refused():
     from trainyard.errors import SpecError
 
-    assert PromoteIf(metric="val_loss").mode == "min" and PromoteIf(metric="val_accuracy").mode == "max"
+    assert PromoteIf(metric="val_loss").direction == "min" and PromoteIf(metric="val_accuracy").direction == "max"
     assert not decide(PromoteIf(metric="val_loss"), 0.95, 0.20, has_champion=True, emissions_kg=None).wins
     job, _, _ = trained()
     spec = job.model_dump(mode="json")
@@ -120,6 +120,9 @@ def test_a_gates_direction_is_its_metrics_and_a_contrary_one_is_refused():
     no_validation = spec | {"inputs": {"train": spec["inputs"]["train"]}, "registry": {"promote_if": {}}}
     with pytest.raises(SpecError, match="val_accuracy needs a validation channel"):
         parse_job(no_validation)
+    # the default metric is the task's: a regression job's gate compares val_rmse, smaller winning
+    regression = parse_job(spec | {"algorithm": {"builtin": "linear-regression"}, "registry": {"promote_if": {}}})
+    assert (regression.gate.metric, regression.gate.direction) == ("val_rmse", "min")
 
 
 def test_model_card_has_data_metrics_carbon_and_lineage():
