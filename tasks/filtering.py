@@ -20,14 +20,13 @@ def filter_samples(job: TrainingJob, staged: StagedData, job_id: str) -> dict:
     logger = get_run_logger()
     with stage_meter("filtering", job) as record:
         champion = _champion(job) if filtering.wants_champion(job.sifting, staged.streamed) else None
-        record["report"] = filtering.filter_samples(
+        report = record["report"] = filtering.filter_samples(
             staged, job.sifting, job.algorithm.task, champion, job.algorithm, job.hyperparameters
         )
-    report = record["report"]
-    if report.manifest:  # with the job's outputs: which rows of which objects training read, and why not the rest
-        report.manifest_uri = outputs.upload_file(
-            job, job_id, Path(report.manifest), "filtering/train.filtered.manifest.json"
-        )
+        if report.manifest:  # with the job's outputs: which rows of which objects training read, and why not the rest
+            report.manifest_uri = outputs.upload_file(
+                job, job_id, Path(report.manifest), "filtering/train.filtered.manifest.json"
+            )
     if job.sifting.prefilter_on and staged.streamed:
         logger.info("prefilter skipped: a streamed train channel is not read whole before training")
     if report.reference:

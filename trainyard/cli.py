@@ -179,6 +179,9 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         # SIGTERM or Ctrl-C: the flow wrote its summary as Stopped. Exiting on a signal skips the hook
         # that stops Prefect's ephemeral API, which would outlive the job.
         _stop_ephemeral_api()
+        written = job_dir(job_id) / "summary.json"
+        if summary_out is not None and written.exists():
+            summary_out.write_text(written.read_text())
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -723,7 +723,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node[parts[-1]] = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
             raise SpecError(
-                [f"--set {item!r}: the value is not valid YAML ({exc}); quote it, e.g. {key}='...'"]
+                [
+                    f"--set {item!r}: the value is not valid YAML ({exc}); quote it for YAML inside the shell's "
+                    f"quotes, e.g. --set \"{key}='...'\""
+                ]
             ) from None
     return data
 
