@@ -18,7 +18,6 @@ import io
 
 from trainyard import s3
 from trainyard.spec import Carbon
-from trainyard.status import untrained
 
 LEDGER_FIELDS = (
     "job_id",
@@ -99,7 +98,7 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     # the summary's "sifting cost more than it saved" warning weighs), what was left out unscored before
     # delay_steps (no scoring, but not trained either), and the prefilter's dropped rows.
     by_rule = (sifting["passed_over"] if sifting else 0) * per_sample
-    unscored = (untrained(sifting) - (sifting["passed_over"] if sifting else 0)) * per_sample
+    unscored = (sifting.get("skipped", 0) if sifting else 0) * per_sample
     by_prefilter = dropped_rows * epochs * per_sample
     saved = by_rule + unscored + by_prefilter
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
