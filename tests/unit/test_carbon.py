@@ -181,6 +181,7 @@ def test_a_stage_stopped_while_its_meter_starts_raises_the_stop_not_a_key_error(
     import contextlib
 
     from tasks._metering import stage_meter
+    from tests.conftest import job_dict
     from trainyard.spec import parse_job
 
     @contextlib.contextmanager
@@ -189,13 +190,6 @@ def test_a_stage_stopped_while_its_meter_starts_raises_the_stop_not_a_key_error(
         yield
 
     monkeypatch.setattr(carbon, "meter", interrupted)
-    job = parse_job(
-        {
-            "name": "m",
-            "algorithm": {"builtin": "mlp-classifier"},
-            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
-            "output": {"s3_uri": "s3://bkt/o/"},
-        }
-    )
+    job = parse_job(job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"}))
     with pytest.raises(KeyboardInterrupt), stage_meter("staging", job):
         pass
