@@ -200,13 +200,22 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+_FLUSH_SECONDS = 10.0
+
+
 def _stop_ephemeral_api() -> None:
     """Stop the Prefect API this process started for itself, if it started one."""
     if os.environ.get("PREFECT_API_URL"):
         return
     try:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
         from prefect.server.api.server import SubprocessASGIServer
 
+        # Send the job's last logs and events while the API still answers: left for the exit hook, they
+        # would be retried against the stopped API for over a minute before the process could end.
+        for service in (APILogWorker, EventsWorker):
+            service.drain_all(timeout=_FLUSH_SECONDS)
         SubprocessASGIServer().stop()  # the ephemeral API is the instance without a fixed port
     except Exception:  # noqa: BLE001 - on the way out already: the signal is what to report
         pass
