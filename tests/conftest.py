@@ -3,9 +3,15 @@ TRAINYARD_HOME, and helpers that upload small datasets."""
 
 from __future__ import annotations
 
+import contextvars
 import io
+import json
 import os
+import threading
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -97,3 +103,42 @@ def job_dict(uris: dict[str, str], **overrides) -> dict:
     for key, value in overrides.items():
         job[key] = value
     return job
+
+
+def rejoined(attempt: Path) -> bool:
+    """Whether a restarted or added group's attempt (its folder) has committed a step with the others."""
+    try:
+        return "rejoined_at_step" in (json.loads((attempt / "progress.json").read_text())["recovery"] or {})
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return False
+
+
+@contextmanager
+def slow_until(hold: Path, ready: Callable[[], bool]) -> Iterator[str]:
+    """Yields ``hold`` for ``slow_build``'s ``slow_while``: its steps are slow while ``hold`` exists,
+    and ``hold`` goes once ``ready()`` (say, a restarted group is back), so what follows runs at full
+    speed. The slow phase keeps the survivors training however long the restart takes on a busy
+    machine; the job's remaining steps then take seconds, not minutes."""
+    hold.touch()
+    done = threading.Event()
+    context = contextvars.copy_context()  # the caller's settings (a Prefect API URL, say) for ready()
+
+    def is_ready() -> bool:
+        try:
+            return context.run(ready)
+        except Exception:  # noqa: BLE001 - not yet (no job yet, a file half written): asked again
+            return False
+
+    def watch() -> None:
+        while not done.is_set() and not is_ready():
+            done.wait(0.5)
+        hold.unlink(missing_ok=True)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield str(hold)
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+        hold.unlink(missing_ok=True)

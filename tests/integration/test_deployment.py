@@ -20,7 +20,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import job_dict, upload_dataset
+from tests.conftest import job_dict, rejoined, slow_until, upload_dataset
 from tests.integration.conftest import PREFECT, REPO
 from trainyard import client
 from trainyard.cli import app
@@ -49,8 +49,8 @@ def deployed(prefect_server, tmp_path_factory):
     }
     applied = CliRunner().invoke(app, ["infra", "apply", "--api-url", url, "--gpus-per-pool", "4"])
     assert applied.exit_code == 0, applied.output
-    for name in ("on-demand", "nightly-churn", GPU_POOL):
-        subprocess.run([PREFECT, "--no-prompt", "deploy", "--name", name], env=env, cwd=REPO, check=True)
+    # as the README deploys them: every deployment in prefect.yaml, in one process
+    subprocess.run([PREFECT, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, check=True)
     workers = []
     for pool, n, limit in (("trainyard-process", 1, []), (GPU_POOL, 3, ["--limit", "1"])):
         for i in range(n):
@@ -86,6 +86,12 @@ def _replica_runs(job_id: str) -> list:
         return api.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags))
 
 
+def _attempt(run_id: str, replica: int, attempt: int) -> Path:
+    """A group attempt's folder, once the pipeline run has made its job (a folder that isn't there before)."""
+    job_id = client.status(run_id).get("job_id")
+    return Path(os.environ["TRAINYARD_HOME"]) / "jobs" / str(job_id) / "replicas" / str(replica) / f"attempt-{attempt}"
+
+
 def _logs(home: Path) -> str:
     return "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(home.glob("worker-*.log")))
 
@@ -104,16 +110,19 @@ def test_run_deployment_runs_the_pipeline(deployed, bucket):
     assert mlflow.MlflowClient(mlflow_uri).get_registered_model("deployed-job").name == "deployed-job"
 
 
-def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deployed, bucket):
+def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deployed, bucket, tmp_path):
     url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=800), resources={"replicas": 2, "work_pool": GPU_POOL})
-    # 10 ms steps, 3,000 of them: the survivor is still training when the resubmitted run starts (~15 s)
+    # 40 ms steps, 1,200 of them: the survivor is still training when the resubmitted run is back (~15 s);
+    # the steps left after that run at full speed.
     spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
-    spec["hyperparameters"]["epochs"] = 300
+    spec["hyperparameters"] |= {"epochs": 120, "step_sleep": 0.04}
     spec["elastic"] = {"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]}
     submitted = time.time()
-    run_id = client.submit(spec)
-    final = client.wait(run_id, timeout_seconds=400)
+    with slow_until(tmp_path / "slow", lambda: rejoined(_attempt(run_id, 1, 1))) as hold:
+        spec["hyperparameters"]["slow_while"] = hold
+        run_id = client.submit(spec)
+        final = client.wait(run_id, timeout_seconds=400)
     assert final["status"] == "Completed", (final, _logs(home))
     assert [t["status"] for t in final["secondary_status_transitions"]][-1] == "Completed"
     summary = _summary(final["job_id"])
@@ -192,33 +201,35 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
             assert result.exit_code == 2 and says in result.output, result.output
 
 
-def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket):
+def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket, tmp_path):
     """A GPU node dies: its worker and the group it runs are killed at once, so nobody reports the run.
     The supervisor finds the group silent and cancels its run; no worker confirms, so the run is marked
     Crashed and the group resubmitted. The spare worker runs it, and it heals from the live group."""
     url, _, home, gpu_workers = deployed
     spec = job_dict(upload_dataset(bucket, rows=800), resources={"replicas": 2, "work_pool": GPU_POOL})
     spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
-    # 10 ms steps, 5,000 of them: the survivor is still training when the lost group is found
-    # silent (12 s), given up on (15 s more) and back from the spare worker (~15 s).
-    spec["hyperparameters"]["epochs"] = 500
-    run_id = client.submit(spec)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        job_id = client.status(run_id).get("job_id")
-        group = Path(os.environ["TRAINYARD_HOME"]) / "jobs" / str(job_id) / "replicas" / "1" / "attempt-0"
-        if (group / "heartbeat.json").exists() and json.loads((group / "heartbeat.json").read_text())["step"] >= 20:
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail(f"group 1 never trained: {_logs(home)}")
-    group_pid = int((group / "pid").read_text())
-    ancestors = {p.pid for p in psutil.Process(group_pid).parents()}
-    (node,) = [w for w in gpu_workers if w.pid in ancestors]
-    os.kill(node.pid, signal.SIGKILL)  # the worker first, so it cannot report its run Crashed
-    os.kill(group_pid, signal.SIGKILL)
-    final = client.wait(run_id, timeout_seconds=500)
+    # 50 ms steps, 1,700 of them: the survivor is still training when the lost group is found silent
+    # (12 s), given up on (15 s more) and back from the spare worker (~15 s); the rest at full speed.
+    spec["hyperparameters"] |= {"epochs": 170, "step_sleep": 0.05}
+    with slow_until(tmp_path / "slow", lambda: rejoined(_attempt(run_id, 1, 1))) as hold:
+        spec["hyperparameters"]["slow_while"] = hold
+        run_id = client.submit(spec)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            group = _attempt(run_id, 1, 0)
+            if (group / "heartbeat.json").exists() and json.loads((group / "heartbeat.json").read_text())["step"] >= 20:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"group 1 never trained: {_logs(home)}")
+        group_pid = int((group / "pid").read_text())
+        ancestors = {p.pid for p in psutil.Process(group_pid).parents()}
+        (node,) = [w for w in gpu_workers if w.pid in ancestors]
+        os.kill(node.pid, signal.SIGKILL)  # the worker first, so it cannot report its run Crashed
+        os.kill(group_pid, signal.SIGKILL)
+        final = client.wait(run_id, timeout_seconds=500)
     assert final["status"] == "Completed", (final, _logs(home))
+    job_id = final["job_id"]
     runs = {(r.parameters["replica"], r.parameters["attempt"]): r for r in _replica_runs(job_id)}
     assert sorted(runs) == [(0, 0), (1, 0), (1, 1)]
     lost = runs[1, 0].state
@@ -275,7 +286,7 @@ def _pool_room(url: str, groups: int) -> None:
     assert applied.exit_code == 0, applied.output
 
 
-def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket):
+def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket, tmp_path):
     """replicas 1, max_replicas 2 on the GPU pool while it has room for one group: the second group's
     run waits queued (not failed) while the first trains. When the pool grows (the limit raised, as
     when a node joins), it starts, heals from the first group and trains with it to the end."""
@@ -283,26 +294,29 @@ def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket):
     resources = {"replicas": 1, "max_replicas": 2, "work_pool": GPU_POOL}
     spec = job_dict(upload_dataset(bucket, rows=800), resources=resources)
     spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
-    spec["hyperparameters"]["epochs"] = 300  # 3,000 steps of 10 ms: the first group is still training at the join
+    # 40 ms steps, 1,300 of them: the first group is still training when the second joins (~15 s after
+    # the pool grows at step 200); the rest at full speed.
+    spec["hyperparameters"] |= {"epochs": 130, "step_sleep": 0.04}
     _pool_room(url, 1)
-    try:
-        run_id = client.submit(spec)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            job_id = client.status(run_id).get("job_id")
-            first = Path(os.environ["TRAINYARD_HOME"]) / "jobs" / str(job_id) / "replicas" / "0" / "attempt-0"
-            queued = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1] if job_id else []
-            beat = first / "heartbeat.json"
-            if queued and beat.exists() and json.loads(beat.read_text())["step"] >= 200:
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the first group never trained: {_logs(home)}")
-        (waiting,) = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1]
-        assert waiting.state.type.value == "SCHEDULED", waiting.state  # queued for room, not failed
-    finally:
-        _pool_room(url, 4)
-    final = client.wait(run_id, timeout_seconds=400)
+    with slow_until(tmp_path / "slow", lambda: rejoined(_attempt(run_id, 1, 0))) as hold:
+        spec["hyperparameters"]["slow_while"] = hold
+        try:
+            run_id = client.submit(spec)
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                job_id = client.status(run_id).get("job_id")
+                beat = _attempt(run_id, 0, 0) / "heartbeat.json"
+                queued = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1] if job_id else []
+                if queued and beat.exists() and json.loads(beat.read_text())["step"] >= 200:
+                    break
+                time.sleep(0.5)
+            else:
+                pytest.fail(f"the first group never trained: {_logs(home)}")
+            (waiting,) = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1]
+            assert waiting.state.type.value == "SCHEDULED", waiting.state  # queued for room, not failed
+        finally:
+            _pool_room(url, 4)
+        final = client.wait(run_id, timeout_seconds=400)
     assert final["status"] == "Completed", (final, _logs(home))
     elastic = _summary(job_id)["elastic"]
     assert [(c["from"], c["to"]) for c in elastic["scaling"]] == [(1, 2)]

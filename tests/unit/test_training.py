@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import blobs_table
+from tests.conftest import blobs_table, rejoined, slow_until
 from trainyard.errors import TrainingError
 from trainyard.home import job_dir, new_job_id
 from trainyard.spec import parse_job
@@ -101,16 +101,17 @@ def test_max_runtime_stops_every_group(trainyard_home):
     assert 0 < outcome.steps < 100_000 * 75
 
 
-def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home):
+def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
         # slow steps (10 ms): the survivor is still training when the restarted group comes back
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
-        hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01},
+        hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
     )
     events = []
-    outcome, handle = run(job, job_id, folder, plan, events)
+    with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
+        outcome, handle = run(job, job_id, folder, plan, events)
     assert events == [("replica.failed", 1), ("replica.restarted", 1), ("replica.recovered", 1)]
     assert outcome.stop_reason == "Completed"
     assert len(outcome.failures) == 1 and outcome.failures[0]["replica"] == 1
@@ -330,13 +331,38 @@ def test_sigterm_is_a_graceful_leave_and_the_others_go_on(trainyard_home):
     assert outcome.model_path.endswith("replicas/0/attempt-0/model.pt")  # the group that finished the job
 
 
-def slow_build(num_features, num_outputs, hyperparameters):
-    """A model whose steps take at least 10 ms, so a survivor is still training when a restart comes back."""
+def test_a_group_told_to_leave_while_waiting_for_the_others_to_start_stops_waiting(tmp_path):
+    # A job stopped while its groups start: a group whose peers' runs were cancelled before they came
+    # would wait out the start barrier (two minutes) and be killed by its worker meanwhile.
+    import threading
     import time
+
+    from trainyard.training import trainer
+
+    timer = threading.Timer(0.5, trainer.LEAVE.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        trainer._start_barrier(tmp_path, 0, num_replicas=2, timeout_seconds=60)
+    finally:
+        timer.cancel()
+        trainer.LEAVE.clear()
+    assert time.monotonic() - started < 30
+
+
+def slow_build(num_features, num_outputs, hyperparameters):
+    """A model whose steps take at least ``step_sleep`` seconds (10 ms), so a survivor is still training
+    when a restart comes back. With ``slow_while`` (a path; see ``tests.conftest.slow_until``), only
+    while that file exists."""
+    import os
+    import time
+
+    pause, hold = hyperparameters.get("step_sleep", 0.01), hyperparameters.get("slow_while")
 
     class Slow(torch.nn.Linear):
         def forward(self, x):
-            time.sleep(0.01)
+            if hold is None or os.path.exists(hold):
+                time.sleep(pause)
             return super().forward(x)
 
     return Slow(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
@@ -358,15 +384,25 @@ def test_a_stop_whose_grace_runs_out_ends_the_job_stopped_with_the_finished_grou
     assert [f["replica"] for f in outcome.failures] == [1]
 
 
-def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch):
+def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch, tmp_path):
     monkeypatch.setenv("TRAINYARD_SILENT_GROUP_SECONDS", "12")  # just over the 10 s collective timeout
+    # 30 ms steps, 1,000 of them: the survivor is still training when the hung group is found silent
+    # (12 s) and back (~5 s); the rest at full speed.
+    hp = {
+        "epochs": 100,
+        "batch_size": 64,
+        "learning_rate": 0.01,
+        "step_sleep": 0.03,
+        "slow_while": str(tmp_path / "slow"),
+    }
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
-        hyperparameters={"epochs": 190, "batch_size": 64, "learning_rate": 0.01},
+        hyperparameters=hp,
         elastic={"fault_injection": [{"replica": 0, "at_step": 10, "kind": "hang"}]},
     )
-    outcome, handle = run(job, job_id, folder, plan)
+    with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/0/attempt-1")):
+        outcome, handle = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
     (failure,) = outcome.failures
     assert failure["replica"] == 0 and "hung" in failure["message"]
@@ -378,7 +414,7 @@ def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch)
         torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
 
 
-def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home):
+def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home, tmp_path):
     import threading
     import time
 
@@ -388,7 +424,7 @@ def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home):
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
-        hyperparameters={"epochs": 150, "batch_size": 64, "learning_rate": 0.01},
+        hyperparameters={"epochs": 150, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         resources={"replicas": 2, "max_replicas": 3},
     )
     asked = []
@@ -412,7 +448,9 @@ def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home):
     thread = threading.Thread(target=operator, daemon=True)
     thread.start()
     events = []
-    outcome, handle = run(job, job_id, folder, plan, events)
+    # slow steps until the added group has left (its result written), then full speed
+    with slow_until(tmp_path / "slow", lambda: (attempt_dir(folder, 2, 0) / "result.json").exists()):
+        outcome, handle = run(job, job_id, folder, plan, events)
     thread.join(timeout=5)
     assert len(asked) == 2 and "asked for 3" in asked[0]
     assert outcome.stop_reason == "Completed" and outcome.failures == []
@@ -577,11 +615,11 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
         torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
 
 
-def test_a_group_killed_while_another_is_recovering_also_heals(trainyard_home):
+def test_a_group_killed_while_another_is_recovering_also_heals(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
-        hyperparameters={"epochs": 100, "batch_size": 64, "learning_rate": 0.01},
+        hyperparameters={"epochs": 100, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         resources={"replicas": 3},
         # group 1 dies at step 15; group 2 ~1.5 s later, while group 1's restart is still coming back
         elastic={
@@ -591,7 +629,9 @@ def test_a_group_killed_while_another_is_recovering_also_heals(trainyard_home):
             ]
         },
     )
-    outcome, handle = run(job, job_id, folder, plan)
+    both_back = lambda: all(rejoined(folder / f"replicas/{r}/attempt-1") for r in (1, 2))  # noqa: E731
+    with slow_until(tmp_path / "slow", both_back):
+        outcome, handle = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
     assert sorted((f["replica"], f["step"]) for f in outcome.failures) == [(1, 15), (2, 120)]
     assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)]

@@ -248,12 +248,14 @@ def _start_barrier(job_dir: Path, replica: int, num_replicas: int, timeout_secon
 
     Without it the first group up forms a quorum alone and the others join late and heal, which is
     correct but wastes their share of the first steps. Past the timeout the job starts elastically.
+    A group told to leave (SIGTERM: the job was stopped, its run cancelled) stops waiting at once: the
+    groups it waits for may never come, and its worker kills it when its grace runs out.
     """
     ready = job_dir / "replicas" / "ready"
     ready.mkdir(parents=True, exist_ok=True)
     (ready / str(replica)).touch()
     deadline = time.monotonic() + timeout_seconds
-    while len(list(ready.iterdir())) < num_replicas and time.monotonic() < deadline:
+    while len(list(ready.iterdir())) < num_replicas and time.monotonic() < deadline and not LEAVE.is_set():
         time.sleep(0.02)
 
 
