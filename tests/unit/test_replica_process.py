@@ -28,3 +28,33 @@ def test_start_up_imports_without_collections_and_leaves_the_collector_on(tmp_pa
     # the collector runs again for what training allocates.
     assert result["enabled"] is True
     assert result["frozen"] > 100_000
+
+
+def test_sigterm_before_training_starts_ends_the_group_at_once(trainyard_home):
+    # The job was stopped while this group started: its lighthouse is gone, and torchft would wait a
+    # minute to reach it. Nothing is trained yet, so SIGTERM ends the group where it is, without waiting
+    # for a step boundary that would come only after that minute (its worker kills it after 30 s).
+    import signal
+    import time
+
+    from tests.unit.test_training import make_job
+    from trainyard.servers import free_port
+
+    job, job_id, folder, plan = make_job(trainyard_home)
+    plan.lighthouse_addr = f"http://127.0.0.1:{free_port()}"  # nobody answers there
+    plan.write(folder)
+    group = subprocess.Popen(
+        [sys.executable, "-m", "trainyard.training.replica", "--job-dir", str(folder), "--replica", "0"],
+        env={**os.environ, "TRAINYARD_CARBON_METER": "off"},
+    )
+    try:
+        pid_file = folder / "replicas/0/attempt-0/pid"
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and group.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # past the plan, into the lighthouse's connect
+        assert group.poll() is None
+        group.send_signal(signal.SIGTERM)
+        assert group.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        group.kill()

@@ -331,25 +331,6 @@ def test_sigterm_is_a_graceful_leave_and_the_others_go_on(trainyard_home):
     assert outcome.model_path.endswith("replicas/0/attempt-0/model.pt")  # the group that finished the job
 
 
-def test_a_group_told_to_leave_while_waiting_for_the_others_to_start_stops_waiting(tmp_path):
-    # A job stopped while its groups start: a group whose peers' runs were cancelled before they came
-    # would wait out the start barrier (two minutes) and be killed by its worker meanwhile.
-    import threading
-    import time
-
-    from trainyard.training import trainer
-
-    timer = threading.Timer(0.5, trainer.LEAVE.set)
-    timer.start()
-    started = time.monotonic()
-    try:
-        trainer._start_barrier(tmp_path, 0, num_replicas=2, timeout_seconds=60)
-    finally:
-        timer.cancel()
-        trainer.LEAVE.clear()
-    assert time.monotonic() - started < 30
-
-
 def slow_build(num_features, num_outputs, hyperparameters):
     """A model whose steps take at least ``step_sleep`` seconds (10 ms), so a survivor is still training
     when a restart comes back. With ``slow_while`` (a path; see ``tests.conftest.slow_until``), only

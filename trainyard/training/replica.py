@@ -61,16 +61,19 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # after argument parsing: a bad command line fails fast
 
         torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
-        from trainyard.training.trainer import LEAVE, train_replica
+        from trainyard.training.trainer import train_replica
 
         gc.freeze()
-    # SIGTERM (a spot interruption notice, a scale-down) is a graceful leave at the next step
-    # boundary: the other groups go on without this one. Before training starts it just exits.
-    signal.signal(signal.SIGTERM, lambda *_: LEAVE.set())
+    # SIGTERM (a spot interruption notice, a scale-down, a cancelled run) ends the group at once until
+    # its first step: nothing is trained yet, and where it waits (for the plan, for the other groups, in
+    # torchft's minute-long connect to a lighthouse that a stopped job took down) no step boundary comes
+    # soon. From the first step on, the trainer makes it a graceful leave at the next step boundary.
+    # (In a train-replica flow run, this replaces Prefect's handler.)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     out = attempt_dir(args.job_dir, args.replica, args.attempt)
     (out / "pid").write_text(str(os.getpid()))
-    if not wait_for_plan(args.job_dir, parent) or LEAVE.is_set():
+    if not wait_for_plan(args.job_dir, parent):
         write_json_atomic(
             out / "error.json", {"message": "the plan never came: the train stage is gone", "user_error": False}
         )

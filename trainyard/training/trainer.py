@@ -148,6 +148,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         return _write_progress(out, replica, attempt, step, history, meter, samples_trained, recovery, data)
 
     counts = StepCounts(out / COUNTS_FILE)
+    # From here SIGTERM (a spot interruption notice, a scale-down) is a graceful leave at the next step
+    # boundary: the other groups go on without this one (before, it ended the process: replica.py).
+    signal.signal(signal.SIGTERM, lambda *_: LEAVE.set())
 
     try:
         while True:
@@ -248,14 +251,12 @@ def _start_barrier(job_dir: Path, replica: int, num_replicas: int, timeout_secon
 
     Without it the first group up forms a quorum alone and the others join late and heal, which is
     correct but wastes their share of the first steps. Past the timeout the job starts elastically.
-    A group told to leave (SIGTERM: the job was stopped, its run cancelled) stops waiting at once: the
-    groups it waits for may never come, and its worker kills it when its grace runs out.
     """
     ready = job_dir / "replicas" / "ready"
     ready.mkdir(parents=True, exist_ok=True)
     (ready / str(replica)).touch()
     deadline = time.monotonic() + timeout_seconds
-    while len(list(ready.iterdir())) < num_replicas and time.monotonic() < deadline and not LEAVE.is_set():
+    while len(list(ready.iterdir())) < num_replicas and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
