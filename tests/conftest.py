@@ -29,6 +29,9 @@ def trainyard_home(tmp_path_factory):
     """Every test's state (cache, jobs, MLflow, Prefect homes) lives in one temporary TRAINYARD_HOME."""
     path = tmp_path_factory.mktemp("trainyard-home")
     os.environ["TRAINYARD_HOME"] = str(path)
+    # The user's cache (Prefect's migrated database, trainyard.prefect_template) is the session's own,
+    # shared by the jobs that each test's fresh TRAINYARD_HOME runs.
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     return path
 

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainyard import prefect_template
 from trainyard.cli_infra import infra_app
 from trainyard.cli_jobs import jobs_app
 from trainyard.cli_models import models_app
@@ -149,6 +150,8 @@ def _embedded_defaults(job_id: str) -> None:
     if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
         prefect_home = home() / "prefect" / job_id
         prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
+        # its database already migrated: the ephemeral API starts in seconds, not 20
+        prefect_template.seed(prefect_home, prefect_template.templates_dir(fallback=home() / "prefect"))
         os.environ["PREFECT_HOME"] = str(prefect_home)
 
 

@@ -548,6 +548,64 @@ def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home,
     assert f"out/{job_id}/checkpoints/step-000000020.pt" in keys
 
 
+def test_groups_lost_together_all_resume_from_the_checkpoint_on_their_first_restart(trainyard_home, bucket):
+    # Both groups die at the same step (one node, one power cut). Neither is a live peer for the other:
+    # both restarts load the checkpoint at once, so max_attempts 2 is enough.
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        output={"s3_uri": f"s3://{bucket}/out/"},
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},  # the step-20 upload lands before 25
+        retries={"max_attempts": 2},
+        elastic={
+            "checkpoint_every_steps": 10,
+            "fault_injection": [{"replica": r, "at_step": 25, "kind": "kill"} for r in (0, 1)],
+        },
+    )
+    outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed" and outcome.steps == 40
+    assert sorted((r.replica, r.attempt, r.resumed) for r in handle.replicas) == [
+        (0, 0, False),
+        (0, 1, True),
+        (1, 0, False),
+        (1, 1, True),
+    ]
+    assert sorted((f["replica"], f["attempt"]) for f in outcome.failures) == [(0, 0), (1, 0)]
+    assert sorted((r["replica"], r["source"]) for r in outcome.recoveries) == [(0, "checkpoint"), (1, "checkpoint")]
+
+
+def test_a_group_added_that_comes_up_after_the_job_finished_does_not_train_it_again(trainyard_home, tmp_path):
+    import threading
+    import time
+
+    from trainyard.training import scaling
+    from trainyard.training.plan import attempt_dir
+
+    # Slow steps until the added group's process is up (its pid written: not withdrawn when the job
+    # ends), then the last steps at full speed: the others finish while it still prepares its first step.
+    hp = {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.2, "slow_while": str(tmp_path / "slow")}
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters=hp,
+        resources={"replicas": 2, "max_replicas": 3},
+    )
+
+    def operator():
+        path = attempt_dir(folder, 0, 0) / "heartbeat.json"
+        while not path.exists() or json.loads(path.read_text() or "{}").get("step", 0) < 3:
+            time.sleep(0.01)
+        scaling.request(job_id, 3)
+
+    threading.Thread(target=operator, daemon=True).start()
+    events = []
+    with slow_until(tmp_path / "slow", lambda: (attempt_dir(folder, 2, 0) / "pid").exists()):
+        outcome, handle = run(job, job_id, folder, plan, events)
+    assert ("replica.added", 2) in events and outcome.withdrawn == []  # it started
+    assert outcome.stop_reason == "Completed" and outcome.failures == []
+    assert outcome.replicas_finished == [0, 1] and outcome.steps == 40  # it did not train the job alone again
+    assert outcome.joins == []
+
+
 def test_without_checkpoints_a_lost_job_fails_and_says_why(trainyard_home):
     job, *rest = make_job(
         trainyard_home,

@@ -147,11 +147,12 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     # (a second failure, a hang, a stop request): replica -> (when, the failed attempt, from a checkpoint).
     waiting: dict[int, tuple[float, ReplicaProcess, bool]] = {}
     while live or waiting:
-        for replica, proc in list(live.items()):
-            code = launch.exit_code(handle, proc)
-            if code is None:
-                continue
-            del live[replica]
+        # Every group that ended since the last look leaves `live` before any is judged: groups lost
+        # together (one node, one power cut) are all lost, and the first judged must not count the
+        # others as live peers to heal from.
+        ended = {r: code for r, p in live.items() if (code := launch.exit_code(handle, p)) is not None}
+        for replica, code in ended.items():
+            proc = live.pop(replica)
             out = attempt_dir(job_dir, replica, proc.attempt)
             if code == 0 and (out / "result.json").exists():
                 finished[replica] = json.loads((out / "result.json").read_text())
@@ -161,7 +162,7 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                 # it is not a failure and is not restarted
                 continue
             failure = _failure(out, replica, proc.attempt, code)
-            job_done = any(res["stop_reason"] != "Left" for res in finished.values())
+            job_done = _ending(job_dir, finished, live)  # a group finished the job, its process maybe still exiting
             if job_done and failure["kind"] == "NoPeerToHeal":
                 continue  # a restart that came back after the others finished the job: nothing failed
             if (replica, proc.attempt) in silenced:
@@ -178,8 +179,10 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
             # A restart heals from a live group. With none left (or none ahead of a restarted group)
             # it would start over from step 0 alone; the S3 checkpoint, if the job writes them, is
             # the fallback for that.
-            lost = (not live and not waiting and failure["step"] > 0) or failure.get("kind") == "NoPeerToHeal"
+            lost = (not live and failure["step"] > 0) or failure.get("kind") == "NoPeerToHeal"
             resume = lost and job.elastic.checkpoint_every_steps is not None
+            if resume:  # the restarts still waiting out their backoff have no live group either
+                waiting = {r: (when, failed, True) for r, (when, failed, _) in waiting.items()}
             if lost and not resume and not job_done:
                 failure["message"] += (
                     "; no live replica group is left to heal from (elastic.checkpoint_every_steps is off)"

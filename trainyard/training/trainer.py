@@ -125,7 +125,12 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     heartbeat = Heartbeat(out / "heartbeat.json")
     step_log = StepLog(out / "steps.jsonl") if os.environ.get(STEP_LOG_ENV) == "1" else None
     recovery: dict | None = {"attempt": attempt, "joined": joining} if attempt > 0 or joining else None
-    resume_floor = _last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
+    # Where this group must not start below: its own last step for a restart; the job's for a group
+    # added mid-job (one that came up after the others finished would otherwise train the job alone).
+    if attempt > 0:
+        resume_floor = _last_step(attempt_dir(job_dir, replica, attempt - 1))
+    else:
+        resume_floor = _job_step(job_dir) if joining else 0
     every = job.elastic.checkpoint_every_steps
     checkpointer = checkpoint.Checkpointer(job, plan.job_id, every, out) if every else None
     if resume:
@@ -164,8 +169,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             if recovery is not None and "source" not in recovery and manager.current_step() <= before < resume_floor:
+                where = "was added at" if joining else "had reached"
                 raise NoPeerToHeal(
-                    f"replica group {replica} had reached step {resume_floor} but no live group was ahead of it "
+                    f"replica group {replica} {where} step {resume_floor} but no live group was ahead of it "
                     "to heal from; it does not start over alone"
                 )
             if recovery is not None and "source" not in recovery and manager.current_step() > before:
@@ -287,6 +293,11 @@ def _last_step(out: Path) -> int:
         return json.loads((out / "heartbeat.json").read_text())["step"]
     except (FileNotFoundError, ValueError, KeyError):
         return 0
+
+
+def _job_step(job_dir: Path) -> int:
+    """The furthest step any group of the job has reported, 0 if none."""
+    return max((_last_step(path.parent) for path in job_dir.glob("replicas/*/attempt-*/heartbeat.json")), default=0)
 
 
 class Heartbeat:
