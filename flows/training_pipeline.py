@@ -177,13 +177,14 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
     """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome)."""
     report = stages.get("filtering", {}).get("report")
     energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
+    done = None if outcome else supervisor.work_done(make_job_dir(job_id))  # a stage that gave up: its compute
     summary = {
         "job_id": job_id,
         "job_name": job.name,
         "status": log.status,
         "secondary_status_transitions": log.transitions,
         "metrics": status.final_metrics(outcome.history) if outcome else {},
-        "compute": status.compute_section(outcome, report.scoring_flops if report else 0),
+        "compute": status.compute_section(outcome, report.scoring_flops if report else 0, done),
         "sifting": status.sifting_section(job, report, outcome),
         "elastic": {
             "replicas_min": job.resources.min_replicas,

@@ -53,17 +53,22 @@ def primary_status(stop_reason: str) -> tuple[str, str]:
     return "Completed", "Completed"
 
 
-def compute_section(outcome, prefilter_flops: int = 0) -> dict:
+def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None) -> dict:
     """The summary's ``compute`` section from a training outcome (FLOPs measured, not estimated).
 
     ``flops_scoring_forward`` is the online sifter's no-grad passes; ``flops_prefilter`` the offline
     prefilter's (its reference models' training and scoring, or the champion's forward pass).
     ``samples_seen`` counts the candidates drawn: trained, ranked by the sifter and passed over, or left
-    out unscored before sifting started.
+    out unscored before sifting started. Without an outcome (a training stage that gave up or was
+    stopped by a signal), ``done`` (``supervisor.work_done``) gives what the groups computed until then.
     """
-    flops = outcome.flops if outcome else {"forward": 0, "backward": 0, "evaluation": 0}
+    if outcome is None and done is not None:
+        flops, trained, steps = done["flops"], done["samples_trained"], done["steps"]
+    else:
+        flops = outcome.flops if outcome else {"forward": 0, "backward": 0, "evaluation": 0}
+        trained = outcome.samples_trained if outcome else 0
+        steps = outcome.steps if outcome else 0
     scoring = flops.get("scoring", 0)
-    trained = outcome.samples_trained if outcome else 0
     return {
         "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring + prefilter_flops,
         "flops_scoring_forward": scoring,
@@ -73,7 +78,7 @@ def compute_section(outcome, prefilter_flops: int = 0) -> dict:
         "flops_evaluation": flops["evaluation"],
         "samples_seen": trained + untrained(outcome.sifting if outcome else None),
         "samples_trained": trained,
-        "steps": outcome.steps if outcome else 0,
+        "steps": steps,
     }
 
 

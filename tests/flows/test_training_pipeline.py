@@ -230,6 +230,10 @@ def test_bad_data_fails_clearly_and_registers_nothing(
         assert [(f["replica"], f["attempt"]) for f in summary["elastic"]["failure_details"]] == [(0, 0)]
         # and the failed stage's time and energy count: a failed job's footprint is not only its finished stages
         assert summary["timings"]["training"] > 0 and summary["carbon"]["by_stage"]["training"]["energy_kwh"] > 0
+        # and so does its compute: the steps it committed before it died
+        compute = summary["compute"]
+        assert compute["steps"] >= 1 and compute["samples_trained"] == 64 * compute["steps"]
+        assert compute["flops_backward"] > compute["flops_forward"] > 0 and compute["flops_total"] > 0
     if breakage in ("mean-loss", "sifting-draw"):
         assert [t["status"] for t in summary["secondary_status_transitions"]] == ["Starting", "Downloading", "Failed"]
         assert summary["compute"]["flops_prefilter"] == 0

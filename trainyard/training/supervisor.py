@@ -283,18 +283,8 @@ def _collect(
                 f"replica groups {first} and {replica} ended with different parameters "
                 f"(max difference {worst:.3g}); the model is not registered"
             )
-    flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
-    samples = 0
-    sifted: list[dict] = []
-    for folder in job_dir.glob("replicas/*/attempt-*"):
-        progress = latest_counts(folder)
-        if progress is None:
-            continue
-        samples += progress["samples_trained"]
-        for key in flops:
-            flops[key] += progress["flops"].get(key, 0)
-        if progress.get("sifting"):
-            sifted.append(progress["sifting"])
+    done = work_done(job_dir)
+    flops, samples, sifted = done["flops"], done["samples_trained"], done["sifting"]
     recoveries = _recoveries(job_dir, failures)
     return TrainingOutcome(
         model_path=str(model_path),
@@ -314,6 +304,26 @@ def _collect(
         sifting=_sifting_totals(sifted, flops) if sifted else None,
         energy_by_replica=_energy_by_replica(job_dir),
     )
+
+
+def work_done(job_dir: Path) -> dict:
+    """What every group attempt of the job computed, finished or not: FLOPs by kind, samples trained,
+    the furthest step committed and each attempt's sifting counts. A training stage that gave up has
+    no outcome; its summary still counts the compute it spent."""
+    flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
+    samples, step = 0, 0
+    sifted: list[dict] = []
+    for folder in job_dir.glob("replicas/*/attempt-*"):
+        progress = latest_counts(folder)
+        if progress is None:
+            continue
+        samples += progress["samples_trained"]
+        step = max(step, progress["step"])
+        for key in flops:
+            flops[key] += progress["flops"].get(key, 0)
+        if progress.get("sifting"):
+            sifted.append(progress["sifting"])
+    return {"flops": flops, "samples_trained": samples, "steps": step, "sifting": sifted}
 
 
 def _energy_by_replica(job_dir: Path) -> dict[str, float]:
