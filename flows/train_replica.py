@@ -5,7 +5,8 @@ it; the train stage's supervisor reads the group's heartbeat, progress and resul
 folder as it does for a local group, and resubmits a crashed or failed run (the elastic retry:
 Prefect's own flow retries never cover a Crashed run). Inside, it is the same entrypoint a local
 group runs (``trainyard.training.replica``): it waits for the plan, trains under torchft, and heals
-from a live peer when it is a restart. SIGTERM (a cancelled run, a scale-down) is a graceful leave.
+from a live peer when it is a restart. SIGTERM (a cancelled run, a scale-down) is a graceful leave
+at a step boundary once the group is in its first quorum, and ends it at once before.
 
 The job's folder must be reachable from the worker at the same path (a process pool on the train
 stage's machine, or a shared volume).

@@ -30,7 +30,7 @@ def trainyard_home(tmp_path_factory):
     path = tmp_path_factory.mktemp("trainyard-home")
     os.environ["TRAINYARD_HOME"] = str(path)
     # The user's cache (Prefect's migrated database, trainyard.prefect_template) is the session's own,
-    # shared by the jobs that each test's fresh TRAINYARD_HOME runs.
+    # shared by every TRAINYARD_HOME the tests make (the CLI tests start each job in a fresh one).
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     return path

@@ -6,10 +6,12 @@ User mistakes (a bad spec, bad data, an unreachable service) print a clear messa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -151,7 +153,8 @@ def _embedded_defaults(job_id: str) -> None:
         prefect_home = home() / "prefect" / job_id
         prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
         # its database already migrated: the ephemeral API starts in seconds, not 20
-        prefect_template.seed(prefect_home, prefect_template.templates_dir(fallback=home() / "prefect"))
+        templates = prefect_template.templates_dir(fallback=home() / "prefect")
+        prefect_template.seed(prefect_home, templates, announce=lambda message: console.print(f"[dim]{message}[/dim]"))
         os.environ["PREFECT_HOME"] = str(prefect_home)
 
 
@@ -210,18 +213,25 @@ def _stop_ephemeral_api() -> None:
     """Stop the Prefect API this process started for itself, if it started one."""
     if os.environ.get("PREFECT_API_URL"):
         return
+    # On the way out already: a second SIGTERM or Ctrl-C must not cut this short and leave the API running.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     try:
         from prefect.events.worker import EventsWorker
         from prefect.logging.handlers import APILogWorker
-        from prefect.server.api.server import SubprocessASGIServer
 
         # Send the job's last logs and events while the API still answers: left for the exit hook, they
         # would be retried against the stopped API for over a minute before the process could end.
+        deadline = time.monotonic() + _FLUSH_SECONDS
         for service in (APILogWorker, EventsWorker):
-            service.drain_all(timeout=_FLUSH_SECONDS)
-        SubprocessASGIServer().stop()  # the ephemeral API is the instance without a fixed port
-    except Exception:  # noqa: BLE001 - on the way out already: the signal is what to report
+            service.drain_all(timeout=max(0.0, deadline - time.monotonic()))
+    except Exception:  # noqa: BLE001 - the signal is what to report; the API is stopped below regardless
         pass
+    finally:
+        with contextlib.suppress(Exception):
+            from prefect.server.api.server import SubprocessASGIServer
+
+            SubprocessASGIServer().stop()  # the ephemeral API is the instance without a fixed port
 
 
 def print_summary(summary: dict) -> None:

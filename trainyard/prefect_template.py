@@ -17,10 +17,13 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
 DATABASE = "prefect.db"
+# Prefect's database settings (both spellings): where any is set, the user chose the database.
+_DATABASE_SETTINGS = ("PREFECT_SERVER_DATABASE_", "PREFECT_API_DATABASE_")
 # A first migration on a busy machine; past it the job just migrates its own database as before.
 MIGRATE_TIMEOUT_SECONDS = 300
 
@@ -36,34 +39,43 @@ def templates_dir(fallback: Path) -> Path:
     return cache if os.access(cache, os.W_OK) else fallback
 
 
-def seed(prefect_home: Path, templates: Path) -> bool:
-    """Copy the migrated database into ``prefect_home`` (making it under ``templates`` first if need be).
+def seed(prefect_home: Path, templates: Path, announce: Callable[[str], None] = lambda message: None) -> bool:
+    """Copy the migrated database into ``prefect_home`` (making it under ``templates`` first if need be,
+    which ``announce`` tells the user: it takes a while, once).
 
     Returns whether it did; on any failure the ephemeral API creates the database itself, as it would
     without this.
     """
-    if (prefect_home / DATABASE).exists() or os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):
-        return False
-    template = templates / f".template-{version('prefect')}" / DATABASE
-    if not template.exists() and not _migrate(template.parent):
-        return False
+    if (prefect_home / DATABASE).exists() or any(name.startswith(_DATABASE_SETTINGS) for name in os.environ):
+        return False  # a database of the user's choosing (Postgres, another file): not ours to seed
     partial = prefect_home / f".{DATABASE}.{uuid.uuid4().hex}"
-    shutil.copyfile(template, partial)
-    partial.replace(prefect_home / DATABASE)  # whole or not there: never a half-copied database
-    return True
+    try:
+        template = templates / f".template-{version('prefect')}" / DATABASE
+        if not template.exists():
+            announce(f"preparing Prefect's database in {template.parent} (once per Prefect version, ~20 s)")
+            if not _migrate(template.parent):
+                return False
+        shutil.copyfile(template, partial)
+        partial.replace(prefect_home / DATABASE)  # whole or not there: never a half-copied database
+        return True
+    except OSError:  # a full disk, say: the API migrates its own database, as without a template
+        return False
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _migrate(target: Path) -> bool:
     """Run Prefect's migrations into a fresh database and move it to ``target`` (a folder)."""
     work = target.with_name(f"{target.name}.{uuid.uuid4().hex}")
     work.mkdir(parents=True)
-    env = {**os.environ, "PREFECT_HOME": str(work), "PREFECT_API_URL": ""}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_DATABASE_SETTINGS)}
+    env |= {"PREFECT_HOME": str(work), "PREFECT_API_URL": ""}
     command = [sys.executable, "-m", "prefect", "server", "database", "upgrade", "--yes"]
     try:
         done = subprocess.run(command, env=env, capture_output=True, timeout=MIGRATE_TIMEOUT_SECONDS)
-        if done.returncode != 0 or not (work / DATABASE).exists():
-            return False
-        for leftover in work.iterdir():  # only the database: no WAL files, memo store or logs
+        if done.returncode != 0 or not (work / DATABASE).exists() or (work / f"{DATABASE}-wal").exists():
+            return False  # failed, or its last writes still in a write-ahead log: not a database to copy
+        for leftover in work.iterdir():  # only the database: no memo store or logs
             if leftover.name != DATABASE:
                 shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         with contextlib.suppress(OSError):  # another job made it first: theirs is the same

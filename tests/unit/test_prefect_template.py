@@ -16,7 +16,6 @@ def _template(templates):
 
 
 def test_a_job_home_gets_a_copy_of_the_template_and_nothing_is_migrated_again(tmp_path, monkeypatch):
-    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
     _template(tmp_path)
     monkeypatch.setattr(prefect_template, "_migrate", lambda target: (_ for _ in ()).throw(AssertionError(target)))
     for job in ("a", "b"):
@@ -32,14 +31,15 @@ def test_an_existing_database_or_a_database_server_is_left_alone(tmp_path, monke
     (tmp_path / "job" / "prefect.db").write_bytes(b"this job's runs")
     assert not prefect_template.seed(tmp_path / "job", tmp_path)
     assert (tmp_path / "job" / "prefect.db").read_bytes() == b"this job's runs"
-    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://u:p@127.0.0.1/prefect")
-    (tmp_path / "other").mkdir()
-    assert not prefect_template.seed(tmp_path / "other", tmp_path)
-    assert not (tmp_path / "other" / "prefect.db").exists()
+    for setting in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL"):
+        with monkeypatch.context() as m:  # either spelling: the user's database, not ours to seed
+            m.setenv(setting, "postgresql+asyncpg://u:p@127.0.0.1/prefect")
+            (tmp_path / "other").mkdir(exist_ok=True)
+            assert not prefect_template.seed(tmp_path / "other", tmp_path)
+            assert not (tmp_path / "other" / "prefect.db").exists()
 
 
 def test_a_failed_migration_leaves_no_template_and_the_job_migrates_its_own(tmp_path, monkeypatch):
-    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL", raising=False)
 
     def failing(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, b"", b"alembic failed")

@@ -110,9 +110,14 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_p
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
     )
     events = []
+
+    def on_event(kind, payload):  # and whether the survivor had finished by then
+        events.append((kind, payload.get("replica"), (folder / "replicas/0/attempt-0/result.json").exists()))
+
     with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
-        outcome, handle = run(job, job_id, folder, plan, events)
-    assert events == [("replica.failed", 1), ("replica.restarted", 1), ("replica.recovered", 1)]
+        outcome, handle = supervisor.launch_and_train(job, plan, folder, on_event)
+    # each told as it happened: the recovery while the survivor still trained, not after the job
+    assert events == [("replica.failed", 1, False), ("replica.restarted", 1, False), ("replica.recovered", 1, False)]
     assert outcome.stop_reason == "Completed"
     assert len(outcome.failures) == 1 and outcome.failures[0]["replica"] == 1
     assert outcome.failures[0]["exit_code"] == -9
@@ -334,11 +339,15 @@ def test_sigterm_is_a_graceful_leave_and_the_others_go_on(trainyard_home):
 def slow_build(num_features, num_outputs, hyperparameters):
     """A model whose steps take at least ``step_sleep`` seconds (10 ms), so a survivor is still training
     when a restart comes back. With ``slow_while`` (a path; see ``tests.conftest.slow_until``), only
-    while that file exists."""
+    while that file exists. With ``build_waits_while`` (a path), the model is built only once that file
+    is gone."""
     import os
     import time
 
     pause, hold = hyperparameters.get("step_sleep", 0.01), hyperparameters.get("slow_while")
+    gate = hyperparameters.get("build_waits_while")
+    while gate and os.path.exists(gate):  # a test holding a group back before its first quorum
+        time.sleep(0.05)
 
     class Slow(torch.nn.Linear):
         def forward(self, x):
@@ -430,7 +439,7 @@ def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home, 
     thread.start()
     events = []
     # slow steps until the added group has left (its result written), then full speed
-    with slow_until(tmp_path / "slow", lambda: (attempt_dir(folder, 2, 0) / "result.json").exists()):
+    with slow_until(tmp_path / "slow", lambda: (folder / "replicas/2/attempt-0/result.json").exists()):
         outcome, handle = run(job, job_id, folder, plan, events)
     thread.join(timeout=5)
     assert len(asked) == 2 and "asked for 3" in asked[0]
@@ -578,11 +587,12 @@ def test_a_group_added_that_comes_up_after_the_job_finished_does_not_train_it_ag
     import time
 
     from trainyard.training import scaling
-    from trainyard.training.plan import attempt_dir
 
-    # Slow steps until the added group's process is up (its pid written: not withdrawn when the job
-    # ends), then the last steps at full speed: the others finish while it still prepares its first step.
-    hp = {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.2, "slow_while": str(tmp_path / "slow")}
+    # The first groups' steps are slow until the added group's process is up (its pid written: it is not
+    # withdrawn when the job ends); its model is built only once they have finished (``build_waits_while``).
+    gate = tmp_path / "gate"
+    hp = {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.2}
+    hp |= {"slow_while": str(tmp_path / "slow"), "build_waits_while": str(gate)}
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
@@ -591,14 +601,19 @@ def test_a_group_added_that_comes_up_after_the_job_finished_does_not_train_it_ag
     )
 
     def operator():
-        path = attempt_dir(folder, 0, 0) / "heartbeat.json"
+        path = folder / "replicas/0/attempt-0/heartbeat.json"
         while not path.exists() or json.loads(path.read_text() or "{}").get("step", 0) < 3:
             time.sleep(0.01)
+        gate.touch()  # the first groups built theirs long ago
         scaling.request(job_id, 3)
+        finished = folder / "replicas/1/attempt-0/result.json"
+        while not (folder / "replicas/0/attempt-0/result.json").exists() or not finished.exists():
+            time.sleep(0.05)
+        gate.unlink()
 
     threading.Thread(target=operator, daemon=True).start()
     events = []
-    with slow_until(tmp_path / "slow", lambda: (attempt_dir(folder, 2, 0) / "pid").exists()):
+    with slow_until(tmp_path / "slow", lambda: (folder / "replicas/2/attempt-0/pid").exists()):
         outcome, handle = run(job, job_id, folder, plan, events)
     assert ("replica.added", 2) in events and outcome.withdrawn == []  # it started
     assert outcome.stop_reason == "Completed" and outcome.failures == []

@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
         gc.freeze()
     # SIGTERM (a spot interruption notice, a scale-down, a cancelled run) ends the group at once until
-    # its first step: nothing is trained yet, and where it waits (for the plan, for the other groups, in
+    # its first quorum: nothing is trained yet, and where it waits (for the plan, for the other groups, in
     # torchft's minute-long connect to a lighthouse that a stopped job took down) no step boundary comes
-    # soon. From the first step on, the trainer makes it a graceful leave at the next step boundary.
+    # soon. From then on, the trainer makes it a graceful leave at the next step boundary.
     # (In a train-replica flow run, this replaces Prefect's handler.)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -146,17 +146,23 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
     # A failed group's restart waits out its backoff here, while the loop goes on watching the others
     # (a second failure, a hang, a stop request): replica -> (when, the failed attempt, from a checkpoint).
     waiting: dict[int, tuple[float, ReplicaProcess, bool]] = {}
+    announced: set[tuple[int, int]] = set()  # (replica, attempt) of restarts whose recovery was emitted
     while live or waiting:
         # Every group that ended since the last look leaves `live` before any is judged: groups lost
         # together (one node, one power cut) are all lost, and the first judged must not count the
         # others as live peers to heal from.
-        ended = {r: code for r, p in live.items() if (code := launch.exit_code(handle, p)) is not None}
-        for replica, code in ended.items():
-            proc = live.pop(replica)
+        # Those that finished are counted first, so a failure judged beside them sees the job done.
+        ended = {r: (p, code) for r, p in live.items() if (code := launch.exit_code(handle, p)) is not None}
+        for replica, (proc, code) in list(ended.items()):
+            del live[replica]
             out = attempt_dir(job_dir, replica, proc.attempt)
             if code == 0 and (out / "result.json").exists():
+                del ended[replica]
                 finished[replica] = json.loads((out / "result.json").read_text())
-                continue
+                if finished[replica]["stop_reason"] == "Left":
+                    emit("replica.left", {"replica": replica, "left_at_step": finished[replica]["step"]})
+        for replica, (proc, code) in ended.items():
+            out = attempt_dir(job_dir, replica, proc.attempt)
             if replica in scaler.leaving:
                 # asked to leave (scaled down): however it ended, even before its SIGTERM handler was up,
                 # it is not a failure and is not restarted
@@ -218,6 +224,11 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
                 # hung (SIGSTOP, a wedged collective): its peers went on
                 silenced[replica, proc.attempt] = (silent, time.time() - silent)
                 launch.kill(handle, proc)
+        # a restart's first committed step with the others, told as it happens
+        unannounced = [f for f in failures if (f["replica"], f["attempt"] + 1) not in announced]
+        for recovery in _recoveries(job_dir, unannounced):
+            announced.add((recovery["replica"], recovery["attempt"]))
+            emit("replica.recovered", recovery)
         epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
         now = time.monotonic()
         if now > deadline and not stop_requested(job_dir):
@@ -240,10 +251,9 @@ def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_d
         )
     outcome = _collect(job_dir, handle, finished, failures)
     outcome.joins, outcome.scaling, outcome.withdrawn = scaler.joins(), scaler.changes, scaler.withdrawn
-    for recovery in outcome.recoveries:
-        emit("replica.recovered", recovery)
-    for departure in outcome.departures:
-        emit("replica.left", departure)
+    for recovery in outcome.recoveries:  # any the loop had not seen yet
+        if (recovery["replica"], recovery["attempt"]) not in announced:
+            emit("replica.recovered", recovery)
     return outcome
 
 
@@ -397,7 +407,8 @@ def _silent_seconds(out: Path) -> float:
 
 
 def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
-    """One record per restarted attempt: from the failure to the first step it committed."""
+    """One record per restarted attempt (``attempt``: the restart's): from the failure to the first step
+    it committed."""
     records = []
     for failure in failures:
         # (not attempt_dir: that would create the folder of a restart that never happened)
@@ -409,6 +420,7 @@ def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
         records.append(
             {
                 "replica": failure["replica"],
+                "attempt": failure["attempt"] + 1,
                 "failed_at_step": failure["step"],
                 "rejoined_at_step": recovery["rejoined_at_step"],
                 "recovery_seconds": round(recovery["first_commit_unix"] - failure["detected_unix"], 3),

@@ -125,10 +125,10 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     heartbeat = Heartbeat(out / "heartbeat.json")
     step_log = StepLog(out / "steps.jsonl") if os.environ.get(STEP_LOG_ENV) == "1" else None
     recovery: dict | None = {"attempt": attempt, "joined": joining} if attempt > 0 or joining else None
-    # Where this group must not start below: its own last step for a restart; the job's for a group
-    # added mid-job (one that came up after the others finished would otherwise train the job alone).
+    # Where this group must not start below: the job's furthest step for a restart or a group added
+    # mid-job (one with nobody left to heal from would otherwise train the job alone from step 0).
     if attempt > 0:
-        resume_floor = _last_step(attempt_dir(job_dir, replica, attempt - 1))
+        resume_floor = max(_last_step(attempt_dir(job_dir, replica, attempt - 1)), _job_step(job_dir))
     else:
         resume_floor = _job_step(job_dir) if joining else 0
     every = job.elastic.checkpoint_every_steps
@@ -153,9 +153,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         return _write_progress(out, replica, attempt, step, history, meter, samples_trained, recovery, data)
 
     counts = StepCounts(out / COUNTS_FILE)
-    # From here SIGTERM (a spot interruption notice, a scale-down) is a graceful leave at the next step
-    # boundary: the other groups go on without this one (before, it ended the process: replica.py).
-    signal.signal(signal.SIGTERM, lambda *_: LEAVE.set())
+    leave_on_sigterm = False
 
     try:
         while True:
@@ -168,11 +166,17 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             _inject_fault(faults.get(manager.current_step()))
             before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
+            if not leave_on_sigterm:
+                # From its first quorum on, SIGTERM (a spot interruption notice, a scale-down) is a graceful
+                # leave at the next step boundary: the others go on without this group. Until then it ended
+                # the process (replica.py): that quorum can wait a minute in torchft, where no handler runs.
+                signal.signal(signal.SIGTERM, lambda *_: LEAVE.set())
+                leave_on_sigterm = True
             if recovery is not None and "source" not in recovery and manager.current_step() <= before < resume_floor:
-                where = "was added at" if joining else "had reached"
+                how = "added" if joining else "restarted"
                 raise NoPeerToHeal(
-                    f"replica group {replica} {where} step {resume_floor} but no live group was ahead of it "
-                    "to heal from; it does not start over alone"
+                    f"replica group {replica} was {how} with the job at step {resume_floor} but no live group "
+                    "was ahead of it to heal from; it does not start over alone"
                 )
             if recovery is not None and "source" not in recovery and manager.current_step() > before:
                 # the step jumped: torchft loaded a live peer's state (no checkpoint was read)
@@ -284,7 +288,7 @@ def _inject_fault(kind: str | None) -> None:
 
 
 class NoPeerToHeal(RuntimeError):
-    """A restarted group found nobody to take the job's state from (it is not the user's fault)."""
+    """A restarted or added group found nobody to take the job's state from (not the user's fault)."""
 
 
 def _last_step(out: Path) -> int:
