@@ -536,16 +536,24 @@ def test_asking_again_for_the_size_last_asked_for_is_acted_on(trainyard_home, mo
     assert started == [2, 3] and sorted(live) == [0, 2, 3]
 
 
-def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home, bucket):
-    from trainyard import s3
-
-    job, job_id, folder, plan = make_job(
+def _checkpointed_job(trainyard_home, bucket, killed: list[int], **changes):
+    """A job checkpointing to S3 every 10 steps whose groups ``killed`` die at step 25."""
+    return make_job(
         trainyard_home,
         output={"s3_uri": f"s3://{bucket}/out/"},
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},  # the step-20 upload lands before 25
-        resources={"replicas": 1},
-        elastic={"checkpoint_every_steps": 10, "fault_injection": [{"replica": 0, "at_step": 25, "kind": "kill"}]},
+        elastic={
+            "checkpoint_every_steps": 10,
+            "fault_injection": [{"replica": r, "at_step": 25, "kind": "kill"} for r in killed],
+        },
+        **changes,
     )
+
+
+def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home, bucket):
+    from trainyard import s3
+
+    job, job_id, folder, plan = _checkpointed_job(trainyard_home, bucket, killed=[0], resources={"replicas": 1})
     events = []
     outcome, handle = run(job, job_id, folder, plan, events)
     assert outcome.stop_reason == "Completed" and outcome.steps == 40
@@ -560,16 +568,7 @@ def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home,
 def test_groups_lost_together_all_resume_from_the_checkpoint_on_their_first_restart(trainyard_home, bucket):
     # Both groups die at the same step (one node, one power cut). Neither is a live peer for the other:
     # both restarts load the checkpoint at once, so max_attempts 2 is enough.
-    job, job_id, folder, plan = make_job(
-        trainyard_home,
-        output={"s3_uri": f"s3://{bucket}/out/"},
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},  # the step-20 upload lands before 25
-        retries={"max_attempts": 2},
-        elastic={
-            "checkpoint_every_steps": 10,
-            "fault_injection": [{"replica": r, "at_step": 25, "kind": "kill"} for r in (0, 1)],
-        },
-    )
+    job, job_id, folder, plan = _checkpointed_job(trainyard_home, bucket, killed=[0, 1], retries={"max_attempts": 2})
     outcome, handle = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed" and outcome.steps == 40
     assert sorted((r.replica, r.attempt, r.resumed) for r in handle.replicas) == [
