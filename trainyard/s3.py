@@ -118,10 +118,12 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
     with _clients_lock:
         if key not in _clients:
             # botocore's models and endpoint rules: long-lived objects, which the collector would walk
-            # the whole heap for (collector.py)
+            # the whole heap for (collector.py); the process's first client is frozen with the imports
+            # before it, out of every later collection's walk.
             with collector.paused():
                 session = boto3.session.Session(botocore_session=botocore_loader.session())
                 _clients[key] = (session, session.client("s3", config=_client_config()))
+                collector.freeze_once()
         return _clients[key]
 
 

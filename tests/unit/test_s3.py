@@ -109,3 +109,15 @@ def test_transfers_keep_the_classic_transfer_manager_on_instances_the_crt_is_tun
     monkeypatch.setattr(awscrt_s3, "is_optimized_for_system", lambda: True)
     assert _should_use_crt(TransferConfig())  # the default would switch on such a machine
     assert not _should_use_crt(s3.TRANSFER_CONFIG)
+
+
+def test_the_first_client_is_frozen_out_of_later_collections_and_a_later_one_is_not(fresh_clients, monkeypatch):
+    from trainyard import collector
+
+    monkeypatch.setattr(collector, "_frozen", False)
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(len(s3._clients)))
+    s3.client()
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    s3.client()
+    assert frozen == [1]  # once, with the first client built

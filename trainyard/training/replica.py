@@ -8,7 +8,6 @@ non-zero on failure, after writing what went wrong to ``error.json`` in its atte
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import signal
 import sys
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
         from trainyard.training.trainer import train_replica
 
-        gc.freeze()
+        collector.freeze_once()
     # SIGTERM (a spot interruption notice, a scale-down, a cancelled run) ends the group at once until
     # its first quorum: nothing is trained yet, and where it waits (for the plan, for the other groups, in
     # torchft's minute-long connect to a lighthouse that a stopped job took down) no step boundary comes
