@@ -29,6 +29,7 @@ from trainyard import STAGES, carbon, esg, launch, outputs, registry, sifting, s
 from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
 from trainyard.home import new_job_id, write_json_atomic
+from trainyard.redaction import redact_text
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import supervisor
 from trainyard.training.plan import TrainingPlan
@@ -126,7 +127,7 @@ def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | Sta
         # a bug, not the user's mistake: the job still ends Failed with its summary, and the
         # traceback is kept (raised below)
         error = exc
-        reason = f"internal error: {exc!r}; please report it"
+        reason = redact_text(f"internal error: {exc!r}; please report it")  # where a bug quotes a URL
         log.finish("Failed", "Failed", reason, failure_reason=reason)
         _add_failed_stage(stages, exc)
     finally:

@@ -23,13 +23,24 @@ SECRET_NAME = re.compile(
     re.I,
 )
 
-# The password of a URL's userinfo: scheme://user:password@host
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<password>[^/@\s]+)@")
+# The password of a URL's userinfo: scheme://user:password@host. The password runs to the last "@"
+# before the path, as URL parsers (botocore's among them) read an unencoded "@" in it.
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<password>[^/\s]+)@")
 
 
 def redact_text(text: str) -> str:
     """``text`` with the password of every URL in it masked (the user name is kept: it says who)."""
     return _URL_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
+
+
+def redact_url(url: str) -> str:
+    """One URL with its password masked, written with a scheme or without (``user:pw@host:port``)."""
+    scheme, sep, rest = url.rpartition("://")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = f"{userinfo.split(':', 1)[0]}:{MASK}"
+    return f"{scheme}{sep}{userinfo}{at}{host}{slash}{path}"
 
 
 def redact_spec(spec: dict) -> dict:

@@ -28,7 +28,7 @@ from botocore.exceptions import (
 
 from trainyard import botocore_loader, collector
 from trainyard.errors import StorageError
-from trainyard.redaction import redact_text
+from trainyard.redaction import redact_text, redact_url
 
 
 # Throttling (503 SlowDown) and 5xx are retried with backoff by botocore's adaptive mode.
@@ -122,9 +122,25 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
             # before it, out of every later collection's walk.
             with collector.paused():
                 session = boto3.session.Session(botocore_session=botocore_loader.session())
-                _clients[key] = (session, session.client("s3", config=_client_config()))
+                refused = None
+                try:
+                    _clients[key] = (session, session.client("s3", config=_client_config()))
+                except ValueError as exc:  # botocore's "Invalid endpoint: <the URL, password and all>"
+                    refused = _endpoint_error(exc)
+                if refused:  # raised here, so that no chained exception keeps the password
+                    raise refused
                 collector.freeze_once()
         return _clients[key]
+
+
+def _endpoint_error(exc: ValueError) -> StorageError:
+    """botocore's refusal of the endpoint URL, with the URL's password masked."""
+    endpoint = str(exc).removeprefix("Invalid endpoint: ")
+    return StorageError(
+        f"the S3 endpoint {redact_url(endpoint)!r} is not a URL botocore can use (a host name with '_', no "
+        "scheme?); fix AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL, or the profile's endpoint_url), for example "
+        "http://minio:9000"
+    )
 
 
 def describe_error(exc: Exception, uri: str) -> StorageError:

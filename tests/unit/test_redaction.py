@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 import mlflow
+import pytest
 from botocore.exceptions import EndpointConnectionError
 
 from tests.unit.test_registry import register, tracking, trained  # noqa: F401 (a fixture)
 from trainyard import registry, s3
-from trainyard.redaction import MASK, SECRET_NAME, redact_spec, redact_text
+from trainyard.errors import StorageError
+from trainyard.redaction import MASK, SECRET_NAME, redact_spec, redact_text, redact_url
 
 
 def test_a_urls_password_is_masked_and_its_user_kept():
@@ -20,6 +22,15 @@ def test_a_urls_password_is_masked_and_its_user_kept():
     )
     assert redact_text("s3://bucket/key:with@odd/chars") == "s3://bucket/key:with@odd/chars"
     assert redact_text("http://127.0.0.1:9000/") == "http://127.0.0.1:9000/"
+    # an unencoded "@" in the password: parsers (botocore's) take the host after the last one
+    assert redact_text('to "http://minio:p@ss-w0rd@127.0.0.1:1/b"') == f'to "http://minio:{MASK}@127.0.0.1:1/b"'
+    assert redact_text("http://127.0.0.1:9000/a@b") == "http://127.0.0.1:9000/a@b"
+
+
+def test_one_url_is_masked_with_or_without_its_scheme():
+    assert redact_url("http://minio:pw@minio_1:9000/x") == f"http://minio:{MASK}@minio_1:9000/x"
+    assert redact_url("minio:p@ss@127.0.0.1:1") == f"minio:{MASK}@127.0.0.1:1"
+    assert redact_url("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
 
 
 def test_secret_named_job_variables_are_masked_and_other_names_kept():
@@ -73,6 +84,18 @@ def test_the_summary_names_the_tracking_server_without_its_password(tracking, tm
 def test_an_s3_error_quoting_the_endpoint_masks_its_password():
     error = s3.describe_error(EndpointConnectionError(endpoint_url="http://key:SECRETPW@127.0.0.1:9/b"), "s3://b/k")
     assert "SECRETPW" not in str(error) and "127.0.0.1:9" in str(error) and error.transient
+
+
+@pytest.mark.parametrize("endpoint", ["http://minio:SECRETPW@minio_1:9000", "minio:SECRETPW@127.0.0.1:1"])
+def test_an_endpoint_botocore_refuses_is_named_without_its_password(monkeypatch, endpoint):
+    monkeypatch.setattr(s3, "_clients", {})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with pytest.raises(StorageError, match="AWS_ENDPOINT_URL_S3") as caught:
+        s3.client()  # botocore: ValueError("Invalid endpoint: <the URL>")
+    assert "SECRETPW" not in str(caught.value) and f":{MASK}@" in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__context__ is None  # no chained traceback quotes it
 
 
 def test_arrow_takes_the_endpoints_host_without_its_userinfo(monkeypatch):
