@@ -68,7 +68,7 @@ class Sifter:
         self.skipped = 0
         self.kept_by_class: dict[str, int] = {}
         self.scored_by_class: dict[str, int] = {}
-        self._undo: tuple | None = None  # (step, group) and the state before it: a redone step starts from it
+        self._undo: tuple | None = None  # the step and the state before it: a redone step starts from it
 
     @property
     def candidates_per_kept(self) -> float:
@@ -123,7 +123,7 @@ class Sifter:
 
     def select(self, losses: np.ndarray, labels: np.ndarray | None, keep: int, step: int, group: int) -> np.ndarray:
         """Indices of the ``keep`` candidates to train on; the losses then join the history."""
-        self._begin(step, group)
+        self._begin(step)
         weights = self.keep_probability(losses)
         rng = np.random.default_rng([self.seed, step, group])
         chosen = inclusion_sample(weights, keep, rng)
@@ -136,21 +136,23 @@ class Sifter:
     def record_uniform(self, candidates: int, keep: int, step: int, group: int) -> None:
         """Count a step whose candidates were not ranked (before sifting starts): its first ``keep`` were
         trained on, the others left out unscored. Neither counts as scored or kept by the keep rule."""
-        self._begin(step, group)
+        self._begin(step)
         self.unsifted += keep
         self.skipped += candidates - keep
 
-    def _begin(self, step: int, group: int) -> None:
+    def _begin(self, step: int) -> None:
         """A step that did not commit is done again (torchft): undo what its first try added to the
         history and the counts, so it selects as before and is counted once."""
-        if self._undo is not None and self._undo[0] == (step, group):
+        # Keyed on the step alone: a sifter is one group's, and its rank (``group``) changes when the redo's
+        # quorum lost a lower-ranked peer, which is when steps are redone.
+        if self._undo is not None and self._undo[0] == step:
             history, counts, kept_by_class, scored_by_class = self._undo[1]
             self.history = history
             self.scored, self.kept, self.passed_over, self.unsifted, self.skipped = counts
             self.kept_by_class, self.scored_by_class = dict(kept_by_class), dict(scored_by_class)
         # (the history array is replaced, never changed in place: keeping a reference is enough)
         counts = (self.scored, self.kept, self.passed_over, self.unsifted, self.skipped)
-        self._undo = ((step, group), (self.history, counts, dict(self.kept_by_class), dict(self.scored_by_class)))
+        self._undo = (step, (self.history, counts, dict(self.kept_by_class), dict(self.scored_by_class)))
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
         """Swap in each starved class's best candidates for the weakest kept ones of classes with

@@ -111,6 +111,28 @@ def test_a_redone_step_selects_as_before_and_is_counted_once():
     assert (sifter.scored, sifter.unsifted, sifter.skipped) == (counts[0], 64, 64)
 
 
+def test_a_step_redone_at_another_rank_is_counted_once():
+    """A peer lost mid-step: the step is redone by a smaller quorum, where this group's rank and share
+    changed (rank 2 of 3, then rank 1 of 2)."""
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=1.0, delay_steps=0), seed=0)
+    rng = np.random.default_rng(1)
+    for step in range(5):
+        sifter.select(rng.random(22), rng.integers(0, 2, 22), 11, step, 2)
+    before, history = sifter.counts(), len(sifter.history)
+    sifter.select(rng.random(22), rng.integers(0, 2, 22), 11, 5, 2)  # did not commit
+    sifter.select(rng.random(32), rng.integers(0, 2, 32), 16, 5, 1)  # redone as rank 1
+    after = sifter.counts()
+    assert (after["scored"], after["kept"], after["passed_over"]) == (
+        before["scored"] + 32,
+        before["kept"] + 16,
+        before["passed_over"] + 16,
+    )
+    assert len(sifter.history) == history + 32
+
+
 def test_a_class_with_only_a_few_easy_candidates_keeps_at_least_one():
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting
