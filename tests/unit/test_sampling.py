@@ -263,6 +263,15 @@ def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
     assert totals["kept_fraction_by_class"] == {"0": 510 / 1010, "1": 0.25}  # not the mean of 0.5 and 1.0
 
 
+def test_the_jobs_rule_is_named_when_the_first_report_is_a_killed_groups_counts():
+    from trainyard.training.supervisor import _sifting_totals
+
+    killed = {"scored": 40, "kept": 20, "passed_over": 20}  # counts.json only: it never ended an epoch
+    finished = killed | {"score": "reducible_loss"}
+    totals = _sifting_totals([killed, finished], {"forward": 100, "backward": 200, "scoring": 50})
+    assert totals["score"] == "reducible_loss"
+
+
 def test_learning_rate_schedules():
     from trainyard.spec import Hyperparameters
     from trainyard.training.epochs import learning_rate

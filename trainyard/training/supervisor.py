@@ -359,7 +359,8 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
     trained = kept + unsifted  # the rows the training passes' FLOPs were spent on
     train_per_sample = (flops["forward"] + flops["backward"]) / trained if trained else 0.0
     totals = {
-        "score": reports[0].get("score", "loss"),  # one job, one rule
+        # one job, one rule; a group killed before its first epoch ended left counts without it
+        "score": next((r["score"] for r in reports if "score" in r), "loss"),
         "scored": scored,
         "kept": kept,
         "passed_over": sum(r.get("passed_over", 0) for r in reports),
