@@ -49,7 +49,7 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
     _upload_json(meta, str(target.join("model.json")))
     try:
         s3.upload_file(model_path, str(target.join("model.pt")))
-    except StorageError:
+    except BaseException:  # a failed upload, or a signal during it (SIGTERM's TerminationSignal, Ctrl-C)
         s3.delete_quietly(str(target.join("model.json")))
         raise
     return str(target) + "/"

@@ -99,3 +99,17 @@ def test_a_model_that_fails_to_upload_leaves_no_half_model(s3_endpoint, fault_pr
     listed = s3_endpoint.client().list_objects_v2(Bucket=bucket, Prefix="output/job-3/")["Contents"]
     assert uri == f"s3://{bucket}/output/job-3/model/"
     assert sorted(o["Key"] for o in listed) == ["output/job-3/model/model.json", "output/job-3/model/model.pt"]
+
+
+def test_a_signal_during_the_model_upload_leaves_no_half_model(s3_endpoint, tmp_path, monkeypatch):
+    bucket = s3_endpoint.new_bucket()
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"parameters")
+
+    def interrupted(path, uri):
+        raise KeyboardInterrupt  # as Prefect's TerminationSignal for SIGTERM: not an Exception
+
+    monkeypatch.setattr(s3, "upload_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.upload_model(output_job(bucket), "job-3", model, {"num_outputs": 2})
+    assert "Contents" not in s3_endpoint.client().list_objects_v2(Bucket=bucket, Prefix="output/job-3/")
