@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -18,6 +19,7 @@ from prefect.events import emit_event
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
+from pydantic import Field
 
 from tasks.carbon import account
 from tasks.filtering import filter_samples
@@ -27,8 +29,8 @@ from tasks.staging import stage_inputs
 from tasks.training import train
 from trainyard import STAGES, carbon, esg, launch, outputs, registry, sifting, status
 from trainyard.errors import TrainyardError
+from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
-from trainyard.home import new_job_id, write_json_atomic
 from trainyard.redaction import redact_text
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import supervisor
@@ -40,13 +42,16 @@ class JobFailed(TrainyardError):
 
 
 @flow(name="training-pipeline", log_prints=True)
-def training_pipeline(job: TrainingJob, job_id: str | None = None) -> dict | State:
+def training_pipeline(
+    job: TrainingJob, job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN)] | None = None
+) -> dict | State:
     """Run one training job end to end and return its summary (a Failed state, raising ``JobFailed``
     when the flow is called, for a job that failed).
 
     Args:
         job: the job spec (the Prefect UI shows it as a form).
-        job_id: the id to run under; a new one is made when empty.
+        job_id: the id to run under (letters, digits, '.', '_' and '-': a folder and an S3 key segment); a
+            new one is made when empty.
     """
     logger = get_run_logger()
     if not job_id:  # started from the UI or a schedule: the run takes the job's id as its name

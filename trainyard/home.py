@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from trainyard.errors import SpecError
 
 TRAINYARD_HOME_ENV = "TRAINYARD_HOME"
 
@@ -40,9 +43,26 @@ def new_job_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
 
+# What new_job_id makes, and what a caller's own id (the flow's job_id parameter, `trainyard scale`) may
+# be: one folder name under jobs/ and one segment of the output keys, never "..", "/" or empty.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` when it has the form of one; else a ``SpecError`` saying what it may hold."""
+    if not re.fullmatch(JOB_ID_PATTERN, job_id):
+        raise SpecError(
+            [
+                f"job_id {job_id!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit "
+                "(at most 200), as trainyard's own ids are (<name>-<UTC time>-<random>)"
+            ]
+        )
+    return job_id
+
+
 def job_dir(job_id: str) -> Path:
     """The folder of one job, created on first use."""
-    path = jobs_dir() / job_id
+    path = jobs_dir() / check_job_id(job_id)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -191,7 +191,13 @@ class Output(_Model):
     @field_validator("s3_uri")
     @classmethod
     def _s3_uri(cls, v: str) -> str:
-        return _check_s3_uri(v)
+        v = _check_s3_uri(v)
+        # S3 keeps "a/../b" as a key of its own, some endpoints refuse it (rclone), and a user reading the
+        # outputs would look under b/: refused here, before the job trains, not at the upload after it.
+        segments = v[len("s3://") :].rstrip("/").split("/")[1:]
+        if any(part in ("", ".", "..") for part in segments):
+            raise ValueError(f"{v!r} has an empty, '.' or '..' segment; write the prefix as the outputs should lie")
+        return v
 
 
 class Resources(_Model):

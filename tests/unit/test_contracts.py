@@ -267,3 +267,46 @@ def test_training_job_parameter_schema_renders_fields_descriptions_and_defaults(
                 assert "default" in prop, f"{name}.{field_name} has no default in the form"
     hyper = schema["definitions"]["Hyperparameters"]["properties"]
     assert hyper["epochs"]["default"] == 10 and hyper["batch_size"]["default"] == 256
+
+
+# ---- the flow's job_id
+
+
+@pytest.mark.parametrize("job_id", ["../../escaped", "a/b", ".", "", "-x", "x" * 201])
+def test_a_job_id_that_is_not_one_folder_name_is_refused_before_anything_runs(trainyard_home, job_id):
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.training_pipeline import training_pipeline
+    from trainyard.errors import SpecError
+    from trainyard.home import job_dir, jobs_dir
+    from trainyard.training import scaling
+
+    job = {
+        "name": "j",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "inputs": {"train": {"s3_uri": "s3://bkt/x/", "label": "y"}},
+    }
+    job["output"] = {"s3_uri": "s3://bkt/out/"}
+    if job_id:  # "" is the flow's "make one"
+        with pytest.raises(ParameterTypeError, match=r"^[^\n]*\n - job_id: String should match pattern") as caught:
+            training_pipeline.validate_parameters({"job": job, "job_id": job_id})
+        assert caught.value.args[0].count("\n - ") == 1  # the job itself is valid
+    for call in (lambda: job_dir(job_id), lambda: scaling.request(job_id, 2)):
+        with pytest.raises(SpecError, match="job_id .*letters, digits"):
+            call()
+    assert not (jobs_dir().parent / "escaped").exists()
+
+
+def test_trainyards_own_job_ids_are_valid(trainyard_home):
+    from flows.training_pipeline import training_pipeline
+    from trainyard.home import job_dir, new_job_id
+
+    job_id = new_job_id("churn-model")
+    job = {
+        "name": "j",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "inputs": {"train": {"s3_uri": "s3://bkt/x/", "label": "y"}},
+    }
+    job["output"] = {"s3_uri": "s3://bkt/out/"}
+    assert training_pipeline.validate_parameters({"job": job, "job_id": job_id})["job_id"] == job_id
+    assert job_dir(job_id).name == job_id

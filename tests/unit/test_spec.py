@@ -371,3 +371,11 @@ def test_a_train_loss_target_needs_a_single_replica_group():
         "epochs; use val_loss (with inputs.validation), or one replica group (max_replicas: 1)"
     ]
     assert parse_job(minimal(stopping=target, resources={"replicas": 1})).stopping.target_metric.name == "train_loss"
+
+
+@pytest.mark.parametrize("uri", ["s3://bkt/team-a/../team-b/", "s3://bkt/a//b/", "s3://bkt/./out"])
+def test_an_output_prefix_with_dot_or_empty_segments_is_refused(uri):
+    assert problems(minimal(output={"s3_uri": uri})) == [
+        f"output.s3_uri: {uri!r} has an empty, '.' or '..' segment; write the prefix as the outputs should lie"
+    ]
+    parse_job(minimal(output={"s3_uri": "s3://bkt/team-a/out"}))  # one without is taken

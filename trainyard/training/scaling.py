@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trainyard import launch
 from trainyard.errors import TrainingError
-from trainyard.home import jobs_dir
+from trainyard.home import check_job_id, jobs_dir
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_scale, scale_requested
@@ -114,7 +114,7 @@ def request(job_id: str, replicas: int) -> str:
     Refused, with the reason, when the job is unknown, not training (any more), or ``replicas`` is
     outside the job's ``resources.min_replicas``..``max_replicas``.
     """
-    folder = jobs_dir() / job_id
+    folder = jobs_dir() / check_job_id(job_id)
     if not folder.is_dir():
         raise TrainingError(f"no job {job_id!r} under {jobs_dir()}; check the job id (and TRAINYARD_HOME)")
     try:
