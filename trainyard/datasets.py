@@ -55,31 +55,35 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
     start = 0
     read = []  # the objects read, for the column check: an empty one has no columns to check
     for obj in manifest.objects:
-        if manifest.format != "parquet" and Path(obj.path).stat().st_size == 0:
-            # Spark writes an empty part file for each empty partition: no rows, not a broken object
-            if layout is not None:
-                layout.append({"id": obj.uri, "start": start, "end": start, "row_groups": None, "etag": obj.etag})
-            continue
-        read.append(obj)
-        try:
-            tables.append(reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path))
-            if layout is not None:
+        table = None
+        # Spark writes an empty part file for each empty partition, pandas an empty frame's JSON lines as
+        # one newline: no rows, not a broken object
+        if manifest.format == "parquet" or Path(obj.path).stat().st_size > 0:
+            try:
+                table = reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path)
                 row_groups = None
                 if manifest.format == "parquet":
                     meta = pq.ParquetFile(obj.path).metadata
                     row_groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-                end = start + tables[-1].num_rows
-                # the ETag: which bytes of the object these rows are (the id carries a pinned version)
-                layout.append({"id": obj.uri, "start": start, "end": end, "row_groups": row_groups, "etag": obj.etag})
-                start = end
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-            raise DataError(
-                f"{obj.uri}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
-                "fix or remove the object, or set the channel's format"
-            ) from exc
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+                raise DataError(
+                    f"{obj.uri}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
+                    "fix or remove the object, or set the channel's format"
+                ) from exc
+        if table is None or (table.num_columns == 0 and table.num_rows == 0):
+            if layout is not None:
+                layout.append({"id": obj.uri, "start": start, "end": start, "row_groups": None, "etag": obj.etag})
+            continue
+        read.append(obj)
+        tables.append(table)
+        if layout is not None:
+            end = start + table.num_rows
+            # the ETag: which bytes of the object these rows are (the id carries a pinned version)
+            layout.append({"id": obj.uri, "start": start, "end": end, "row_groups": row_groups, "etag": obj.etag})
+            start = end
     check_objects_have(required, {obj.uri: t.column_names for obj, t in zip(read, tables, strict=True)})
     if not tables:
-        raise DataError(f"channel {manifest.name!r} ({manifest.uri}): every object is empty (0 bytes)")
+        raise DataError(f"channel {manifest.name!r} ({manifest.uri}): every object is empty (0 bytes, or blank lines)")
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

@@ -57,14 +57,16 @@ def test_empty_part_files_add_no_rows_and_an_all_empty_channel_is_named(bucket, 
     body = df.to_csv(index=False) if fmt == "csv" else "\n".join(json.dumps(r) for r in df.to_dict(orient="records"))
     s3.client().put_object(Bucket=bucket, Key=f"{fmt}/part-0.{fmt}", Body=b"")
     s3.client().put_object(Bucket=bucket, Key=f"{fmt}/part-1.{fmt}", Body=body.encode())
+    if fmt == "jsonl":  # pandas writes an empty frame's JSON lines as one newline
+        s3.client().put_object(Bucket=bucket, Key=f"{fmt}/part-2.{fmt}", Body=b"\n")
     manifest, channel = stage(bucket, tmp_path, fmt, prefix=f"{fmt}/")
     layout = []
     table = datasets.read_channel(manifest, layout, required=["label"])
     assert table.num_rows == 12
-    assert [(e["start"], e["end"]) for e in layout] == [(0, 0), (0, 12)]
+    assert [(e["start"], e["end"]) for e in layout] == [(0, 0), (0, 12)] + ([(12, 12)] if fmt == "jsonl" else [])
     s3.client().put_object(Bucket=bucket, Key=f"none/part-0.{fmt}", Body=b"")
     manifest, _ = stage(bucket, tmp_path / "none", fmt, prefix="none/")
-    with pytest.raises(DataError, match=r"every object is empty \(0 bytes\)"):
+    with pytest.raises(DataError, match=r"every object is empty \(0 bytes, or blank lines\)"):
         datasets.read_channel(manifest)
 
 
