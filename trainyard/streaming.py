@@ -114,16 +114,28 @@ def describe(
         # From the whole label column, not the sample: a channel written sorted by label has one class in its
         # first rows. Only the label column is read: parquet fetches just its column chunks.
         _check_objects(schemas, [channel.label])
+        # Only objects with rows, and one label type for them all: an empty pandas shard's string column is
+        # typed null, and the dataset would cast every other object's labels to the first object's type.
+        holding = [o for o, entry in zip(manifest.objects, layout, strict=True) if entry["end"] > entry["start"]]
         try:
-            labels = pq.read_table(
-                [f"{o.bucket}/{o.key}" for o in manifest.objects], columns=[channel.label], filesystem=filesystem
+            label_type = pa.unify_schemas(
+                [pa.schema([schemas[o.uri].field(channel.label)]) for o in holding], promote_options="permissive"
             )
-        except (OSError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            labels = pq.read_table(
+                [f"{o.bucket}/{o.key}" for o in holding],
+                columns=[channel.label],
+                schema=label_type,
+                filesystem=filesystem,
+            )
+        except (OSError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise read_error(exc, where, "the label column cannot be read") from exc
         datasets.check_labels(labels, channel.label, where)
         classes = sorted(pc.unique(labels[channel.label]).to_pylist(), key=lambda v: (str(type(v)), v))
     schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name)
-    _check_objects(schemas, [*schema.features, schema.label], schema.features)
+    # Column types are checked where there are values: an empty object's columns may be typed null
+    with_rows = {entry["id"]: schemas[entry["id"]] for entry in layout if entry["end"] > entry["start"]}
+    _check_objects(schemas, [*schema.features, schema.label])
+    _check_objects(with_rows, [], schema.features)
     x, y = datasets.to_arrays(table, schema, where)
     if cache_dir is not None:
         offset = 0
