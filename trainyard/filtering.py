@@ -201,7 +201,7 @@ def prefilter(
     champion: Champion | None = None,
     with_losses: bool = False,
     min_class_fraction: float = 0.0,
-    loss_fn: LossFn | None = None,
+    loss_fn: JobLoss | None = None,
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
     reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
@@ -305,19 +305,46 @@ def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, scal
     return ((outputs.reshape(-1).float() - labels.float()) / scale) ** 2
 
 
-def job_loss(algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.ndarray, num_outputs: int) -> LossFn:
-    """An entrypoint's own per-row loss, taking a reference model's outputs: those are reshaped to what
-    the job's model gives (a regression model may give (N, 1) where the reference gives (N,))."""
-    model, loss_fn = algorithms.build(algorithm, hp, x, y, num_outputs)
-    with torch.no_grad():
-        tail = tuple(model.eval()(torch.from_numpy(x[: min(2, len(x))])).shape[1:])
+class JobLoss:
+    """An entrypoint's own per-row loss (``job_loss``). Called, it scores outputs in the job model's own
+    form (a champion's: the same model); ``of_logits`` scores a built-in reference model's logits, first
+    put in that form: a classifier ending in ``LogSoftmax`` (for ``NLLLoss``) or ``Softmax`` gives
+    log-probabilities or probabilities, and its loss of raw logits would be meaningless (negative)."""
 
-    def scored(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        losses = loss_fn(outputs.reshape(len(outputs), *tail), labels)
+    def __init__(self, loss_fn: LossFn, tail: tuple, form: str):
+        self._loss_fn, self._tail, self.form = loss_fn, tail, form
+
+    def __call__(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # reshaped to what the job's model gives (a regression model may give (N, 1) where the reference gives (N,))
+        losses = self._loss_fn(outputs.reshape(len(outputs), *self._tail), labels)
         algorithms.check_per_sample(losses, len(outputs))
         return losses.detach().float()
 
-    return scored
+    def of_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.form == "log_probabilities":
+            logits = torch.log_softmax(logits.float(), dim=-1)
+        elif self.form == "probabilities":
+            logits = torch.softmax(logits.float(), dim=-1)
+        return self(logits, labels)
+
+
+def job_loss(algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.ndarray, num_outputs: int) -> JobLoss:
+    """The entrypoint's per-row loss, and the form its model's outputs take (from a few rows through it)."""
+    model, loss_fn = algorithms.build(algorithm, hp, x, y, num_outputs)
+    with torch.no_grad():
+        sample = model.eval()(torch.from_numpy(x[: min(8, len(x))])).float()
+    return JobLoss(loss_fn, tuple(sample.shape[1:]), _output_form(sample, num_outputs))
+
+
+def _output_form(outputs: torch.Tensor, num_outputs: int) -> str:
+    """``log_probabilities``, ``probabilities`` or ``logits``: what a classifier's outputs are."""
+    if num_outputs < 2 or outputs.dim() != 2 or outputs.shape[1] != num_outputs or not len(outputs):
+        return "logits"
+    if torch.allclose(torch.logsumexp(outputs, dim=1), torch.zeros(len(outputs)), atol=1e-4):
+        return "log_probabilities"
+    if (outputs >= 0).all() and torch.allclose(outputs.sum(dim=1), torch.ones(len(outputs)), atol=1e-4):
+        return "probabilities"
+    return "logits"
 
 
 def duplicates(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -336,7 +363,7 @@ def held_out_losses(
     config: Prefilter,
     task: str,
     num_outputs: int,
-    loss_fn: LossFn | None = None,
+    loss_fn: JobLoss | None = None,
 ) -> tuple[np.ndarray, int]:
     """Each selected row's loss under a reference model trained on the other half; NaN elsewhere.
     ``loss_fn`` scores the reference's outputs (default: the loss it trained with)."""
@@ -354,7 +381,8 @@ def held_out_losses(
         model, reference_loss, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             scored = model(torch.from_numpy(x[score_rows]))
-            losses[score_rows] = (loss_fn or reference_loss)(scored, torch.from_numpy(y[score_rows])).numpy()
+            score = loss_fn.of_logits if loss_fn is not None else reference_loss  # the reference gives logits
+            losses[score_rows] = score(scored, torch.from_numpy(y[score_rows])).numpy()
         flops += spent + counter.get_total_flops()
     return losses, flops
 

@@ -232,6 +232,18 @@ def hundredfold_loss_build(num_features, num_outputs, hyperparameters):
     return model, lambda out, y: 100 * torch.nn.functional.cross_entropy(out, y, reduction="none")
 
 
+def log_softmax_nll_build(num_features, num_outputs, hyperparameters):
+    """The common PyTorch classifier: LogSoftmax last, NLLLoss (of log-probabilities)."""
+    model = torch.nn.Sequential(torch.nn.Linear(num_features, num_outputs), torch.nn.LogSoftmax(dim=1))
+    return model, lambda out, y: torch.nn.functional.nll_loss(out, y, reduction="none")
+
+
+def softmax_probabilities_build(num_features, num_outputs, hyperparameters):
+    """A classifier giving probabilities, its loss the negative log of the true class's."""
+    model = torch.nn.Sequential(torch.nn.Linear(num_features, num_outputs), torch.nn.Softmax(dim=1))
+    return model, lambda out, y: -torch.log(out.gather(1, y[:, None])[:, 0])
+
+
 def column_mse_build(num_features, num_outputs, hyperparameters):
     """A regression entrypoint giving (N, 1), with a loss that needs that shape."""
     model = torch.nn.Linear(num_features, 1)
@@ -251,6 +263,22 @@ def test_an_entrypoints_reference_losses_are_on_its_own_loss_scale(tmp_path):
     own = np.load(report.train_data)["irreducible"]
     # the same reference models (seeded), scored with the job's loss: what sifting subtracts from
     np.testing.assert_allclose(own, 100 * builtin, rtol=1e-4)
+
+
+@pytest.mark.parametrize("build", ["log_softmax_nll_build", "softmax_probabilities_build"])
+def test_a_classifier_giving_probabilities_is_scored_on_the_reference_models_probabilities(tmp_path, build):
+    from trainyard.spec import Algorithm, Hyperparameters
+
+    x, y, _ = noisy_blobs()
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 2100}, [])
+    sifting = Sifting(enabled=True, score="reducible_loss")
+    builtin = np.load(filtering.filter_samples(staged, sifting, "classification").train_data)["irreducible"]
+    entrypoint = Algorithm(entrypoint=f"tests.unit.test_filtering:{build}")
+    report = filtering.filter_samples(staged, sifting, "classification", None, entrypoint, Hyperparameters())
+    # the reference's logits as the job's model gives its outputs: its loss is then cross-entropy (NLLLoss
+    # of raw logits was negative for most rows)
+    np.testing.assert_allclose(np.load(report.train_data)["irreducible"], builtin, rtol=1e-4, atol=1e-5)
 
 
 def test_a_regression_entrypoints_loss_gets_the_shape_its_model_gives():
