@@ -201,7 +201,7 @@ def prefilter(
     champion: Champion | None = None,
     with_losses: bool = False,
     min_class_fraction: float = 0.0,
-    loss_fn: JobLoss | None = None,
+    loss_fn: JobLoss | LossFn | None = None,
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
     reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
@@ -228,6 +228,10 @@ def prefilter(
     keep[learnt] = keep[unlearnable] = False
     reasons[learnt], reasons[unlearnable] = REASONS.index("learnt"), REASONS.index("unlearnable")
     dropped |= {"learnt": len(learnt), "unlearnable": len(unlearnable)}
+    if task == "regression" and loss_fn is None:
+        # On the built-in loss's scale (algorithms._scaled_mse: over the spread of the labels it trains on,
+        # the kept rows'), or reducible loss (loss - reference) would be dominated by one of them.
+        losses = losses / ((float(y[keep].std()) or 1.0) ** 2)
     balanced = n_learnt + n_unlearnable - len(learnt) - len(unlearnable)
     return Prefiltered(keep, dropped, flops, reference, losses, reasons, kept_for_balance=balanced)
 
@@ -272,16 +276,13 @@ def champion_losses(
         return None, 0, f"{HOLDOUT}; the champion could not be used: {why}"
     losses = np.full(len(x), np.nan)
     chosen = np.flatnonzero(rows)
-    # A regression job's own loss is on standardised targets (algorithms._scaled_mse): the reference's
-    # must be on the same scale, or reducible loss (loss - reference) would be dominated by one of them.
-    scale = (float(y.std()) or 1.0) if task == "regression" else 1.0
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             for part in np.array_split(chosen, max(1, math.ceil(len(chosen) / CHAMPION_BATCH))):
                 outputs = champion.model(torch.from_numpy(x[part]))
                 labels = torch.from_numpy(y[part])
                 _check_shape(outputs, task, num_outputs, len(part))
-                scored = loss_fn(outputs, labels) if loss_fn else _reference_loss(outputs, labels, task, scale)
+                scored = loss_fn(outputs, labels) if loss_fn else _reference_loss(outputs, labels, task)
                 losses[part] = scored.numpy()
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # another model's inputs or outputs
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -297,12 +298,12 @@ def _check_shape(outputs: torch.Tensor, task: str, num_outputs: int, rows: int) 
         raise ValueError(f"it gives outputs of shape {tuple(outputs.shape)} for {rows} rows")
 
 
-def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str, scale: float = 1.0) -> torch.Tensor:
-    """Per-row loss of a reference model's outputs, on the built-in algorithms' loss scale (``scale``:
-    the label's standard deviation for regression)."""
+def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> torch.Tensor:
+    """Per-row loss of a reference model's outputs: cross-entropy, or for regression the squared error
+    in the label's units (``prefilter`` puts it on the training loss's scale once the kept rows are known)."""
     if task == "classification":
         return torch.nn.functional.cross_entropy(outputs.float(), labels, reduction="none")
-    return ((outputs.reshape(-1).float() - labels.float()) / scale) ** 2
+    return (outputs.reshape(-1).float() - labels.float()) ** 2
 
 
 class JobLoss:
@@ -363,7 +364,7 @@ def held_out_losses(
     config: Prefilter,
     task: str,
     num_outputs: int,
-    loss_fn: JobLoss | None = None,
+    loss_fn: JobLoss | LossFn | None = None,
 ) -> tuple[np.ndarray, int]:
     """Each selected row's loss under a reference model trained on the other half; NaN elsewhere.
     ``loss_fn`` scores the reference's outputs (default: the loss it trained with)."""
@@ -378,11 +379,16 @@ def held_out_losses(
     halves = np.array_split(np.random.default_rng(config.seed).permutation(chosen), 2)
     flops = 0
     for train_rows, score_rows in ((halves[0], halves[1]), (halves[1], halves[0])):
-        model, reference_loss, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
+        model, _, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            scored = model(torch.from_numpy(x[score_rows]))
-            score = loss_fn.of_logits if loss_fn is not None else reference_loss  # the reference gives logits
-            losses[score_rows] = score(scored, torch.from_numpy(y[score_rows])).numpy()
+            scored, labels = model(torch.from_numpy(x[score_rows])), torch.from_numpy(y[score_rows])
+            # (the reference gives logits; a regression one's squared errors are in the label's units, one
+            # scale for both halves, each of whose own loss is scaled by its own labels' spread)
+            if loss_fn is None:
+                score = _reference_loss(scored, labels, task)
+            else:  # a job's loss (JobLoss) takes the logits in its model's own form
+                score = getattr(loss_fn, "of_logits", loss_fn)(scored, labels)
+            losses[score_rows] = score.numpy()
         flops += spent + counter.get_total_flops()
     return losses, flops
 

@@ -142,23 +142,26 @@ def test_a_champion_that_does_not_fit_the_data_falls_back_to_the_holdout_models(
         assert 1 - result.keep[flipped].mean() > 0.6 and result.flops > 0
 
 
-def test_a_regression_champions_losses_are_on_the_jobs_loss_scale():
+def test_a_regression_champions_losses_are_on_the_loss_scale_training_will_use():
     from trainyard import algorithms
     from trainyard.spec import Algorithm, Hyperparameters
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 4)).astype(np.float32)
     y = (1000 * x[:, 0] + rng.normal(scale=50, size=300)).astype(np.float32)  # in large units
+    y[:15] += 20_000  # gross outliers: the unlearnable drop takes them, and the labels' spread with them
     champion = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Flatten(0))
     with torch.no_grad():
         champion[0].weight.copy_(torch.tensor([[1000.0, 0, 0, 0]]))
         champion[0].bias.zero_()
-    losses, _, _ = filtering.champion_losses(
-        x, y, np.ones(300, bool), filtering.Champion(champion, "r v1"), "regression", 1
-    )
-    _, job_loss = algorithms.build(Algorithm(builtin="linear-regression"), Hyperparameters(), x, y, 1)
-    same = job_loss(champion(torch.from_numpy(x)), torch.from_numpy(y)).detach().numpy()
-    assert np.allclose(losses, same, rtol=1e-4)  # what reducible loss subtracts is on the scale it subtracts from
+    config = Prefilter(reference="champion", drop_learnt_fraction=0.0, drop_unlearnable_fraction=0.05)
+    result = filtering.prefilter(x, y, config, "regression", 1, filtering.Champion(champion, "r v1"), with_losses=True)
+    keep = result.keep
+    assert not keep[:15].any() and keep[15:].all()
+    # the loss training will use: built on the kept rows (algorithms._scaled_mse over their spread)
+    _, job_loss = algorithms.build(Algorithm(builtin="linear-regression"), Hyperparameters(), x[keep], y[keep], 1)
+    same = job_loss(champion(torch.from_numpy(x[keep])), torch.from_numpy(y[keep])).detach().numpy()
+    assert np.allclose(result.losses[keep], same, rtol=1e-4)  # what reducible loss subtracts is on its scale
 
 
 def test_only_a_loss_based_champion_prefilter_needs_the_registry():
