@@ -90,9 +90,13 @@ def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
             "of one loss per sample (use reduction='none')"
         )
     if loss.dim() != 1 or loss.shape[0] != batch_size:
+        if loss.dim() > 1 and loss.shape[0] == batch_size:  # already per sample, with trailing dimensions
+            fix = "reduce the trailing dimensions, e.g. loss.reshape(len(loss), -1).mean(1)"
+        else:
+            fix = "use reduction='none'"
         raise TrainingError(
             f"algorithm.entrypoint: the loss function returned shape {tuple(loss.shape)} for a batch of {batch_size}; "
-            "it must return one loss per sample (use reduction='none')"
+            f"it must return shape ({batch_size},), one loss per sample ({fix})"
         )
 
 

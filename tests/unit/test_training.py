@@ -163,6 +163,17 @@ def test_mean_reduced_loss_is_rejected_before_training(trainyard_home):
         run(job, job_id, folder, plan)
 
 
+def test_a_per_sample_loss_with_a_trailing_dimension_is_told_how_to_reduce_it():
+    from trainyard.algorithms import check_per_sample
+
+    trailing = r"shape \(4, 1\) .* must return shape \(4,\), .*reshape\(len\(loss\), -1\)"
+    with pytest.raises(TrainingError, match=trailing):
+        check_per_sample(torch.zeros(4, 1), 4)
+    with pytest.raises(TrainingError, match=r"shape \(\) .*\(use reduction='none'\)"):
+        check_per_sample(torch.zeros(()), 4)
+    check_per_sample(torch.zeros(4), 4)
+
+
 def per_sample_build(num_features, num_outputs, hyperparameters):
     """A user's entrypoint: a linear classifier with a per-sample loss."""
     model = torch.nn.Linear(num_features, num_outputs)
