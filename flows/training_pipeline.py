@@ -191,7 +191,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
         "secondary_status_transitions": log.transitions,
         "metrics": status.final_metrics(outcome.history) if outcome else {},
         "compute": status.compute_section(outcome, report.scoring_flops if report else 0, done),
-        "sifting": status.sifting_section(job, report, outcome),
+        "sifting": status.sifting_section(job, report, outcome, done),
         "elastic": {
             "replicas_min": job.resources.min_replicas,
             "replicas_max": job.resources.max_replicas,

@@ -76,10 +76,18 @@ def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None)
         "flops_forward": flops["forward"],
         "flops_backward": flops["backward"],
         "flops_evaluation": flops["evaluation"],
-        "samples_seen": trained + untrained(outcome.sifting if outcome else None),
+        "samples_seen": trained + untrained(online_totals(outcome, done)),
         "samples_trained": trained,
         "steps": steps,
     }
+
+
+def online_totals(outcome, done: dict | None = None) -> dict | None:
+    """The online sifter's totals: the outcome's, or without one what the groups sifted until the
+    training stage gave up (``done``: ``supervisor.work_done``); None without sifting."""
+    if outcome is not None:
+        return outcome.sifting
+    return (done or {}).get("sifting_totals")
 
 
 def untrained(sifting: dict | None) -> int:
@@ -88,9 +96,10 @@ def untrained(sifting: dict | None) -> int:
     return (sifting["passed_over"] + sifting.get("skipped", 0)) if sifting else 0
 
 
-def sifting_section(job, report, outcome) -> dict:
-    """The summary's ``sifting`` section: the offline prefilter's report and the online sifter's totals."""
-    online = outcome.sifting if outcome else None
+def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
+    """The summary's ``sifting`` section: the offline prefilter's report and the online sifter's totals
+    (``done``: as for ``compute_section``)."""
+    online = online_totals(outcome, done)
     section = {
         "enabled": job.sifting.enabled,
         "beta": job.sifting.beta,

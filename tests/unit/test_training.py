@@ -664,9 +664,14 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
     # One linear layer: its backward needs no input gradient, so it costs what the forward does, and
     # scoring 2 candidates per kept sample saves nothing. The summary says so.
     assert outcome.sifting["backward_forward_ratio"] == pytest.approx(1.0)
-    from trainyard.status import sifting_section
+    from trainyard.status import compute_section, sifting_section
 
     assert "sifting cost more compute than it saved" in sifting_section(job, None, outcome)["warning"]
+    # a training stage that gave up has no outcome: its summary counts what the groups did, sifting included
+    done = supervisor.work_done(folder)
+    assert compute_section(None, 0, done)["samples_seen"] == compute_section(outcome)["samples_seen"]
+    assert compute_section(outcome)["samples_seen"] > outcome.samples_trained
+    assert sifting_section(job, None, None, done)["online"] == outcome.sifting
     # the first epoch's 5 steps are all within delay_steps: nothing ranked, its rows trained unsifted
     assert outcome.history[0]["kept_fraction"] is None and outcome.sifting["unsifted"] > 0
     assert all(h["kept_fraction"] == pytest.approx(0.5, abs=0.02) for h in outcome.history[1:])

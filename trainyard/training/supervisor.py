@@ -318,8 +318,9 @@ def _collect(
 
 def work_done(job_dir: Path) -> dict:
     """What every group attempt of the job computed, finished or not: FLOPs by kind, samples trained,
-    the furthest step committed and each attempt's sifting counts. A training stage that gave up has
-    no outcome; its summary still counts the compute it spent."""
+    the furthest step committed, each attempt's sifting counts and their totals (``sifting_totals``, as
+    an outcome's ``sifting``). A training stage that gave up has no outcome; its summary still counts
+    the compute it spent."""
     flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
     samples, step = 0, 0
     sifted: list[dict] = []
@@ -333,7 +334,8 @@ def work_done(job_dir: Path) -> dict:
             flops[key] += progress["flops"].get(key, 0)
         if progress.get("sifting"):
             sifted.append(progress["sifting"])
-    return {"flops": flops, "samples_trained": samples, "steps": step, "sifting": sifted}
+    totals = _sifting_totals(sifted, flops) if sifted else None
+    return {"flops": flops, "samples_trained": samples, "steps": step, "sifting": sifted, "sifting_totals": totals}
 
 
 def _energy_by_replica(job_dir: Path) -> dict[str, float]:
