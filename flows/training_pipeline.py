@@ -43,7 +43,7 @@ class JobFailed(TrainyardError):
 
 @flow(name="training-pipeline", log_prints=True)
 def training_pipeline(
-    job: TrainingJob, job_id: Annotated[str, Field(pattern=JOB_ID_PATTERN)] | None = None
+    job: TrainingJob, job_id: Annotated[str, Field(pattern=f"^$|{JOB_ID_PATTERN}")] | None = None
 ) -> dict | State:
     """Run one training job end to end and return its summary (a Failed state, raising ``JobFailed``
     when the flow is called, for a job that failed).

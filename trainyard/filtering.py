@@ -282,7 +282,12 @@ def champion_losses(
                 outputs = champion.model(torch.from_numpy(x[part]))
                 labels = torch.from_numpy(y[part])
                 _check_shape(outputs, task, num_outputs, len(part))
-                scored = loss_fn(outputs, labels) if loss_fn else _reference_loss(outputs, labels, task)
+                if loss_fn is None:
+                    scored = _reference_loss(outputs, labels, task)
+                elif isinstance(loss_fn, JobLoss) and _output_form(outputs, num_outputs) == "logits":
+                    scored = loss_fn.of_logits(outputs, labels)  # a champion another algorithm trained
+                else:
+                    scored = loss_fn(outputs, labels)
                 losses[part] = scored.numpy()
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # another model's inputs or outputs
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -308,7 +313,8 @@ def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> t
 
 class JobLoss:
     """An entrypoint's own per-row loss (``job_loss``). Called, it scores outputs in the job model's own
-    form (a champion's: the same model); ``of_logits`` scores a built-in reference model's logits, first
+    form (a champion's, trained by the same entrypoint); ``of_logits`` scores logits (a built-in reference
+    model's, or a champion's that another algorithm trained), first
     put in that form: a classifier ending in ``LogSoftmax`` (for ``NLLLoss``) or ``Softmax`` gives
     log-probabilities or probabilities, and its loss of raw logits would be meaningless (negative)."""
 

@@ -37,7 +37,8 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
     """Upload the trained parameters and what is needed to rebuild the model; return the model folder URI.
 
     ``model.json`` goes first and ``model.pt`` last, so a ``model.pt`` in S3 always has its ``model.json``;
-    when ``model.pt`` fails, the ``model.json`` already up is deleted (best effort), leaving no half model.
+    when ``model.pt`` fails, or a signal interrupts either upload, what is already up is deleted (best
+    effort), leaving no half model.
     """
     target = job_prefix(job, job_id).join("model")
     meta = {
@@ -46,10 +47,14 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
         "hyperparameters": job.hyperparameters.model_dump(),
         "schema": schema,
     }
-    _upload_json(meta, str(target.join("model.json")))
     try:
+        _upload_json(meta, str(target.join("model.json")))
         s3.upload_file(model_path, str(target.join("model.pt")))
-    except BaseException:  # a failed upload, or a signal during it (SIGTERM's TerminationSignal, Ctrl-C)
+    except StorageError:
+        s3.delete_quietly(str(target.join("model.json")))
+        raise
+    except BaseException:  # a signal during it (SIGTERM's TerminationSignal, Ctrl-C): a single PUT in flight
+        s3.delete_quietly(str(target.join("model.pt")))  # may still land as the transfer manager winds down
         s3.delete_quietly(str(target.join("model.json")))
         raise
     return str(target) + "/"

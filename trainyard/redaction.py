@@ -25,7 +25,7 @@ SECRET_NAME = re.compile(
 
 # The password of a URL's userinfo: scheme://user:password@host. The password runs to the last "@"
 # before the path, as URL parsers (botocore's among them) read an unencoded "@" in it.
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<password>[^/\s]+)@")
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<password>[^/\s\"'<>]+)@")
 
 
 def redact_text(text: str) -> str:
@@ -35,7 +35,7 @@ def redact_text(text: str) -> str:
 
 def redact_url(url: str) -> str:
     """One URL with its password masked, written with a scheme or without (``user:pw@host:port``)."""
-    scheme, sep, rest = url.rpartition("://")
+    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
     authority, slash, path = rest.partition("/")
     userinfo, at, host = authority.rpartition("@")
     if at and ":" in userinfo:

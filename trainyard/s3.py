@@ -125,8 +125,10 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
                 refused = None
                 try:
                     _clients[key] = (session, session.client("s3", config=_client_config()))
-                except ValueError as exc:  # botocore's "Invalid endpoint: <the URL, password and all>"
-                    refused = _endpoint_error(exc)
+                except ValueError as exc:
+                    if not str(exc).startswith("Invalid endpoint: "):  # another setting's (a region's): its own
+                        raise
+                    refused = _endpoint_error(exc)  # botocore's message quotes the URL, password and all
                 if refused:  # raised here, so that no chained exception keeps the password
                     raise refused
                 collector.freeze_once()

@@ -209,6 +209,7 @@ class Sifter:
         """The running counts: what ranked, kept and passed over, overall and per class, and the candidates
         not ranked (trained on, or left out, before sifting started). Groups' counts add up to the job's."""
         return {
+            "score": self.config.score,  # in every count: a killed attempt's counts are all the job may have
             "scored": self.scored,
             "kept": self.kept,
             "passed_over": self.passed_over,

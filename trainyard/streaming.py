@@ -121,6 +121,9 @@ def describe(
             label_type = pa.unify_schemas(
                 [pa.schema([schemas[o.uri].field(channel.label)]) for o in holding], promote_options="permissive"
             )
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # (dictionary and string, bool and int): as before,
+            label_type = None  # the first object's type, the others cast to it
+        try:
             labels = pq.read_table(
                 [f"{o.bucket}/{o.key}" for o in holding],
                 columns=[channel.label],

@@ -164,6 +164,25 @@ def test_a_regression_champions_losses_are_on_the_loss_scale_training_will_use()
     assert np.allclose(result.losses[keep], same, rtol=1e-4)  # what reducible loss subtracts is on its scale
 
 
+def test_a_regression_jobs_holdout_reference_losses_are_on_one_scale_the_kept_rows_labels(monkeypatch):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, 4)).astype(np.float32)
+    y = (1000 * x[:, 0] + rng.normal(scale=50, size=400)).astype(np.float32)
+    y[:20] += 20_000  # gross outliers, dropped as unlearnable
+    known = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Flatten(0))
+    with torch.no_grad():
+        known[0].weight.copy_(torch.tensor([[1000.0, 0, 0, 0]]))
+        known[0].bias.zero_()
+    # each half's reference: a known model, so each row's error is known (the halves' labels differ in spread)
+    monkeypatch.setattr(filtering, "_reference", lambda *args: (known, None, 0))
+    config = Prefilter(drop_learnt_fraction=0.0, drop_unlearnable_fraction=0.05)
+    result = filtering.prefilter(x, y, config, "regression", 1, with_losses=True)
+    keep = result.keep
+    assert not keep[:20].any() and keep[20:].all()
+    squared = (1000 * x[:, 0] - y) ** 2
+    np.testing.assert_allclose(result.losses[keep], squared[keep] / y[keep].std() ** 2, rtol=1e-4)
+
+
 def test_only_a_loss_based_champion_prefilter_needs_the_registry():
     assert filtering.wants_champion(Sifting(enabled=True, prefilter=CHAMPION_BASED))
     assert not filtering.wants_champion(Sifting(enabled=True, prefilter=CHAMPION_BASED), streamed=True)

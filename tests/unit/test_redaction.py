@@ -25,12 +25,15 @@ def test_a_urls_password_is_masked_and_its_user_kept():
     # an unencoded "@" in the password: parsers (botocore's) take the host after the last one
     assert redact_text('to "http://minio:p@ss-w0rd@127.0.0.1:1/b"') == f'to "http://minio:{MASK}@127.0.0.1:1/b"'
     assert redact_text("http://127.0.0.1:9000/a@b") == "http://127.0.0.1:9000/a@b"
+    compact = '{"a":"http://u:pw@h:9000","b":"x@y.com"}'  # the password stops at the quote
+    assert redact_text(compact) == f'{{"a":"http://u:{MASK}@h:9000","b":"x@y.com"}}'
 
 
 def test_one_url_is_masked_with_or_without_its_scheme():
     assert redact_url("http://minio:pw@minio_1:9000/x") == f"http://minio:{MASK}@minio_1:9000/x"
     assert redact_url("minio:p@ss@127.0.0.1:1") == f"minio:{MASK}@127.0.0.1:1"
     assert redact_url("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
+    assert redact_url("http://u:pw@h:9000/x?next=http://y") == f"http://u:{MASK}@h:9000/x?next=http://y"
 
 
 def test_secret_named_job_variables_are_masked_and_other_names_kept():
@@ -96,6 +99,16 @@ def test_an_endpoint_botocore_refuses_is_named_without_its_password(monkeypatch,
         s3.client()  # botocore: ValueError("Invalid endpoint: <the URL>")
     assert "SECRETPW" not in str(caught.value) and f":{MASK}@" in str(caught.value)
     assert caught.value.__cause__ is None and caught.value.__context__ is None  # no chained traceback quotes it
+
+
+def test_another_settings_error_is_not_called_the_endpoints(monkeypatch):
+    monkeypatch.setattr(s3, "_clients", {})
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu west 1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with pytest.raises(ValueError, match="region") as caught:
+        s3.client()
+    assert not isinstance(caught.value, StorageError)
 
 
 def test_arrow_takes_the_endpoints_host_without_its_userinfo(monkeypatch):

@@ -270,6 +270,11 @@ def test_the_jobs_rule_is_named_when_the_first_report_is_a_killed_groups_counts(
     finished = killed | {"score": "reducible_loss"}
     totals = _sifting_totals([killed, finished], {"forward": 100, "backward": 200, "scoring": 50})
     assert totals["score"] == "reducible_loss"
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    # and a group's counts, all a killed attempt leaves, carry it themselves
+    assert Sifter(Sifting(enabled=True, score="reducible_loss"), seed=0).counts()["score"] == "reducible_loss"
 
 
 def test_learning_rate_schedules():
