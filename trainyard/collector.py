@@ -6,7 +6,7 @@ next to nothing: in a process that has imported torch, building an S3 client too
 0.06 s, and a replica group's imports ran six full collections (0.5-0.7 s).
 
 Frozen (``gc.freeze``), such objects are skipped by every later collection, the ones Python runs as
-the process exits included: a staging process spent ~0.15 s of its exit walking botocore's models.
+the process exits included: a staging process spent 0.15-0.2 s of its exit walking botocore's models.
 """
 
 from __future__ import annotations

@@ -312,11 +312,13 @@ def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> t
 
 
 class JobLoss:
-    """An entrypoint's own per-row loss (``job_loss``). Called, it scores outputs in the job model's own
-    form (a champion's, trained by the same entrypoint); ``of_logits`` scores logits (a built-in reference
-    model's, or a champion's that another algorithm trained), first
-    put in that form: a classifier ending in ``LogSoftmax`` (for ``NLLLoss``) or ``Softmax`` gives
-    log-probabilities or probabilities, and its loss of raw logits would be meaningless (negative)."""
+    """An entrypoint's own per-row loss (``job_loss``).
+
+    Called, it scores outputs in the job model's own form (a champion's, trained by the same entrypoint).
+    ``of_logits`` scores logits (a built-in reference model's, or a champion's that another algorithm
+    trained), first put in that form: a classifier ending in ``LogSoftmax`` (for ``NLLLoss``) or
+    ``Softmax`` gives log-probabilities or probabilities, and its loss of raw logits would be meaningless
+    (NLLLoss of logits is negative)."""
 
     def __init__(self, loss_fn: LossFn, tail: tuple, form: str):
         self._loss_fn, self._tail, self.form = loss_fn, tail, form

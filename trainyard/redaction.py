@@ -24,7 +24,8 @@ SECRET_NAME = re.compile(
 )
 
 # The password of a URL's userinfo: scheme://user:password@host. The password runs to the last "@"
-# before the path, as URL parsers (botocore's among them) read an unencoded "@" in it.
+# before the path, as URL parsers (botocore's among them) read an unencoded "@" in it, and stops at a
+# quote or bracket (a URL inside JSON or markup).
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<password>[^/\s\"'<>]+)@")
 
 
