@@ -62,7 +62,7 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
             try:
                 table = reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path)
                 row_groups = None
-                if manifest.format == "parquet":
+                if manifest.format == "parquet" and layout is not None:
                     meta = pq.ParquetFile(obj.path).metadata
                     row_groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:

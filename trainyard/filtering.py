@@ -201,7 +201,7 @@ def prefilter(
     champion: Champion | None = None,
     with_losses: bool = False,
     min_class_fraction: float = 0.0,
-    loss_fn: JobLoss | LossFn | None = None,
+    loss_fn: JobLoss | None = None,
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
     reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
@@ -267,7 +267,7 @@ def champion_losses(
     champion: Champion | None,
     task: str,
     num_outputs: int,
-    loss_fn: LossFn | None = None,
+    loss_fn: JobLoss | None = None,
 ) -> tuple[np.ndarray | None, int, str]:
     """Each selected row's loss under the champion (NaN elsewhere), its FLOPs and ``"champion <name> vN"``;
     ``(None, 0, why)`` when there is no champion to use, so the caller falls back to cross-fitting."""
@@ -282,12 +282,7 @@ def champion_losses(
                 outputs = champion.model(torch.from_numpy(x[part]))
                 labels = torch.from_numpy(y[part])
                 _check_shape(outputs, task, num_outputs, len(part))
-                if loss_fn is None:
-                    scored = _reference_loss(outputs, labels, task)
-                elif isinstance(loss_fn, JobLoss) and _output_form(outputs, num_outputs) == "logits":
-                    scored = loss_fn.of_logits(outputs, labels)  # a champion another algorithm trained
-                else:
-                    scored = loss_fn(outputs, labels)
+                scored = loss_fn(outputs, labels) if loss_fn else _reference_loss(outputs, labels, task)
                 losses[part] = scored.numpy()
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # another model's inputs or outputs
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -312,29 +307,25 @@ def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> t
 
 
 class JobLoss:
-    """An entrypoint's own per-row loss (``job_loss``).
+    """An entrypoint's own per-row loss (``job_loss``), scoring another model's outputs: a built-in
+    reference model's, or a champion's.
 
-    Called, it scores outputs in the job model's own form (a champion's, trained by the same entrypoint).
-    ``of_logits`` scores logits (a built-in reference model's, or a champion's that another algorithm
-    trained), first put in that form: a classifier ending in ``LogSoftmax`` (for ``NLLLoss``) or
-    ``Softmax`` gives log-probabilities or probabilities, and its loss of raw logits would be meaningless
-    (NLLLoss of logits is negative)."""
+    Those are put in the form the job's model gives first: a classifier ending in ``LogSoftmax`` (for
+    ``NLLLoss``) or ``Softmax`` gives log-probabilities or probabilities, and its loss of raw logits would
+    be meaningless (NLLLoss of logits is negative). Outputs already in another form (a champion the same
+    entrypoint trained) are scored as they are."""
 
-    def __init__(self, loss_fn: LossFn, tail: tuple, form: str):
-        self._loss_fn, self._tail, self.form = loss_fn, tail, form
+    def __init__(self, loss_fn: LossFn, tail: tuple, form: str, num_outputs: int):
+        self._loss_fn, self._tail, self.form, self._num_outputs = loss_fn, tail, form, num_outputs
 
     def __call__(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.form != "logits" and _output_form(outputs, self._num_outputs) == "logits":
+            softmax = torch.log_softmax if self.form == "log_probabilities" else torch.softmax
+            outputs = softmax(outputs.float(), dim=-1)
         # reshaped to what the job's model gives (a regression model may give (N, 1) where the reference gives (N,))
         losses = self._loss_fn(outputs.reshape(len(outputs), *self._tail), labels)
         algorithms.check_per_sample(losses, len(outputs))
         return losses.detach().float()
-
-    def of_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.form == "log_probabilities":
-            logits = torch.log_softmax(logits.float(), dim=-1)
-        elif self.form == "probabilities":
-            logits = torch.softmax(logits.float(), dim=-1)
-        return self(logits, labels)
 
 
 def job_loss(algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.ndarray, num_outputs: int) -> JobLoss:
@@ -342,7 +333,7 @@ def job_loss(algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.nda
     model, loss_fn = algorithms.build(algorithm, hp, x, y, num_outputs)
     with torch.no_grad():
         sample = model.eval()(torch.from_numpy(x[: min(8, len(x))])).float()
-    return JobLoss(loss_fn, tuple(sample.shape[1:]), _output_form(sample, num_outputs))
+    return JobLoss(loss_fn, tuple(sample.shape[1:]), _output_form(sample, num_outputs), num_outputs)
 
 
 def _output_form(outputs: torch.Tensor, num_outputs: int) -> str:
@@ -372,7 +363,7 @@ def held_out_losses(
     config: Prefilter,
     task: str,
     num_outputs: int,
-    loss_fn: JobLoss | LossFn | None = None,
+    loss_fn: JobLoss | None = None,
 ) -> tuple[np.ndarray, int]:
     """Each selected row's loss under a reference model trained on the other half; NaN elsewhere.
     ``loss_fn`` scores the reference's outputs (default: the loss it trained with)."""
@@ -387,22 +378,19 @@ def held_out_losses(
     halves = np.array_split(np.random.default_rng(config.seed).permutation(chosen), 2)
     flops = 0
     for train_rows, score_rows in ((halves[0], halves[1]), (halves[1], halves[0])):
-        model, _, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
+        model, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             scored, labels = model(torch.from_numpy(x[score_rows])), torch.from_numpy(y[score_rows])
-            # (the reference gives logits; a regression one's squared errors are in the label's units, one
-            # scale for both halves, each of whose own loss is scaled by its own labels' spread)
-            if loss_fn is None:
-                score = _reference_loss(scored, labels, task)
-            else:  # a job's loss (JobLoss) takes the logits in its model's own form
-                score = getattr(loss_fn, "of_logits", loss_fn)(scored, labels)
+            # Not the loss the reference trained with: a regression one's is scaled by its half's labels'
+            # spread, where squared errors in the label's units put both halves on one scale.
+            score = loss_fn(scored, labels) if loss_fn else _reference_loss(scored, labels, task)
             losses[score_rows] = score.numpy()
         flops += spent + counter.get_total_flops()
     return losses, flops
 
 
 def _reference(x: np.ndarray, y: np.ndarray, config: Prefilter, task: str, num_outputs: int):
-    """A small model of the job's task, trained briefly: ``(model, per-sample loss, FLOPs spent)``."""
+    """A small model of the job's task, trained briefly: ``(model, FLOPs spent)``."""
     builtin = "mlp-classifier" if task == "classification" else "linear-regression"
     hp = Hyperparameters(hidden_sizes=list(config.reference_hidden_sizes), seed=config.seed)
     model, loss_fn = algorithms.build(Algorithm(builtin=builtin), hp, x, y, num_outputs)
@@ -415,7 +403,7 @@ def _reference(x: np.ndarray, y: np.ndarray, config: Prefilter, task: str, num_o
                 optimizer.zero_grad()
                 loss_fn(model(xt[batch]), yt[batch]).mean().backward()
                 optimizer.step()
-    return model.eval(), loss_fn, counter.get_total_flops()
+    return model.eval(), counter.get_total_flops()
 
 
 def filtered_layout(layout: list[dict], keep: np.ndarray) -> list[dict]:

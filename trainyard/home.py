@@ -48,9 +48,14 @@ def new_job_id(name: str) -> str:
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 
 
+def is_job_id(job_id: str) -> bool:
+    """Whether ``job_id`` has the form of one (``JOB_ID_PATTERN``)."""
+    return re.fullmatch(JOB_ID_PATTERN, job_id) is not None
+
+
 def check_job_id(job_id: str) -> str:
     """``job_id`` when it has the form of one; else a ``SpecError`` saying what it may hold."""
-    if not re.fullmatch(JOB_ID_PATTERN, job_id):
+    if not is_job_id(job_id):
         raise SpecError(
             [
                 f"job_id {job_id!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit "

@@ -50,11 +50,9 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
     try:
         _upload_json(meta, str(target.join("model.json")))
         s3.upload_file(model_path, str(target.join("model.pt")))
-    except StorageError:
-        s3.delete_quietly(str(target.join("model.json")))
-        raise
-    except BaseException:  # a signal during it (SIGTERM's TerminationSignal, Ctrl-C): a single PUT in flight
-        s3.delete_quietly(str(target.join("model.pt")))  # may still land as the transfer manager winds down
+    except BaseException as exc:  # a failed upload, or a signal (SIGTERM's TerminationSignal, Ctrl-C)
+        if not isinstance(exc, StorageError):  # a single PUT in flight may still land as the transfer
+            s3.delete_quietly(str(target.join("model.pt")))  # manager winds down after a signal
         s3.delete_quietly(str(target.join("model.json")))
         raise
     return str(target) + "/"

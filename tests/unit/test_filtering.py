@@ -174,7 +174,7 @@ def test_a_regression_jobs_holdout_reference_losses_are_on_one_scale_the_kept_ro
         known[0].weight.copy_(torch.tensor([[1000.0, 0, 0, 0]]))
         known[0].bias.zero_()
     # each half's reference: a known model, so each row's error is known (the halves' labels differ in spread)
-    monkeypatch.setattr(filtering, "_reference", lambda *args: (known, None, 0))
+    monkeypatch.setattr(filtering, "_reference", lambda *args: (known, 0))
     config = Prefilter(drop_learnt_fraction=0.0, drop_unlearnable_fraction=0.05)
     result = filtering.prefilter(x, y, config, "regression", 1, with_losses=True)
     keep = result.keep

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from trainyard import launch
 from trainyard.errors import TrainingError
-from trainyard.home import JOB_ID_PATTERN, jobs_dir
+from trainyard.home import is_job_id, jobs_dir
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_scale, scale_requested
@@ -115,7 +114,7 @@ def request(job_id: str, replicas: int) -> str:
     Refused, with the reason, when the job is unknown, not training (any more), or ``replicas`` is
     outside the job's ``resources.min_replicas``..``max_replicas``.
     """
-    if not re.fullmatch(JOB_ID_PATTERN, job_id):
+    if not is_job_id(job_id):
         raise TrainingError(f"{job_id!r} is not a job id (letters, digits, '.', '_' and '-'); check the job id")
     folder = jobs_dir() / job_id
     if not folder.is_dir():
