@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+from pathlib import Path
 
 import boto3
 import pytest
@@ -98,6 +99,23 @@ def test_the_quick_loader_knows_the_same_services_as_botocore(tmp_path, monkeypa
     assert list(known) == Loader().list_available_services("service-2")  # the full list, for whoever reads it
     with pytest.raises(botocore.exceptions.UnknownServiceError, match="no-such-service"):
         boto3.session.Session(botocore_session=core).client("no-such-service", region_name="us-east-1")
+
+
+def test_the_quick_loader_reads_botocores_files_as_botocore_does(tmp_path):
+    import botocore
+    from botocore.loaders import JSONFileLoader
+
+    from trainyard import botocore_loader
+
+    data = Path(botocore.__file__).parent / "data"
+    ours, theirs = botocore_loader.JSONFiles(), JSONFileLoader()
+    for name in ("endpoints", "partitions", "s3/2006-03-01/service-2", "s3/2006-03-01/endpoint-rule-set-1"):
+        assert ours.load_file(str(data / name)) == theirs.load_file(str(data / name)), name
+    assert ours.load_file(str(data / "no-such-file")) is None
+    # A model of the user's own (AWS_DATA_PATH) is read by json: orjson would make this integer a float
+    (tmp_path / "big.json").write_text('{"max": 123456789012345678901234567890}')
+    assert ours.load_file(str(tmp_path / "big")) == {"max": 123456789012345678901234567890}
+    assert type(botocore_loader.QuickLoader().file_loader) is botocore_loader.JSONFiles
 
 
 def test_transfers_keep_the_classic_transfer_manager_on_instances_the_crt_is_tuned_for(monkeypatch):
