@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/staging.py            # full size: 2,000 small objects, one 512 MiB object
     .venv/bin/python benchmarks/staging.py --quick    # a small smoke run
+    .venv/bin/python benchmarks/staging.py --section stream   # only stream mode's first batch (~2 min)
 
 It starts an S3 endpoint on 127.0.0.1 (``rclone serve s3`` by default: objects on local disk, like a
 real store; ``--endpoint moto`` for moto's in-memory server), uploads the channels (untimed), then
@@ -399,6 +400,7 @@ def measure_stream_first_batch(bench: Bench) -> tuple[list[Row], list[Target]]:
             if mode == "file":
                 samples["file staged"].append(result["staged_s"])
                 samples["file ready"].append(result["ready_s"])
+                print(f"  file run {run + 1}: staged {result['staged_s']:.2f} s, ready {result['ready_s']:.2f} s")
             else:
                 samples["stream first batch"].append(result["first_batch_s"])
                 print(
@@ -421,7 +423,10 @@ def measure_stream_first_batch(bench: Bench) -> tuple[list[Row], list[Target]]:
     return [], [target]
 
 
-SECTIONS: list[Callable[[Bench], tuple[list[Row], list[Target]]]] = [measure_cold_and_warm, measure_stream_first_batch]
+SECTIONS: dict[str, Callable[[Bench], tuple[list[Row], list[Target]]]] = {
+    "channels": measure_cold_and_warm,  # needs upload()'s channels
+    "stream": measure_stream_first_batch,  # uploads its own parquet channel
+}
 
 
 # --- set-up: the AWS CLI, the endpoint, the data ---------------------------------------------------
@@ -471,7 +476,6 @@ def upload(bench: Bench) -> None:
 
     args = bench.args
     client = s3_client(bench.env)
-    client.create_bucket(Bucket=BUCKET)
     rng = random.Random(20240601)
     # Varied sizes around the mean, as parquet shards of one dataset are: 0.5x to 1.5x.
     sizes = [max(1, int(args.small_size * rng.uniform(0.5, 1.5))) for _ in range(args.small_objects)]
@@ -581,7 +585,8 @@ def print_report(facts: list[tuple[str, str]], rows: list[Row], targets: list[Ta
             f"{row.aws_rss_mib:.0f}",
             f"{row.bytes / row.trainyard_s / 1e6:.0f} / {row.bytes / row.aws_s / 1e6:.0f}",
         )
-    console.print(table)
+    if rows:  # none when only the stream section ran
+        console.print(table)
     console.print(
         "Cold times are whole processes (interpreter start and imports included, for both tools); "
         "'in stage_channels' excludes them. Warm re-stage: in stage_channels (whole process)."
@@ -614,12 +619,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="cold runs per tool and channel (at least 2)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 small objects, 64 MiB, 2 repeats")
     parser.add_argument("--workdir", type=Path, default=None, help="where downloads go (default: a temp dir)")
+    parser.add_argument(
+        "--section",
+        action="append",
+        choices=list(SECTIONS),
+        help="measure only this section (repeatable; default: all): channels (small, large, vs aws s3 sync), "
+        "stream (time to first batch)",
+    )
     parser.add_argument("--child-stage", nargs=2, metavar=("NAME", "URI"), help=argparse.SUPPRESS)
     parser.add_argument("--child-stream", nargs=2, metavar=("MODE", "URI"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.small_objects, args.large_mib, args.repeats = 200, 64, 2
     args.repeats = max(2, args.repeats)
+    args.section = args.section or list(SECTIONS)
     return args
 
 
@@ -648,10 +661,12 @@ def main(argv: list[str] | None = None) -> int:
         pid = server._proc.pid if server._proc else None
         bench = Bench(args=args, env=env, endpoint_url=server.endpoint_url, endpoint_pid=pid, workdir=workdir, aws=aws)
         facts = machine_facts(bench, endpoint)
-        print("uploading (not timed) ...", flush=True)
-        upload(bench)
+        s3_client(env).create_bucket(Bucket=BUCKET)
+        if "channels" in args.section:
+            print("uploading (not timed) ...", flush=True)
+            upload(bench)
         rows, targets = [], []
-        for section in SECTIONS:
+        for section in (SECTIONS[name] for name in args.section):
             print(f"measuring: {section.__name__} ...", flush=True)
             new_rows, new_targets = section(bench)
             rows += new_rows
