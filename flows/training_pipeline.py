@@ -31,7 +31,7 @@ from trainyard import STAGES, carbon, esg, launch, outputs, registry, sifting, s
 from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
-from trainyard.redaction import redact_text
+from trainyard.redaction import redact_exception
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import supervisor
 from trainyard.training.plan import TrainingPlan
@@ -131,8 +131,8 @@ def training_pipeline(
     except Exception as exc:
         # a bug, not the user's mistake: the job still ends Failed with its summary, and the
         # traceback is kept (raised below)
-        error = exc
-        reason = redact_text(f"internal error: {exc!r}; please report it")  # where a bug quotes a URL
+        error = redact_exception(exc)  # where a bug quotes a URL: raised below, for Prefect to log
+        reason = f"internal error: {exc!r}; please report it"
         log.finish("Failed", "Failed", reason, failure_reason=reason)
         _add_failed_stage(stages, exc)
     finally:

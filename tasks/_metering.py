@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 from trainyard import carbon
 from trainyard.errors import StorageError, TrainyardError
+from trainyard.redaction import redact_exception
 from trainyard.spec import TrainingJob
 
 
@@ -32,6 +33,7 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
                 record["seconds"] = time.monotonic() - started
                 del record["meter"]
     except BaseException as exc:  # a SIGTERM's TerminationSignal too: the stage spent what it spent
+        redact_exception(exc)  # Prefect logs a failed task's exception, with what it quotes (a URL's password)
         if energy is not None:  # (None: the meter itself failed, or the signal came while it started)
             exc.stage_record = {"stage": stage, "seconds": time.monotonic() - started, "energy": energy.to_dict()}
         raise

@@ -10,6 +10,7 @@ URL's password (``https://user:pw@host``) is masked wherever a URL is recorded o
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -68,3 +69,26 @@ def redact(value: Any, by_name: bool = False) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     return value
+
+
+def redact_exception(exc: BaseException) -> BaseException:
+    """``exc`` with URL passwords masked in its message and in every exception chained to it, in place,
+    so that its traceback is kept: for a bug's exception, which Prefect logs whole (message, chain and
+    traceback) where a stage fails. Masked through ``args``, which most exceptions' messages come from,
+    and an ``OSError``'s ``strerror`` and file names; one whose ``__str__`` reads something else keeps
+    its message."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        with contextlib.suppress(AttributeError, TypeError):  # args that cannot be set: left as they are
+            current.args = tuple(redact_text(a) if isinstance(a, str) else a for a in current.args)
+        if isinstance(current, OSError):  # "[Errno N] strerror: 'filename'", not its args
+            for name in ("strerror", "filename", "filename2"):
+                if isinstance(getattr(current, name), str):
+                    setattr(current, name, redact_text(getattr(current, name)))
+        pending += [current.__cause__, current.__context__]
+    return exc

@@ -119,3 +119,28 @@ def test_arrow_takes_the_endpoints_host_without_its_userinfo(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     settings = streaming.arrow_filesystem().__reduce__()[1][0]  # pyarrow exposes its settings only so
     assert settings["endpoint_override"] == "127.0.0.1:9"
+
+
+def test_a_bugs_exception_is_masked_in_place_with_its_chain_and_traceback_kept():
+    import traceback
+
+    from tasks._metering import stage_meter
+    from tests.conftest import job_dict
+    from trainyard.spec import parse_job
+
+    job = parse_job(job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"}))
+
+    password = "hunter" + "2"  # not in the traceback's source lines either
+
+    def fails():
+        try:
+            raise ConnectionError(111, f"cannot reach http://minio:{password}@10.0.0.1:9000/")
+        except ConnectionError as exc:
+            raise ValueError(f"retry of http://u:{password}@h/ failed", 3) from exc
+
+    with pytest.raises(ValueError) as raised, stage_meter("staging", job):
+        fails()
+    shown = "".join(traceback.format_exception(raised.value))
+    assert password not in shown and shown.count(MASK) == 2, shown
+    assert raised.value.args[1] == 3 and raised.value.__cause__.errno == 111  # what is not text is left alone
+    assert "in fails" in shown  # the traceback is the bug's own

@@ -18,6 +18,7 @@ from pathlib import Path
 from trainyard import collector
 from trainyard.errors import TrainyardError
 from trainyard.home import write_json_atomic
+from trainyard.redaction import redact_exception
 from trainyard.training.plan import PLAN_FILE, attempt_dir
 
 THREADS_ENV = "TRAINYARD_TORCH_THREADS"
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
+        redact_exception(exc)  # a URL's password a bug's message quotes stays out of the logs and the summary
         # A TrainyardError is the job's fault (data, algorithm) and would fail again: no retry.
         write_json_atomic(
             out / "error.json",
