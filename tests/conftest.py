@@ -122,21 +122,39 @@ def slow_until(hold: Path, ready: Callable[[], bool]) -> Iterator[str]:
     and ``hold`` goes once ``ready()`` (say, a restarted group is back), so what follows runs at full
     speed. The slow phase keeps the survivors training however long the restart takes on a busy
     machine; the job's remaining steps then take seconds, not minutes."""
-    hold.touch()
-    done = threading.Event()
-    context = contextvars.copy_context()  # the caller's settings (a Prefect API URL, say) for ready()
+    seen = False
 
-    def is_ready() -> bool:
+    def slow() -> bool:
+        nonlocal seen
+        seen = seen or ready()
+        return not seen
+
+    with slow_while(hold, slow) as path:
+        yield path
+
+
+@contextmanager
+def slow_while(hold: Path, slow: Callable[[], bool]) -> Iterator[str]:
+    """Like ``slow_until``, for several slow phases: ``hold`` exists while ``slow()`` (looked at every
+    50 ms; an error in it, say a file half written, counts as slow)."""
+    done = threading.Event()
+    context = contextvars.copy_context()  # the caller's settings (a Prefect API URL, say) for slow()
+
+    def is_slow() -> bool:
         try:
-            return context.run(ready)
+            return context.run(slow)
         except Exception:  # noqa: BLE001 - not yet (no job yet, a file half written): asked again
-            return False
+            return True
 
     def watch() -> None:
-        while not done.is_set() and not is_ready():
-            done.wait(0.5)
-        hold.unlink(missing_ok=True)
+        while not done.is_set():
+            if is_slow():
+                hold.touch()
+            else:
+                hold.unlink(missing_ok=True)
+            done.wait(0.05)
 
+    hold.touch()  # slow from the start, whatever the first look finds
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:

@@ -355,7 +355,11 @@ class Sifting(_Model):
 
 
 class FaultInjection(_Model):
-    """A failure drill: what to do to which replica group at which step."""
+    """A failure drill: what to do to which replica group at which step.
+
+    A group may have several: each fires once, in the attempt that reaches its step (the restart after
+    one drill plays the next).
+    """
 
     replica: int = Field(ge=0, description="Replica group index.")
     at_step: int = Field(ge=1, description="Step at which the fault fires.")
@@ -576,12 +580,19 @@ class TrainingJob(_Model):
                 "sifting.reuse_loss_epochs: a streamed channel's rows are not all in memory to remember their losses: "
                 "set it to 0, or inputs.train.mode: file"
             )
+        drills: set[tuple[int, int]] = set()
         for i, fault in enumerate(self.elastic.fault_injection):
             if fault.replica >= self.resources.replicas:
                 problems.append(
                     f"elastic.fault_injection.{i}.replica: {fault.replica} is not a replica group "
                     f"(there are {self.resources.replicas}: 0..{self.resources.replicas - 1})"
                 )
+            if (fault.replica, fault.at_step) in drills:  # the second could never fire
+                problems.append(
+                    f"elastic.fault_injection.{i}.at_step: group {fault.replica} already has a drill at step "
+                    f"{fault.at_step}; give each of its drills its own step"
+                )
+            drills.add((fault.replica, fault.at_step))
         if problems:
             # A ValueError raised here carries no location, so the field names are in the text; one problem a
             # line (the messages themselves use "; " between a problem and its fix).

@@ -122,6 +122,14 @@ def test_a_whole_job_problem_is_one_line_with_its_fix():
     assert found[1].startswith("elastic.fault_injection.0.replica:"), found
 
 
+def test_two_drills_on_one_group_at_one_step_are_refused():
+    drills = [{"replica": 1, "at_step": 9}, {"replica": 0, "at_step": 9}, {"replica": 1, "at_step": 9, "kind": "term"}]
+    found = problems(minimal(resources={"replicas": 2}, elastic={"fault_injection": drills}))
+    assert found == [
+        "elastic.fault_injection.2.at_step: group 1 already has a drill at step 9; give each of its drills its own step"
+    ], found
+
+
 def test_replica_bounds_and_algorithm_choice():
     assert any(
         "min_replicas <= replicas <= max_replicas" in p

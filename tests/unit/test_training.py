@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import blobs_table, rejoined, slow_until
+from tests.conftest import blobs_table, rejoined, slow_until, slow_while
 from trainyard.errors import TrainingError
 from trainyard.home import job_dir, new_job_id
 from trainyard.spec import parse_job
-from trainyard.training import supervisor
+from trainyard.training import supervisor, trainer
 from trainyard.training.plan import TrainingPlan
 
 
@@ -138,6 +138,31 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_p
     assert 0 < recovery["recovery_seconds"] < 60
     params = sum(t.numel() for t in survivor.values())
     assert recovery["bytes_moved"] >= 3 * 4 * params  # parameters and Adam's two moments, float32
+
+
+def test_each_drill_on_a_group_fires_once_in_the_attempt_that_reaches_its_step(trainyard_home, tmp_path):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
+        elastic={
+            "fault_injection": [
+                {"replica": 1, "at_step": 300, "kind": "kill"},  # listed out of order: played by step
+                {"replica": 1, "at_step": 15, "kind": "kill"},
+            ]
+        },
+    )
+    first, second = folder / "replicas/1/attempt-1", folder / "replicas/1/attempt-2"
+    # Slow while a restart comes back: the first before the survivor reaches step 300 (a drill whose step
+    # a restart heals past is not played), the second before it finishes
+    step = lambda attempt: json.loads((attempt / "heartbeat.json").read_text())["step"]  # noqa: E731
+    with slow_while(tmp_path / "slow", lambda: not rejoined(first) or (step(first) >= 300 and not rejoined(second))):
+        outcome, handle = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    assert [(f["replica"], f["step"]) for f in outcome.failures] == [(1, 15), (1, 300)]
+    assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0), (1, 1), (1, 2)]
+    assert [r["source"] for r in outcome.recoveries] == ["peer", "peer"]
+    assert trainer.drills(job, 1, 300) == {} and trainer.drills(job, 1, 0) == {15: "kill", 300: "kill"}
 
 
 @pytest.mark.timeout(120)  # a guard: the blocking sleep this replaced would sit out the 600 s

@@ -119,7 +119,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         _start_barrier(job_dir, replica, plan.num_replicas)
     ddp = SafeDistributedDataParallel(manager, model)
 
-    faults = {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and attempt == 0}
+    previous = _last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
+    faults = drills(job, replica, previous)
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
     first_batch_seconds = None
     heartbeat = Heartbeat(out / "heartbeat.json")
@@ -127,10 +128,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     recovery: dict | None = {"attempt": attempt, "joined": joining} if attempt > 0 or joining else None
     # Where this group must not start below: the job's furthest step for a restart or a group added
     # mid-job (one with nobody left to heal from would otherwise train the job alone from step 0).
-    if attempt > 0:
-        resume_floor = max(_last_step(attempt_dir(job_dir, replica, attempt - 1)), _job_step(job_dir))
-    else:
-        resume_floor = _job_step(job_dir) if joining else 0
+    resume_floor = max(previous, _job_step(job_dir)) if attempt > 0 or joining else 0
     every = job.elastic.checkpoint_every_steps
     checkpointer = checkpoint.Checkpointer(job, plan.job_id, every, out) if every else None
     if resume:
@@ -276,6 +274,14 @@ def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
             model.parameters(), lr=hp.learning_rate, momentum=hp.momentum, weight_decay=hp.weight_decay
         )
     return torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
+
+
+def drills(job: TrainingJob, replica: int, after_step: int) -> dict[int, str]:
+    """The failure drills (step: kind) an attempt of ``replica`` plays: those past ``after_step``, the step
+    its previous attempt reached (0 for the first). So each drill fires once: the attempt it ends
+    reported its step last, and the restart plays the next one (a drill whose step the restart heals
+    past is not played)."""
+    return {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and f.at_step > after_step}
 
 
 def _inject_fault(kind: str | None) -> None:
