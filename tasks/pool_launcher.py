@@ -6,7 +6,8 @@ idempotency key (job, group, attempt), so a retried launch never doubles a group
 stands in for a process's exit code; the group's heartbeat, progress and result still come through
 the job's folder. Killing a group cancels its run (the worker stops its process). A worker that died
 with its node never confirms a cancellation: such a run is marked Crashed after
-``CANCEL_CONFIRM_SECONDS``, so the supervisor resubmits the group instead of waiting on it forever.
+``CANCEL_CONFIRM_SECONDS`` (``TRAINYARD_CANCEL_CONFIRM_SECONDS``: longer where a worker takes longer to
+stop a run, as a pod's grace period), so the supervisor resubmits the group instead of waiting on it forever.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, Crashed
 
 from infra.apply import LAUNCHER_JOB_VARIABLES
+from trainyard import env_settings
 from trainyard.errors import SpecError
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import Resources
@@ -26,9 +28,10 @@ from trainyard.spec import Resources
 REPLICA_FLOW = "train-replica"
 # States are read at most this often per group: the supervisor polls ten times a second.
 STATE_CACHE_SECONDS = 1.0
-# A live worker stops a cancelled run's process in about a second; a silent group's run still
+# A live process worker stops a cancelled run's process in about a second; a silent group's run still
 # Cancelling after this long has lost its worker.
 CANCEL_CONFIRM_SECONDS = 15.0
+CANCEL_CONFIRM_SECONDS_ENV = "TRAINYARD_CANCEL_CONFIRM_SECONDS"
 _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2, StateType.CANCELLED: -15}
 
 
@@ -51,6 +54,7 @@ class WorkPoolLauncher:
 
     def __init__(self, deployment: str, resources: Resources):
         self.deployment, self.resources = deployment, resources
+        self.cancel_confirm_seconds = env_settings.seconds(CANCEL_CONFIRM_SECONDS_ENV, CANCEL_CONFIRM_SECONDS)
         self._states: dict[str, tuple[float, int | None]] = {}
         self._cancelled: dict[str, float] = {}  # run id -> when we asked for the cancellation
 
@@ -80,7 +84,7 @@ class WorkPoolLauncher:
             state = client.read_flow_run(proc.run_id).state
             code = _EXIT_CODES.get(state.type) if state else None
             asked = self._cancelled.get(proc.run_id)
-            if code is None and asked is not None and time.monotonic() - asked > CANCEL_CONFIRM_SECONDS:
+            if code is None and asked is not None and time.monotonic() - asked > self.cancel_confirm_seconds:
                 message = (
                     f"cancelled {time.monotonic() - asked:.0f} s ago and no worker stopped it:"
                     " presumed lost with its worker"

@@ -308,3 +308,29 @@ def test_trainyards_own_job_ids_are_valid(trainyard_home):
     job["output"] = {"s3_uri": "s3://bkt/out/"}
     assert training_pipeline.validate_parameters({"job": job, "job_id": job_id})["job_id"] == job_id
     assert job_dir(job_id).name == job_id
+
+
+def test_the_launcher_waits_for_a_cancellation_as_long_as_the_platform_says(monkeypatch):
+    pool_launcher = pytest.importorskip("tasks.pool_launcher")
+    from trainyard.errors import TrainyardError
+    from trainyard.spec import Resources
+
+    resources = Resources(work_pool=infra.GPU_POOL)
+    assert pool_launcher.WorkPoolLauncher("d", resources).cancel_confirm_seconds == 15.0
+    monkeypatch.setenv("TRAINYARD_CANCEL_CONFIRM_SECONDS", "45")  # pods with a 30 s grace period
+    assert pool_launcher.WorkPoolLauncher("d", resources).cancel_confirm_seconds == 45.0
+    for bad in ("soon", "0", "-3", "nan", "inf"):
+        monkeypatch.setenv("TRAINYARD_CANCEL_CONFIRM_SECONDS", bad)
+        with pytest.raises(TrainyardError, match=f"TRAINYARD_CANCEL_CONFIRM_SECONDS='{bad}' is not a number"):
+            pool_launcher.WorkPoolLauncher("d", resources)
+
+
+def test_a_silent_group_is_never_taken_for_hung_before_the_collectives_time_out(monkeypatch):
+    from trainyard import env_settings
+    from trainyard.training import supervisor
+
+    floor = supervisor.PG_TIMEOUT.total_seconds() + 2
+    monkeypatch.setenv(supervisor.SILENT_GROUP_SECONDS_ENV, "1")
+    assert env_settings.seconds(supervisor.SILENT_GROUP_SECONDS_ENV, 120, floor) == floor
+    monkeypatch.setenv(supervisor.SILENT_GROUP_SECONDS_ENV, "")
+    assert env_settings.seconds(supervisor.SILENT_GROUP_SECONDS_ENV, 120, floor) == 120

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from trainyard import algorithms, launch
+from trainyard import algorithms, env_settings, launch
 from trainyard.errors import TrainingError, TrainyardError
 from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle, ReplicaProcess
@@ -121,26 +121,27 @@ def train(
     """
     emit = on_event or (lambda kind, payload: None)
     job_dir = Path(handle.job_dir)
+    # Below the collective timeout a group waiting on a dead peer would be taken for hung. Read before the
+    # plan is written, which the groups wait for: a bad value fails the job before any training.
+    silent_limit = env_settings.seconds(SILENT_GROUP_SECONDS_ENV, SILENT_GROUP_SECONDS, PG_TIMEOUT.total_seconds() + 2)
     preflight(job, plan)
     plan.write(job_dir)
     write_json_atomic(job_dir / SUPERVISOR_FILE, {"pid": os.getpid()})
     try:
-        return _supervise(handle, plan, job, job_dir, on_progress, emit)
+        return _supervise(handle, plan, job, job_dir, on_progress, emit, silent_limit)
     finally:
         (job_dir / SUPERVISOR_FILE).unlink(missing_ok=True)
 
 
-def _supervise(handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_dir: Path, on_progress, emit):
+def _supervise(
+    handle: LaunchHandle, plan: TrainingPlan, job: TrainingJob, job_dir: Path, on_progress, emit, silent_limit: float
+):
     deadline = time.monotonic() + job.stopping.max_runtime_seconds
     stop_deadline: float | None = None
     live = {r.replica: r for r in handle.replicas}
     failures: list[dict] = []
     finished: dict[int, dict] = {}
     silenced: dict[tuple[int, int], tuple[float, float]] = {}  # (replica, attempt) -> (seconds silent, last beat)
-    # Below the collective timeout a group waiting on a dead peer would be taken for hung.
-    silent_limit = max(
-        float(os.environ.get(SILENT_GROUP_SECONDS_ENV) or SILENT_GROUP_SECONDS), PG_TIMEOUT.total_seconds() + 2
-    )
     epochs_seen = 0
     scaler = Scaler(handle, job, emit)
     # A failed group's restart waits out its backoff here, while the loop goes on watching the others

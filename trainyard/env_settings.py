@@ -1,0 +1,24 @@
+"""Settings of the machine rather than of a job, read from ``TRAINYARD_*`` environment variables: what
+a platform engineer sets on the workers (timeouts, the cache's cap is in ``cache``)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from trainyard.errors import TrainyardError
+
+
+def seconds(name: str, default: float, at_least: float = 0.0) -> float:
+    """The environment variable ``name`` as a number of seconds (``default`` where unset or empty),
+    never below ``at_least``. Anything but a positive number fails naming the variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return max(default, at_least)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise TrainyardError(f"{name}={text!r} is not a number of seconds; set a positive number, such as {default:g}")
+    return max(value, at_least)
