@@ -141,16 +141,17 @@ def to_arrays(
     # Block by block of rows, every feature at once: a block of x is filled while it is in cache, and no
     # column is first combined into one array. A 7.5M-row, 16-column table: 0.36 s -> 0.21 s (plus the
     # kernel's first touch of x's pages, which after a large parquet read took about 1 s here).
-    for batch in table.select(schema.features).to_batches(max_chunksize=BLOCK_ROWS):
-        block = x[start : start + batch.num_rows]
-        for i, column in enumerate(batch.columns):
-            values = _numeric_numpy(column)
-            with np.errstate(over="ignore"):  # an overflow becomes inf, which the check below names
+    # An overflow becomes inf, which the check below names (one errstate: entering one costs ~40 us)
+    with np.errstate(over="ignore"):
+        for batch in table.select(schema.features).to_batches(max_chunksize=BLOCK_ROWS):
+            block = x[start : start + batch.num_rows]
+            for i, column in enumerate(batch.columns):
+                values = _numeric_numpy(column)
                 block[:, i] = values  # converted to float32 as it is copied in
-            # Checked on the contiguous source, except for float64, where a value past float32's range
-            # becomes inf only in the copy.
-            bad[i] += np.count_nonzero(~np.isfinite(block[:, i] if values.dtype == np.float64 else values))
-        start += batch.num_rows
+                # Checked on the contiguous source, except for float64, where a value past float32's range
+                # becomes inf only in the copy.
+                bad[i] += np.count_nonzero(~np.isfinite(block[:, i] if values.dtype == np.float64 else values))
+            start += batch.num_rows
     for i, (name, count) in enumerate(zip(schema.features, bad.tolist(), strict=True)):
         if count:
             first = int(np.flatnonzero(~np.isfinite(x[:, i]))[0])
@@ -190,6 +191,10 @@ def _class_indices(col: pa.ChunkedArray, classes: list) -> tuple[np.ndarray, lis
     numeric = is_numeric(col.type) and not pa.types.is_boolean(col.type)
     if numeric and col.null_count == 0 and all(isinstance(c, int | float) and not isinstance(c, bool) for c in classes):
         raw = _numeric_numpy(col)  # vectorised: a Python loop over millions of labels takes seconds
+        if raw.dtype.kind in "iu" and classes == list(range(len(classes))):  # labels 0..K-1: their own index
+            known = (raw >= 0) & (raw < len(classes))
+            unknown = [] if known.all() else sorted({str(v.item()) for v in np.unique(raw[~known])})
+            return np.where(known, raw, 0).astype(np.int64), unknown
         values = np.asarray(classes, dtype=np.result_type(raw.dtype, *(type(c) for c in classes)))
         order = np.argsort(values, kind="stable")
         slot = np.clip(np.searchsorted(values[order], raw), 0, len(values) - 1)

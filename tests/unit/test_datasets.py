@@ -173,6 +173,7 @@ def test_prepare_writes_arrays(bucket, tmp_path):
     [
         (pa.array([3, 1, 2, 1, 3], pa.int64()), [1, 2, 3]),
         (pa.array([3, 1, 2, 1, 3], pa.int32()), [3, 2, 1]),  # declared in another order
+        (pa.array([2, 0, 1, 0], pa.uint8()), [0, 1, 2]),  # labels 0..K-1, each its own index
         (pa.array([1.0, 0.0, 1.0], pa.float32()), [0, 1]),  # float labels, integer classes
         (pa.array(["b", "a", "b"]), ["a", "b"]),
         (pa.array([True, False, True]), [False, True]),
@@ -191,6 +192,9 @@ def test_labels_outside_the_classes_are_named_whatever_their_type():
         table = pa.table({"x": pa.array(np.zeros(len(labels), np.float32)), "label": labels})
         with pytest.raises(DataError, match=r"label values \['5.*'\] are not among the classes"):
             datasets.to_arrays(table, datasets.Schema(["x"], "label", "classification", [0, 1]), "channel 'train'")
+    table = pa.table({"x": pa.array(np.zeros(4, np.float32)), "label": pa.array([0, -1, 1, 2])})
+    with pytest.raises(DataError, match=r"label values \['-1', '2'\] are not among the classes \[0, 1\]"):
+        datasets.to_arrays(table, datasets.Schema(["x"], "label", "classification", [0, 1]), "channel 'train'")
 
 
 def test_numeric_columns_do_not_wait_on_pandas(tmp_path):
