@@ -310,6 +310,18 @@ class LossMemory:
         self.loss = np.full(rows, np.nan, dtype=np.float32)
         self.epoch = np.full(rows, -1, dtype=np.int32)
         self.reused = 0
+        # the step, the reused count before it and what its writes replaced: a redone step starts from it
+        self._undo: tuple[int, int, list] | None = None
+
+    def begin(self, step: int) -> None:
+        """A step that did not commit is done again (torchft), with the same parameters: undo what its
+        first try remembered and counted, so the redo scores and keeps as the first try did (the training
+        forward's losses, in training mode, are not a scoring pass's) and its reused losses count once."""
+        if self._undo is not None and self._undo[0] == step:
+            _, self.reused, replaced = self._undo
+            for rows, loss, epoch in reversed(replaced):
+                self.loss[rows], self.epoch[rows] = loss, epoch
+        self._undo = (step, self.reused, [])
 
     def fresh(self, rows: np.ndarray, epoch: int) -> np.ndarray:
         """Which of ``rows`` have a loss recent enough to reuse at ``epoch``."""
@@ -317,6 +329,8 @@ class LossMemory:
         return (measured >= 0) & (epoch - measured <= self.max_age)
 
     def remember(self, rows: np.ndarray, losses: np.ndarray, epoch: int) -> None:
+        if self._undo is not None:
+            self._undo[2].append((rows, self.loss[rows], self.epoch[rows]))  # fancy indexing: copies
         self.loss[rows] = losses
         self.epoch[rows] = epoch
 
@@ -327,3 +341,4 @@ class LossMemory:
         if "memory_loss" in state:
             self.loss = state["memory_loss"].numpy().astype(np.float32)
             self.epoch = state["memory_epoch"].numpy().astype(np.int32)
+            self._undo = None  # a healed group's memory is its peer's

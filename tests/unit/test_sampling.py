@@ -446,3 +446,33 @@ def test_reused_losses_spare_scoring_passes_and_batches_stay_full(tmp_path, scor
         healed.memory.epoch, data.memory.epoch
     )
     assert torch.equal(healed.state_dict()["history"], data.state_dict()["history"])
+
+
+def test_a_redone_step_neither_reuses_its_first_trys_losses_nor_counts_them_twice(tmp_path):
+    """A step that did not commit is done again with the same parameters (torchft): it must score,
+    keep and count as if done once. Its first try remembered the candidates' losses, the kept ones'
+    from the training forward, which dropout makes differ from a scoring pass's."""
+    import torch
+
+    def train(redone: set[int]) -> tuple:
+        data, model, _ = reducible_step_data(tmp_path, beta=1.0, score="loss", reuse_loss_epochs=1)
+        torch.manual_seed(0)
+        torch.nn.init.normal_(model[-1].weight)
+        model = torch.nn.Sequential(torch.nn.Dropout(0.5), model)
+        batches = []
+        for step in range(16):  # epochs 0 and 1, 8 steps each
+            epoch, index = divmod(step, 8)
+            for _ in range(2 if step in redone else 1):
+                xb, yb, _ = data.batch(model, epoch, index, step, 1, 0, 1)
+                torch.manual_seed(step)  # the same dropout in both tries
+                data.trained(data.loss_fn(model(xb), yb))
+            batches.append(xb)
+        return data, batches
+
+    once, batches_once = train(set())
+    redone, batches_redone = train({3, 11})  # one step of each epoch did not commit
+    for step, (a, b) in enumerate(zip(batches_once, batches_redone, strict=True)):
+        assert torch.equal(a, b), step
+    assert np.array_equal(once.memory.loss, redone.memory.loss, equal_nan=True)
+    assert np.array_equal(once.memory.epoch, redone.memory.epoch)
+    assert redone.report() == once.report()  # losses_reused among them

@@ -73,6 +73,8 @@ class StepData:
             rows = _row_ids(side[:, -2:]) if self.memory else None
         if self.sifter is None:
             return xb.to(self.device), yb.to(self.device), global_count
+        if self.memory is not None:
+            self.memory.begin(step)
         keeps = self.sifter.keep_counts(member_sizes(self.sampler, index, slots, members), step)
         keep, global_count = keeps[rank], sum(keeps)
         labels = yb.numpy() if self.classification else None
