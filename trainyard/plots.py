@@ -25,7 +25,8 @@ def history_figure(history: list[dict], title: str) -> plt.Figure:
     fig, axes = plt.subplots(1, 3 if sifted else 2, figsize=(15 if sifted else 10, 4))
     loss_ax, metric_ax = axes[0], axes[1]
     epochs = [h["epoch"] for h in history]
-    for key in ("train_loss", "val_loss"):
+    # with sifting, train_loss is over the kept (harder) rows; candidate_loss over all the rows drawn
+    for key in ("train_loss", "candidate_loss", "val_loss"):
         if any(key in h for h in history):
             loss_ax.plot(epochs, [h.get(key) for h in history], marker="o", label=key)
     loss_ax.set(xlabel="epoch", ylabel="loss", title="loss")

@@ -12,6 +12,7 @@ HISTORY = [
     {
         "epoch": 2,
         "train_loss": 0.5,
+        "candidate_loss": 0.35,
         "val_loss": 0.5,
         "val_accuracy": 0.8,
         "kept_fraction": 0.5,
@@ -20,6 +21,7 @@ HISTORY = [
     {
         "epoch": 3,
         "train_loss": 0.4,
+        "candidate_loss": 0.3,
         "val_loss": 0.45,
         "val_accuracy": 0.85,
         "kept_fraction": 0.5,
@@ -36,6 +38,7 @@ def test_a_sifted_jobs_curves_plot_its_kept_fraction_overall_and_per_class_over_
     fig = plots.history_figure(HISTORY, "job")
     loss, metric, kept = fig.axes
     assert lines(loss)["train_loss"] == [0.9, 0.5, 0.4] and lines(metric)["val_accuracy"] == [0.6, 0.8, 0.85]
+    assert lines(loss)["candidate_loss"] == [None, 0.35, 0.3]  # over all the candidates drawn, once sifting started
     # epoch 1: sifting had not started (a gap); then the classes' own fractions around the overall one
     assert lines(kept) == {"all": [None, 0.5, 0.5], "class 0": [None, 0.3, 0.2], "class 1": [None, 0.7, 0.8]}
     plt.close(fig)

@@ -476,3 +476,25 @@ def test_a_redone_step_neither_reuses_its_first_trys_losses_nor_counts_them_twic
     assert np.array_equal(once.memory.loss, redone.memory.loss, equal_nan=True)
     assert np.array_equal(once.memory.epoch, redone.memory.epoch)
     assert redone.report() == once.report()  # losses_reused among them
+
+
+def test_an_epochs_candidate_loss_is_over_every_candidate_ranked_not_only_the_kept_ones(tmp_path):
+    """``train_loss`` is over the rows trained on, the hard ones the keep rule kept; ``candidate_loss``
+    is over the uniform draw of candidates, the loss an unsifted job's ``train_loss`` is over."""
+    import torch
+
+    data, model, x = reducible_step_data(tmp_path, beta=1.0)  # ranked by reducible loss, reported as loss
+    torch.manual_seed(0)
+    torch.nn.init.normal_(model[-1].weight)
+    kept_losses = []
+    for step in range(8):  # 64 candidates a step: the epoch ranks all 512 rows
+        for _ in range(2 if step == 3 else 1):  # step 3 did not commit and is done again
+            xb, yb, _ = data.batch(model, 0, step, step, 1, 0, 1)
+        kept_losses.append(data.loss_fn(model(xb), yb).detach())
+    y = torch.from_numpy(np.load(tmp_path / "train.filtered.npz")["y"])
+    with torch.no_grad():
+        every_row = float(data.loss_fn(model(torch.from_numpy(x)), y).mean())
+    metrics = data.epoch_metrics()
+    assert metrics["candidate_loss"] == pytest.approx(every_row, rel=1e-5)
+    assert float(torch.cat(kept_losses).mean()) > every_row  # what train_loss averages: the kept rows, harder
+    assert "candidate_loss" not in data.epoch_metrics()  # an epoch that ranked nothing has none

@@ -46,6 +46,9 @@ class StepData:
         self._class_names = [str(c) for c in plan.schema.get("classes") or []]
         self.loss_fn, self.meter = loss_fn, meter
         self._mark: tuple[int, int, dict, dict] = (0, 0, {}, {})  # the sifter's counts at the last epoch's end
+        # Each step's candidates ranked this epoch: their loss sum and count (a redone step's replaces its first
+        # try's). train_loss is over the kept rows, the hard ones; this is over what an unsifted job trains on.
+        self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
         self.memory = LossMemory(len(x), reuse) if reuse else None
@@ -84,6 +87,7 @@ class StepData:
             return xb[:keep].to(self.device), yb[:keep].to(self.device), global_count
         xb, yb = xb.to(self.device), yb.to(self.device)
         scores = self._losses(model, xb, yb, rows, epoch)
+        self._candidate_losses[step] = (float(scores.sum()), len(scores))
         if reference is not None:  # RHO-LOSS: what is left to learn, not noise the reference could not fit either
             scores = scores - reference
         chosen = self.sifter.select(scores, labels, keep, step, rank)
@@ -121,7 +125,8 @@ class StepData:
 
     def epoch_metrics(self) -> dict:
         """The kept fraction since the last call (an epoch's), overall and per class, of the candidates
-        the keep rule ranked (None before sifting started), when sifting is on."""
+        the keep rule ranked (None before sifting started), and their mean loss (``candidate_loss``, the
+        loss they were ranked by, without the reference loss), when sifting is on."""
         if self.sifter is None:
             return {}
         sifter = self.sifter
@@ -132,6 +137,10 @@ class StepData:
         scored, kept = sifter.scored - scored_then, sifter.kept - kept_then
         self._mark = (sifter.scored, sifter.kept, dict(sifter.kept_by_class), dict(sifter.scored_by_class))
         metrics = {"kept_fraction": kept / scored if scored else None}
+        if self._candidate_losses:
+            loss_sum, ranked = np.sum(list(self._candidate_losses.values()), axis=0)
+            metrics["candidate_loss"] = float(loss_sum / ranked)
+            self._candidate_losses = {}
         return metrics | ({"kept_fraction_by_class": self._named(by_class)} if by_class else {})
 
     def counts(self) -> dict | None:
