@@ -231,11 +231,11 @@ def test_the_class_balance_guard_swaps_as_the_loop_it_replaced():
     assert swapped > 100  # the cases exercise the swaps, not only batches that needed none
 
 
-def test_the_class_balance_guard_is_cheap_at_a_thousand_classes_and_keeps_every_floor():
+def test_the_class_balance_guard_keeps_every_floor_at_a_thousand_classes():
     """An ImageNet-like step: 4,096 of 8,192 candidates kept, 1,000 classes, some much easier than
-    others (the keep rule alone starves them). A guard in Python loops took 0.4 s a step here."""
+    others (the keep rule alone starves them). A guard in Python loops took 0.4 s a step here: the
+    test waited on it, its speed is not asserted (timings belong in benchmarks)."""
     import math
-    import time
 
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting
@@ -246,9 +246,7 @@ def test_the_class_balance_guard_is_cheap_at_a_thousand_classes_and_keeps_every_
     labels = rng.integers(0, 1000, 8192)
     sifter.history = (difficulty[labels] * rng.exponential(size=8192)).astype(np.float32)
     losses = difficulty[labels] * rng.exponential(size=8192)
-    started = time.process_time()
     chosen = sifter.select(losses, labels, 4096, step=1, group=0)
-    assert time.process_time() - started < 0.1
     assert len(chosen) == 4096
     kept = np.bincount(labels[chosen], minlength=1000)
     candidates = np.bincount(labels, minlength=1000)
