@@ -218,6 +218,11 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
     return {**model_summary(client, name, version, uri), "tags": dict(version.tags or {}), "card": version.description}
 
 
+# Each epoch's metrics logged to the run: the ones a job can stop or promote on, and sifting's
+# (candidate_loss: the mean loss of every candidate ranked, to compare with an unsifted run's train_loss).
+LOGGED_METRICS = (*METRICS, "candidate_loss", "kept_fraction")
+
+
 def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts):
     import mlflow
 
@@ -231,7 +236,7 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
     with mlflow.start_run(experiment_id=experiment_id, run_name=job_id, tags=run_tags) as run:
         mlflow.log_params(params)
         for entry in history:
-            metrics = {k: v for k, v in entry.items() if k in METRICS and v is not None}
+            metrics = {k: v for k, v in entry.items() if k in LOGGED_METRICS and v is not None}
             mlflow.log_metrics(metrics, step=entry["epoch"])
         for artifact in artifacts.values():
             mlflow.log_artifact(str(artifact))

@@ -59,6 +59,27 @@ def register(job, model, x, job_id, accuracy, tmp_path):
     )
 
 
+def test_each_epochs_metrics_are_logged_sifting_s_among_them(tracking, tmp_path):
+    job, model, x = trained()
+    history = [
+        {"epoch": 1, "train_loss": 0.5, "val_accuracy": 0.8, "kept_fraction": None, "group_train_flops": 9.0},
+        {"epoch": 2, "train_loss": 0.6, "candidate_loss": 0.4, "val_accuracy": 0.9, "kept_fraction": 0.5},
+    ]
+    info = registry.register(model, job, "job-m", x[:5], history, {}, {}, {})
+    client = mlflow.MlflowClient(tracking)
+    run_id = client.get_model_version(job.model_name, info["version"]).run_id
+    logged = {
+        k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)]
+        for k in client.get_run(run_id).data.metrics
+    }
+    assert logged == {
+        "train_loss": [(1, 0.5), (2, 0.6)],
+        "val_accuracy": [(1, 0.8), (2, 0.9)],
+        "candidate_loss": [(2, 0.4)],
+        "kept_fraction": [(2, 0.5)],
+    }
+
+
 def test_registered_model_predicts_on_any_batch_size(tracking, tmp_path):
     job, model, x = trained()
     info = register(job, model, x, "job-1", 0.9, tmp_path)
