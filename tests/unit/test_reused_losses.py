@@ -7,19 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import rejoined, slow_until
 from tests.unit.test_training import make_job, run
 from trainyard.status import sifting_section
 
 
-def test_two_groups_reuse_losses_score_a_fraction_and_agree_after_a_heal(trainyard_home):
+def test_two_groups_reuse_losses_score_a_fraction_and_agree_after_a_heal(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
-        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01},
+        # slow steps until the killed group is back: on a busy machine the survivor would finish first
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         sifting={"enabled": True, "beta": 1.0, "delay_steps": 5, "reuse_loss_epochs": 2},
         elastic={"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]},
     )
-    outcome, _ = run(job, job_id, folder, plan)
+    with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
+        outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed" and outcome.steps == 40 * 5
     sifting = outcome.sifting
     assert sifting["kept_fraction"] == pytest.approx(0.5, abs=0.02)  # batches stay full
