@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainyard import filtering
+from trainyard import filtering, reference_losses
 from trainyard.datasets import StagedData
 from trainyard.errors import DataError
 from trainyard.spec import Prefilter, Sifting
@@ -174,7 +174,7 @@ def test_a_regression_jobs_holdout_reference_losses_are_on_one_scale_the_kept_ro
         known[0].weight.copy_(torch.tensor([[1000.0, 0, 0, 0]]))
         known[0].bias.zero_()
     # each half's reference: a known model, so each row's error is known (the halves' labels differ in spread)
-    monkeypatch.setattr(filtering, "_reference", lambda *args: (known, 0))
+    monkeypatch.setattr(reference_losses, "_reference", lambda *args: (known, 0))
     config = Prefilter(drop_learnt_fraction=0.0, drop_unlearnable_fraction=0.05)
     result = filtering.prefilter(x, y, config, "regression", 1, with_losses=True)
     keep = result.keep
@@ -310,6 +310,6 @@ def test_a_regression_entrypoints_loss_gets_the_shape_its_model_gives():
     x = rng.normal(size=(200, 3)).astype(np.float32)
     y = (3 * x[:, 0] + rng.normal(scale=0.1, size=200)).astype(np.float32)
     algorithm = Algorithm(entrypoint="tests.unit.test_filtering:column_mse_build", task="regression")
-    loss = filtering.job_loss(algorithm, Hyperparameters(), x, y, 1)
+    loss = reference_losses.job_loss(algorithm, Hyperparameters(), x, y, 1)
     losses = loss(torch.zeros(200), torch.from_numpy(y))  # a built-in reference gives (N,)
     np.testing.assert_allclose(losses.numpy(), y**2, rtol=1e-6)
