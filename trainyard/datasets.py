@@ -42,13 +42,20 @@ class Schema:
         return len(self.classes) if self.task == "classification" else 1
 
 
-def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, required: list[str] = ()) -> pa.Table:
+def read_channel(
+    manifest: ChannelManifest,
+    layout: list[dict] | None = None,
+    required: list[str] = (),
+    columns: dict[str, list[str]] | None = None,
+) -> pa.Table:
     """Read every staged object of a channel into one table; an object without one of the ``required``
-    columns is named (concatenated, its rows would only show as missing values).
+    columns is named (concatenated, its rows would only show as missing values), as is one whose header
+    names a column twice or, in CSV, appears again among its rows.
 
     When ``layout`` is given, one ``{"id", "start", "end", "row_groups"}`` entry per object is
     appended to it: where each object's rows lie in the table (what sharding divides, and what names
-    the object holding a bad row).
+    the object holding a bad row). ``columns``, when given, is filled with each object's column names
+    by URI, for checks that need the schema first (the features inferred from the table).
     """
     reader = _READERS[manifest.format]
     tables = []
@@ -74,6 +81,7 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
             if layout is not None:
                 layout.append({"id": obj.uri, "start": start, "end": start, "row_groups": None, "etag": obj.etag})
             continue
+        _check_header(obj.uri, table, manifest.format)
         read.append(obj)
         tables.append(table)
         if layout is not None:
@@ -81,16 +89,80 @@ def read_channel(manifest: ChannelManifest, layout: list[dict] | None = None, re
             # the ETag: which bytes of the object these rows are (the id carries a pinned version)
             layout.append({"id": obj.uri, "start": start, "end": end, "row_groups": row_groups, "etag": obj.etag})
             start = end
-    check_objects_have(required, {obj.uri: t.column_names for obj, t in zip(read, tables, strict=True)})
+    names = {obj.uri: t.column_names for obj, t in zip(read, tables, strict=True)}
+    if columns is not None:
+        columns.update(names)
+    check_objects_have(required, names)
     if not tables:
         raise DataError(f"channel {manifest.name!r} ({manifest.uri}): every object is empty (0 bytes, or blank lines)")
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DataError(f"channel {manifest.name!r} ({manifest.uri}): objects disagree on columns ({exc})") from exc
+        raise _disagreement(f"channel {manifest.name!r} ({manifest.uri})", read, tables, exc) from exc
     if table.num_rows == 0:
         raise DataError(f"channel {manifest.name!r} ({manifest.uri}): the objects hold no rows")
     return table
+
+
+def _check_header(uri: str, table: pa.Table, fmt: str) -> None:
+    """Refuse an object whose columns cannot be told apart (a name twice in its header), or a CSV object
+    whose header line appears again among its rows (files joined with their headers): every column with
+    that line in it reads as text, which would fail later as "no numeric feature columns", or as objects
+    that disagree, naming neither the object nor the line."""
+    names = table.column_names
+    repeated = [name for name in dict.fromkeys(names) if names.count(name) > 1]
+    if repeated:
+        raise DataError(
+            f"{uri}: column {repeated[0]!r} appears {names.count(repeated[0])} times in its header (its columns are "
+            f"{names}); rename or drop the repeats"
+        )
+    if fmt == "csv" and (row := _header_row(table)) is not None:
+        raise DataError(
+            f"{uri}: its row {row} repeats the header ({','.join(names)}), so its columns read as text; "
+            "remove that line (were files with headers joined into one?)"
+        )
+
+
+def _header_row(table: pa.Table) -> int | None:
+    """The first row that repeats the table's column names, or None. Only a table with a text column can
+    have one, and only rows where that column holds its own name are compared in full."""
+    text = [i for i, f in enumerate(table.schema) if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    if not text:
+        return None
+    named = pc.fill_null(pc.equal(table.column(text[0]), table.column_names[text[0]]), False)
+    rows = pc.indices_nonzero(named)
+    if len(rows) == 0:
+        return None
+    candidates = table.take(rows)
+    repeats = pa.array(np.ones(len(rows), dtype=bool))
+    for i, name in enumerate(table.column_names):
+        same = pc.equal(pc.cast(candidates.column(i), pa.string()), name)
+        repeats = pc.and_(repeats, pc.fill_null(same, False))
+    hits = pc.indices_nonzero(repeats)
+    return rows[hits[0].as_py()].as_py() if len(hits) else None
+
+
+def _disagreement(where: str, objects: list, tables: list[pa.Table], exc: Exception) -> DataError:
+    """pyarrow's refusal to concatenate the objects' tables, as the first object whose column cannot take
+    the type the objects before it gave that column (a text value in a numeric column, say), named."""
+    seen: dict[str, tuple[pa.DataType, str]] = {}  # column -> its type so far, and the first object with it
+    for obj, table in zip(objects, tables, strict=True):
+        for column in table.schema:
+            if column.name not in seen:
+                seen[column.name] = (column.type, obj.uri)
+                continue
+            kept, first = seen[column.name]
+            try:
+                merged = pa.unify_schemas(
+                    [pa.schema([pa.field(column.name, kept)]), pa.schema([column])], promote_options="permissive"
+                )
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                return DataError(
+                    f"{obj.uri}: column {column.name!r} is {column.type}, but {kept} in {first}; make it one type in "
+                    "every object (a value that is not a number in a numeric column?)"
+                )
+            seen[column.name] = (merged.field(column.name).type, first)
+    return DataError(f"{where}: objects disagree on columns ({str(exc).splitlines()[0]})")
 
 
 def infer_schema(
@@ -238,7 +310,8 @@ def check_objects_have(required: list[str], columns: dict[str, list[str]]) -> No
         if lacking and len(lacking) < len(columns):
             raise DataError(
                 f"{lacking[0]}: no column {column!r} (its columns are {columns[lacking[0]]}), which the channel's "
-                "other objects have; every object needs the label and feature columns"
+                "other objects have; every object needs the label and feature columns (add it, or list the features "
+                "to train on in the channel's features)"
             )
 
 
@@ -292,8 +365,12 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         schema = Schema(**{k: v for k, v in streamed.schema.items() if k != "num_outputs"})
         paths["train"], rows["train"], layout = streamed.train_data, streamed.rows["train"], streamed.train_layout
     else:
-        train_table = read_channel(manifests["train"], layout, required_columns(channels["train"]))
+        columns: dict[str, list[str]] = {}
+        train_table = read_channel(manifests["train"], layout, required_columns(channels["train"]), columns)
         schema = infer_schema(train_table, channels["train"], task, layout=layout)
+        # Features the spec does not list are inferred from all the objects together: a column only some
+        # objects have would fail as the others' "missing values", naming an object that never had it.
+        check_objects_have(schema.features, columns)
     for name, manifest in manifests.items():
         if name not in ("train", "validation"):
             extra[name] = str(staging.mirror(manifest, out_dir / "channels" / name))

@@ -244,3 +244,38 @@ def test_missing_string_labels_in_csv_are_refused_not_made_classes(bucket, tmp_p
         DataError, match=rf"label 'label' has 3 missing.*the first in s3://{bucket}/csv/b.csv \(its row 2\)"
     ):
         datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d")
+
+
+@pytest.mark.parametrize(
+    "objects, message",
+    [
+        # the same name twice in one header: pyarrow's "Can't unify schema with duplicate field names" named no object
+        ({"a.csv": "f0,f0,label\n{rows}"}, r"a.csv: column 'f0' appears 2 times in its header"),
+        # a header line again among the rows (files joined with their headers): its columns read as text, which
+        # read as "no numeric feature columns" alone, or as "objects disagree on columns" beside a good object
+        ({"a.csv": "f0,f1,label\n{rows}f0,f1,label\n{rows}"}, r"a.csv: its row 12 repeats the header \(f0,f1,label\)"),
+        (
+            {"a.csv": "f0,f1,label\n{rows}", "b.csv": "f0,f1,label\nf0,f1,label\n{rows}"},
+            r"b.csv: its row 0 repeats the header .*remove that line",
+        ),
+        # an object with a column the others lack: inferred as a feature, it read as the others' missing values
+        (
+            {"a.csv": "f0,f1,label\n{rows}", "b.csv": "f0,f1,f2,label\n{extra}"},
+            r"a.csv: no column 'f2' \(its columns are \['f0', 'f1', 'label'\]\).*list the features",
+        ),
+        # a value that is not a number in a numeric column: the object and the column, not "objects disagree"
+        (
+            {"a.csv": "f0,f1,label\n{rows}", "b.csv": "f0,f1,label\noops,1,0\n{rows}"},
+            r"b.csv: column 'f0' is string, but double in s3://.*/a.csv; make it one type",
+        ),
+    ],
+    ids=["name-twice", "header-repeated", "header-repeated-in-one-of-two", "extra-column", "text-in-numbers"],
+)
+def test_csv_header_and_column_problems_name_the_object_and_the_fix(bucket, tmp_path, objects, message):
+    rows = "".join(f"{i / 10},{i % 3},{i % 2}\n" for i in range(12))
+    extra = "".join(f"{i / 10},{i % 3},{i},{i % 2}\n" for i in range(12))
+    for key, body in objects.items():
+        s3.client().put_object(Bucket=bucket, Key=f"csv/{key}", Body=body.format(rows=rows, extra=extra).encode())
+    manifest, channel = stage(bucket, tmp_path, "csv", prefix="csv/")
+    with pytest.raises(DataError, match=rf"^s3://{bucket}/csv/{message}"):
+        datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d")
