@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,13 @@ from trainyard.spec import Channel
 # A GET whose body breaks off mid-stream is not retried by botocore; these attempts cover it.
 STREAM_ATTEMPTS = 3
 ProgressFn = Callable[[int], None]
+# HEADs of parts (_part_sizes) in flight at once, over all objects: up to listing.MAX_CONCURRENT_OBJECTS
+# small objects are fetched at once, each needing its part sizes when the endpoint lists no parts, and the
+# GETs and these HEADs share the client's 32 connections (s3.py). Bounded per object only, 16 objects of 4
+# parts HEADed up to 64 at once: urllib3 opened a connection past the pool for each, and discarded it with a
+# "Connection pool is full" warning (36 in flight through a proxy, against moto).
+PART_HEADS_AT_ONCE = 8
+_part_heads = threading.BoundedSemaphore(PART_HEADS_AT_ONCE)
 
 
 def stage_channels(
@@ -328,11 +336,12 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
         parts = attrs.get("ObjectParts", {}).get("Parts") or []
         if len(parts) == count:
             return [p["Size"] for p in sorted(parts, key=lambda p: p["PartNumber"])]
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            heads = pool.map(
-                lambda n: client.head_object(Bucket=obj.bucket, Key=obj.key, PartNumber=n, **obj.version),
-                range(1, count + 1),
-            )
-            return [h["ContentLength"] for h in heads]
+
+        def head(number: int) -> dict:
+            with _part_heads:
+                return client.head_object(Bucket=obj.bucket, Key=obj.key, PartNumber=number, **obj.version)
+
+        with ThreadPoolExecutor(max_workers=min(count, PART_HEADS_AT_ONCE)) as pool:
+            return [h["ContentLength"] for h in pool.map(head, range(1, count + 1))]
     except ClientError:
         return None  # the endpoint cannot say: the size alone is checked

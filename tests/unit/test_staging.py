@@ -7,6 +7,9 @@ import errno
 import hashlib
 import io
 import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -373,3 +376,35 @@ def test_a_large_objects_requests_timing_out_or_dropped_are_named_and_transient(
     with pytest.raises(StorageError, match=f"s3://{bucket}/ch/a.bin: could not reach S3") as failed:
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert failed.value.transient
+
+
+def test_part_heads_stay_within_the_connection_pool_however_many_objects_need_them():
+    # An endpoint that answers GetObjectAttributes without the parts (moto) has each part HEADed, and up to
+    # MAX_CONCURRENT_OBJECTS small objects ask at once: bounded per object only, their HEADs overflowed the
+    # client's connection pool (urllib3's "Connection pool is full, discarding connection").
+    class PartsUnlisted:
+        def __init__(self):
+            self.lock, self.in_flight, self.most = threading.Lock(), 0, 0
+
+        def get_object_attributes(self, **kwargs):
+            return {"ObjectParts": {"TotalPartsCount": 4}}
+
+        def head_object(self, **kwargs):
+            with self.lock:
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
+            time.sleep(0.05)  # long enough for every object's HEADs to overlap
+            with self.lock:
+                self.in_flight -= 1
+            return {"ContentLength": 5 << 20 if kwargs["PartNumber"] < 4 else 1 << 19}
+
+    client = PartsUnlisted()
+    objects = [
+        listing.StagedObject("b", f"k{i}", 15 * 2**20 + 2**19, "0" * 32 + "-4")
+        for i in range(listing.MAX_CONCURRENT_OBJECTS)
+    ]
+    with ThreadPoolExecutor(max_workers=listing.MAX_CONCURRENT_OBJECTS) as pool:
+        sizes = list(pool.map(lambda obj: staging._part_sizes(client, obj), objects))
+    assert sizes == [[5 << 20] * 3 + [1 << 19]] * len(objects)
+    # room for them beside the objects' GETs
+    assert client.most + listing.MAX_CONCURRENT_OBJECTS <= s3._client_config().max_pool_connections, client.most
