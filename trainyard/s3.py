@@ -202,6 +202,24 @@ def bucket_missing(client, bucket: str) -> bool:
     return False
 
 
+def configured_region() -> str | None:
+    """The region the AWS configuration names (``AWS_DEFAULT_REGION``, the profile's), or None where it
+    names none: boto3 then signs for us-east-1 and follows S3's redirect to a bucket in another region."""
+    return _session_and_client()[0].region_name
+
+
+def bucket_region(client, bucket: str) -> str | None:
+    """The region S3 says ``bucket`` is in (HeadBucket's ``x-amz-bucket-region``, which S3 sends with a 403
+    too), or None where it says nothing (no such bucket, an unreachable endpoint)."""
+    try:
+        response = client.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        response = exc.response
+    except BotoCoreError:
+        return None
+    return response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+
+
 def disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` says a write found no space (or no quota) left: trying again will not help."""
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)

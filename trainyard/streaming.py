@@ -44,24 +44,37 @@ SAMPLE_ROWS = 20_000  # rows read at staging to fit the built-in models' feature
 UNIT_SUFFIX = ".rowgroup.npy"  # a kept row group: features then labels, two .npy records in one file
 
 
-def arrow_filesystem() -> pafs.S3FileSystem:
-    """pyarrow's S3 file system, configured from the same standard AWS settings boto3 resolves."""
+_bucket_regions: dict[str, str] = {}  # bucket -> region, as S3 said once in this process
+
+
+def arrow_filesystem(bucket: str | None = None) -> pafs.S3FileSystem:
+    """pyarrow's S3 file system, configured from the same standard AWS settings boto3 resolves, to read
+    ``bucket``. On AWS with no region configured, the region is the bucket's, asked of S3 (once per
+    bucket and process): boto3 follows S3's redirect to a bucket in another region, pyarrow does not, so
+    a bucket that file mode reads would fail in stream mode (301). Other endpoints take the region as is."""
     # As for boto3 (s3.py): the AWS SDK's own response-checksum check misfires on ranged GETs from
     # endpoints that send the whole object's checksum with each range. Set explicitly, it is kept.
     os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
     frozen = s3.credentials()
     client = s3.client()
     endpoint = urlparse(client.meta.endpoint_url)
-    kwargs: dict = {
-        "region": client.meta.region_name or "us-east-1",
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=8),
-    }
+    region = client.meta.region_name or "us-east-1"
+    if _on_aws(endpoint.hostname) and bucket and not s3.configured_region():
+        if bucket not in _bucket_regions and (found := s3.bucket_region(client, bucket)):
+            _bucket_regions[bucket] = found  # not kept where S3 said nothing: asked again next time
+        region = _bucket_regions.get(bucket, region)
+    kwargs: dict = {"region": region, "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=8)}
     if frozen:
         kwargs |= {"access_key": frozen.access_key, "secret_key": frozen.secret_key, "session_token": frozen.token}
-    if not endpoint.hostname.endswith("amazonaws.com"):
+    if not _on_aws(endpoint.hostname):
         # host[:port] only: Arrow takes no userinfo (botocore ignores any in the URL, so this does too)
         kwargs |= {"endpoint_override": endpoint.netloc.rpartition("@")[2], "scheme": endpoint.scheme}
     return pafs.S3FileSystem(**kwargs)
+
+
+def _on_aws(hostname: str | None) -> bool:
+    """Whether the S3 endpoint is AWS's own (pyarrow then finds it from the region)."""
+    return bool(hostname) and hostname.endswith("amazonaws.com")
 
 
 def describe(
@@ -78,10 +91,16 @@ def describe(
     if manifest.format != "parquet":
         raise DataError(f"channel {manifest.name!r}: mode stream reads parquet row groups; set format parquet")
     where = f"channel {manifest.name!r} ({manifest.uri})"
-    filesystem = arrow_filesystem()
+    filesystems: dict[str, pafs.S3FileSystem] = {}  # by bucket: a manifest's buckets may be in other regions
+
+    def filesystem(bucket: str) -> pafs.S3FileSystem:
+        if bucket not in filesystems:
+            filesystems[bucket] = arrow_filesystem(bucket)
+        return filesystems[bucket]
+
     layout, start, sample, schemas = [], 0, [], {}
     for obj in manifest.objects:
-        parquet, size, etag = _open(filesystem, f"{obj.bucket}/{obj.key}")
+        parquet, size, etag = _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}")
         _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
         counts = _row_counts(parquet)
         layout.append(
@@ -122,13 +141,14 @@ def describe(
                 [pa.schema([schemas[o.uri].field(channel.label)]) for o in holding], promote_options="permissive"
             )
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # (dictionary and string, bool and int): as before,
-            label_type = None  # the first object's type, the others cast to it
+            label_type = pa.schema([schemas[holding[0].uri].field(channel.label)])  # the first object's type
+        by_bucket: dict[str, list[str]] = {}
+        for o in holding:
+            by_bucket.setdefault(o.bucket, []).append(f"{o.bucket}/{o.key}")
         try:
-            labels = pq.read_table(
-                [f"{o.bucket}/{o.key}" for o in holding],
-                columns=[channel.label],
-                schema=label_type,
-                filesystem=filesystem,
+            labels = pa.concat_tables(
+                pq.read_table(paths, columns=[channel.label], schema=label_type, filesystem=filesystem(bucket))
+                for bucket, paths in by_bucket.items()
             )
         except (OSError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise read_error(exc, where, "the label column cannot be read") from exc
@@ -206,7 +226,7 @@ class RowGroupSource:
         self._objects = {o["id"]: o for o in layout}
         self._schema = datasets.Schema(schema["features"], schema["label"], schema["task"], schema["classes"])
         self._cache_dir = cache_dir
-        self._fs: pafs.S3FileSystem | None = None
+        self._fs: dict[str, pafs.S3FileSystem] = {}  # by bucket (arrow_filesystem)
         self._signer: tuple | None = None  # the credentials self._fs signs with
         self._files: OrderedDict[str, pq.ParquetFile] = OrderedDict()
         self._lock = threading.Lock()
@@ -246,11 +266,13 @@ class RowGroupSource:
         if signer != self._signer:
             # Credentials that expire (an assumed role, an instance profile) were refreshed since the
             # file system was made with them: a new one signs with the new ones.
-            self._fs, self._signer = None, signer
+            self._fs, self._signer = {}, signer
             self._files.clear()
         if uri not in self._files:
-            self._fs = self._fs or arrow_filesystem()
-            parquet, size, etag = _open(self._fs, uri[5:])
+            bucket = uri[5:].partition("/")[0]
+            if bucket not in self._fs:
+                self._fs[bucket] = arrow_filesystem(bucket)
+            parquet, size, etag = _open(self._fs[bucket], uri[5:])
             _check_unchanged(parquet, size, etag, self._objects[uri], "staged")
             self._files[uri] = parquet
             while len(self._files) > self.OPEN_OBJECTS:
