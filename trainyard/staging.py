@@ -330,10 +330,16 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
     if not count:
         return None
     try:
-        attrs = client.get_object_attributes(
-            Bucket=obj.bucket, Key=obj.key, ObjectAttributes=["ObjectParts"], MaxParts=count, **obj.version
-        )
-        parts = attrs.get("ObjectParts", {}).get("Parts") or []
+        parts, marker = [], {}
+        while True:  # S3 lists at most 1,000 parts an answer; an object may have 10,000
+            attrs = client.get_object_attributes(
+                Bucket=obj.bucket, Key=obj.key, ObjectAttributes=["ObjectParts"], MaxParts=1000, **marker, **obj.version
+            )
+            listed = attrs.get("ObjectParts", {})
+            parts += listed.get("Parts") or []
+            if not listed.get("IsTruncated") or not listed.get("NextPartNumberMarker") or len(parts) >= count:
+                break
+            marker = {"PartNumberMarker": listed["NextPartNumberMarker"]}
         if len(parts) == count:
             return [p["Size"] for p in sorted(parts, key=lambda p: p["PartNumber"])]
 

@@ -408,3 +408,27 @@ def test_part_heads_stay_within_the_connection_pool_however_many_objects_need_th
     assert sizes == [[5 << 20] * 3 + [1 << 19]] * len(objects)
     # room for them beside the objects' GETs
     assert client.most + listing.MAX_CONCURRENT_OBJECTS <= s3._client_config().max_pool_connections, client.most
+
+
+def test_the_parts_of_an_object_with_over_a_thousand_are_listed_page_by_page_not_headed():
+    # S3 lists at most 1,000 parts an answer: an object of 2,500 parts has its sizes in three pages, not
+    # from 2,500 HEADs.
+    class Paged:
+        def __init__(self):
+            self.pages, self.heads = [], 0
+
+        def get_object_attributes(self, MaxParts, PartNumberMarker=0, **kwargs):
+            self.pages.append(PartNumberMarker)
+            numbers = range(PartNumberMarker + 1, min(PartNumberMarker + MaxParts, 2500) + 1)
+            parts = [{"PartNumber": n, "Size": 5 << 20 if n < 2500 else 7} for n in numbers]
+            more = numbers[-1] < 2500
+            return {"ObjectParts": {"Parts": parts, "IsTruncated": more, "NextPartNumberMarker": numbers[-1]}}
+
+        def head_object(self, **kwargs):
+            self.heads += 1
+            raise AssertionError("listed parts need no HEAD")
+
+    client = Paged()
+    obj = listing.StagedObject("b", "k", 2499 * (5 << 20) + 7, "0" * 32 + "-2500")
+    assert staging._part_sizes(client, obj) == [5 << 20] * 2499 + [7]
+    assert client.pages == [0, 1000, 2000] and client.heads == 0
