@@ -587,10 +587,10 @@ def print_report(facts: list[tuple[str, str]], rows: list[Row], targets: list[Ta
         )
     if rows:  # none when only the stream section ran
         console.print(table)
-    console.print(
-        "Cold times are whole processes (interpreter start and imports included, for both tools); "
-        "'in stage_channels' excludes them. Warm re-stage: in stage_channels (whole process)."
-    )
+        console.print(
+            "Cold times are whole processes (interpreter start and imports included, for both tools); "
+            "'in stage_channels' excludes them. Warm re-stage: in stage_channels (whole process)."
+        )
     for row in rows:
         runs = "; ".join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in row.runs.items())
         console.print(f"  {row.channel} runs (s): {runs}", highlight=False)
