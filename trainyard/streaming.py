@@ -16,6 +16,7 @@ It is mapped back read-only (``np.memmap``), not read: see ``_load``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -91,12 +92,7 @@ def describe(
     if manifest.format != "parquet":
         raise DataError(f"channel {manifest.name!r}: mode stream reads parquet row groups; set format parquet")
     where = f"channel {manifest.name!r} ({manifest.uri})"
-    filesystems: dict[str, pafs.S3FileSystem] = {}  # by bucket: a manifest's buckets may be in other regions
-
-    def filesystem(bucket: str) -> pafs.S3FileSystem:
-        if bucket not in filesystems:
-            filesystems[bucket] = arrow_filesystem(bucket)
-        return filesystems[bucket]
+    filesystem = functools.cache(arrow_filesystem)  # one per bucket: a manifest's may be in other regions
 
     layout, start, sample, schemas = [], 0, [], {}
     for obj in manifest.objects:
