@@ -357,8 +357,8 @@ class Sifting(_Model):
 class FaultInjection(_Model):
     """A failure drill: what to do to which replica group at which step.
 
-    A group may have several: each fires once, in the attempt that reaches its step (the restart after
-    one drill plays the next).
+    A group may have several: each fires once, at the first step the group is at or past its own (the
+    restart after one drill plays the next).
     """
 
     replica: int = Field(ge=0, description="Replica group index.")

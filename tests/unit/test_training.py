@@ -140,7 +140,7 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_p
     assert recovery["bytes_moved"] >= 3 * 4 * params  # parameters and Adam's two moments, float32
 
 
-def test_each_drill_on_a_group_fires_once_in_the_attempt_that_reaches_its_step(trainyard_home, tmp_path):
+def test_each_drill_on_a_group_fires_once_at_the_first_step_at_or_past_its_own(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
@@ -153,16 +153,22 @@ def test_each_drill_on_a_group_fires_once_in_the_attempt_that_reaches_its_step(t
         },
     )
     first, second = folder / "replicas/1/attempt-1", folder / "replicas/1/attempt-2"
-    # Slow while a restart comes back: the first before the survivor reaches step 300 (a drill whose step
-    # a restart heals past is not played), the second before it finishes
+    # Slow while a restart comes back: the first before the survivor reaches step 300 (so that the drill
+    # there fires at its own step, not at once on the heal past it), the second before the job ends
     step = lambda attempt: json.loads((attempt / "heartbeat.json").read_text())["step"]  # noqa: E731
     with slow_while(tmp_path / "slow", lambda: not rejoined(first) or (step(first) >= 300 and not rejoined(second))):
         outcome, handle = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
-    assert [(f["replica"], f["step"]) for f in outcome.failures] == [(1, 15), (1, 300)]
+    # each at the first step the group was at or past its own: later only if it healed past it (under load)
+    assert [f["replica"] for f in outcome.failures] == [1, 1]
+    assert outcome.failures[0]["step"] >= 15 and outcome.failures[1]["step"] >= 300
     assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0), (1, 1), (1, 2)]
     assert [r["source"] for r in outcome.recoveries] == ["peer", "peer"]
     assert trainer.drills(job, 1, 300) == {} and trainer.drills(job, 1, 0) == {15: "kill", 300: "kill"}
+    # played at the first step at or past their own, the earliest first: a group healed past both plays both
+    drills = trainer.drills(job, 1, 0)
+    assert [trainer.due_drill(drills, step) for step in (14, 15, 16, 299, 302)] == [None, 15, 15, 15, 15]
+    assert trainer.due_drill({300: "kill"}, 299) is None and trainer.due_drill({300: "kill"}, 302) == 300
 
 
 @pytest.mark.timeout(120)  # a guard: the blocking sleep this replaced would sit out the 600 s
@@ -671,15 +677,19 @@ def test_without_checkpoints_a_lost_job_fails_and_says_why(trainyard_home):
     assert [(f["replica"], f["attempt"]) for f in info.value.failures] == [(0, 0)]
 
 
-def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_heal(trainyard_home):
+def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_heal(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
-        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01},
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.03}
+        | {"slow_while": str(tmp_path / "slow")},
         sifting={"enabled": True, "beta": 1.0, "delay_steps": 5, "reuse_loss_epochs": 0},  # score every candidate
-        elastic={"fault_injection": [{"replica": 1, "at_step": 60, "kind": "kill"}]},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]},
     )
-    outcome, _ = run(job, job_id, folder, plan)
+    # 60 ms steps (two forwards of 30 ms) until the restart is back: 170 steps left give it 10 s, where
+    # the restart takes 3-6 s; the rest at full speed
+    with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
+        outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
     # 128 candidates a step (64 * (1 + beta)): 5 steps an epoch over 600 rows, 64 kept a step
     assert outcome.steps == 40 * 5 and outcome.steps_per_epoch == 5

@@ -160,8 +160,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 stop = {"reason": "Left"}
             if stop or history.stop_reason or len(history.epochs) >= hp.epochs:
                 break
-            heartbeat.beat(manager.current_step(), force=manager.current_step() in faults)
-            _inject_fault(faults.get(manager.current_step()))
+            due = due_drill(faults, manager.current_step())
+            heartbeat.beat(manager.current_step(), force=due is not None)
+            _inject_fault(faults.pop(due) if due is not None else None)
             before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             if not leave_on_sigterm:
@@ -278,10 +279,17 @@ def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
 
 def drills(job: TrainingJob, replica: int, after_step: int) -> dict[int, str]:
     """The failure drills (step: kind) an attempt of ``replica`` plays: those past ``after_step``, the step
-    its previous attempt reached (0 for the first). So each drill fires once: the attempt it ends
-    reported its step last, and the restart plays the next one (a drill whose step the restart heals
-    past is not played)."""
+    its previous attempt reached (0 for the first). Each fires at the first step the attempt is at or past
+    its step, so each fires once: the attempt it ends reported that step last, and the restart plays the
+    next one (at once, if it healed past that one's step too)."""
     return {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and f.at_step > after_step}
+
+
+def due_drill(faults: dict[int, str], step: int) -> int | None:
+    """The step of the drill to play at ``step``: the earliest at or before it, None if none. At or past,
+    not only at: a group that healed past a drill's step (a late start on a busy machine, a quorum it
+    missed) still plays it, so every drill fires, whatever the timing."""
+    return min((at for at in faults if at <= step), default=None)
 
 
 def _inject_fault(kind: str | None) -> None:
