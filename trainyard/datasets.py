@@ -110,16 +110,22 @@ def _check_header(uri: str, table: pa.Table, fmt: str) -> None:
     that line in it reads as text, which would fail later as "no numeric feature columns", or as objects
     that disagree, naming neither the object nor the line."""
     names = table.column_names
+    check_unique_columns(uri, names)
+    if fmt == "csv" and (row := _header_row(table)) is not None:
+        raise DataError(
+            f"{uri}: its row {row} repeats the header ({','.join(names)}), so its columns read as text; "
+            "remove that line (were files with headers joined into one?)"
+        )
+
+
+def check_unique_columns(uri: str, names: list[str]) -> None:
+    """Refuse an object that names a column twice: which of the two is the feature or the label would be
+    a guess (pyarrow's, by position), so the object is named instead."""
     repeated = [name for name in dict.fromkeys(names) if names.count(name) > 1]
     if repeated:
         raise DataError(
             f"{uri}: column {repeated[0]!r} appears {names.count(repeated[0])} times in its header (its columns are "
             f"{names}); rename or drop the repeats"
-        )
-    if fmt == "csv" and (row := _header_row(table)) is not None:
-        raise DataError(
-            f"{uri}: its row {row} repeats the header ({','.join(names)}), so its columns read as text; "
-            "remove that line (were files with headers joined into one?)"
         )
 
 

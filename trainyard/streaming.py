@@ -98,6 +98,7 @@ def describe(
     for obj in manifest.objects:
         parquet, size, etag = _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}")
         _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
+        datasets.check_unique_columns(obj.uri, parquet.schema_arrow.names)
         counts = _row_counts(parquet)
         layout.append(
             {

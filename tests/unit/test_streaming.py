@@ -369,6 +369,12 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
     misspelled = declared.model_copy(update={"label": "labl"})
     with pytest.raises(DataError, match=r"label column 'labl' not found.*set inputs.train.label"):
         streaming.describe(manifest, misspelled, "classification", tmp_path / "data")
+    # an object naming a column twice is named, as file mode names it: which one is the feature would be a guess
+    twice = pa.Table.from_arrays([table["f0"], table["f0"], table["label"]], names=["f0", "f0", "label"])
+    put_parquet(s3_endpoint, bucket, "t/b.parquet", twice, 50)
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    with pytest.raises(DataError, match=rf"s3://{bucket}/t/b.parquet: column 'f0' appears 2 times in its header"):
+        streaming.describe(manifest, declared, "classification", tmp_path / "data")
 
 
 def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_again(s3_endpoint, tmp_path, monkeypatch):
