@@ -113,7 +113,8 @@ def _check_header(uri: str, table: pa.Table, fmt: str) -> None:
     check_unique_columns(uri, names)
     if fmt == "csv" and (row := _header_row(table)) is not None:
         raise DataError(
-            f"{uri}: its row {row} repeats the header ({','.join(names)}), so its columns read as text; "
+            f"{uri}: its data row {row + 1} (counting from 1, after the header) repeats the header "
+            f"({','.join(names)}), so its columns read as text; "
             "remove that line (were files with headers joined into one?)"
         )
 
@@ -300,10 +301,11 @@ def check_labels(table: pa.Table, label: str, where: str, layout: list[dict] | N
 
 
 def _first_in(layout: list[dict] | None, row: int) -> str:
-    """``", the first in <object> (row N of it)"`` for a row of a channel's table, given its layout."""
+    """``", the first in <object> (its data row N)"`` for a row of a channel's table, given its layout; N
+    counts from 1, as a person reading the file counts (a CSV's header line not among them)."""
     for entry in layout or ():
         if entry["start"] <= row < entry["end"]:
-            return f", the first in {entry['id']} (its row {row - entry['start']})"
+            return f", the first in {entry['id']} (its data row {row - entry['start'] + 1}, counting from 1)"
     return ""
 
 

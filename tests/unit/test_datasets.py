@@ -222,7 +222,8 @@ def test_bad_rows_and_missing_columns_name_their_object(bucket, tmp_path):
     put_table(bucket, "ch/b.parquet", pa.table({"f0": [1.0, float("nan"), 3.0], "label": ["cat", "dog", "cat"]}))
     manifest, channel = stage(bucket, tmp_path)
     with pytest.raises(
-        DataError, match=rf"feature 'f0' has 1 missing.*the first in s3://{bucket}/ch/b.parquet \(its row 1\)"
+        DataError,
+        match=rf"feature 'f0' has 1 missing.*the first in s3://{bucket}/ch/b.parquet \(its data row 2, counting from 1",
     ):
         datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d1")
     # an object without the label column: named as such, not as rows with missing labels
@@ -241,7 +242,8 @@ def test_missing_string_labels_in_csv_are_refused_not_made_classes(bucket, tmp_p
     s3.client().put_object(Bucket=bucket, Key="csv/b.csv", Body=body.encode())
     manifest, channel = stage(bucket, tmp_path, "csv", prefix="csv/")
     with pytest.raises(
-        DataError, match=rf"label 'label' has 3 missing.*the first in s3://{bucket}/csv/b.csv \(its row 2\)"
+        DataError,
+        match=rf"label 'label' has 3 missing.*the first in s3://{bucket}/csv/b.csv \(its data row 3, counting from 1\)",
     ):
         datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d")
 
@@ -253,10 +255,13 @@ def test_missing_string_labels_in_csv_are_refused_not_made_classes(bucket, tmp_p
         ({"a.csv": "f0,f0,label\n{rows}"}, r"a.csv: column 'f0' appears 2 times in its header"),
         # a header line again among the rows (files joined with their headers): its columns read as text, which
         # read as "no numeric feature columns" alone, or as "objects disagree on columns" beside a good object
-        ({"a.csv": "f0,f1,label\n{rows}f0,f1,label\n{rows}"}, r"a.csv: its row 12 repeats the header \(f0,f1,label\)"),
+        (
+            {"a.csv": "f0,f1,label\n{rows}f0,f1,label\n{rows}"},
+            r"a.csv: its data row 13 \(counting from 1, after the header\) repeats the header \(f0,f1,label\)",
+        ),
         (
             {"a.csv": "f0,f1,label\n{rows}", "b.csv": "f0,f1,label\nf0,f1,label\n{rows}"},
-            r"b.csv: its row 0 repeats the header .*remove that line",
+            r"b.csv: its data row 1 \(counting from 1, after the header\) repeats the header .*remove that line",
         ),
         # an object with a column the others lack: inferred as a feature, it read as the others' missing values
         (
