@@ -10,6 +10,7 @@ and history continue where the others are. Stopping decisions use only values ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,6 +40,7 @@ MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 LIGHTHOUSE_ENV = "TRAINYARD_LIGHTHOUSE"  # set by the train-replica flow from its parameter
 COUNTS_FILE = "counts.json"
+DRILL_FILE = "drill.json"  # the drill an attempt played: {at_step, step}
 STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
 """Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
 
@@ -120,7 +122,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     ddp = SafeDistributedDataParallel(manager, model)
 
     previous = _last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
-    faults = drills(job, replica, previous)
+    faults = drills(job, replica, played_drills(job_dir, replica, attempt))
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
     first_batch_seconds = None
     heartbeat = Heartbeat(out / "heartbeat.json")
@@ -162,7 +164,10 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 break
             due = due_drill(faults, manager.current_step())
             heartbeat.beat(manager.current_step(), force=due is not None)
-            _inject_fault(faults.pop(due) if due is not None else None)
+            if due is not None:
+                # recorded first: the restart plays the drills left, whatever step this one ends at
+                write_json_atomic(out / DRILL_FILE, {"at_step": due, "step": manager.current_step()})
+                _inject_fault(faults.pop(due))
             before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             if not leave_on_sigterm:
@@ -277,18 +282,25 @@ def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
 
 
-def drills(job: TrainingJob, replica: int, after_step: int) -> dict[int, str]:
-    """The failure drills (step: kind) an attempt of ``replica`` plays: those past ``after_step``, the step
-    its previous attempt reached (0 for the first). Each fires at the first step the attempt is at or past
-    its step, so each fires once: the attempt it ends reported that step last, and the restart plays the
-    next one (at once, if it healed past that one's step too)."""
-    return {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and f.at_step > after_step}
+def drills(job: TrainingJob, replica: int, played: set[int]) -> dict[int, str]:
+    """The failure drills (step: kind) an attempt of ``replica`` plays: those its earlier attempts did not
+    (``played``, their steps), so each fires once."""
+    return {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and f.at_step not in played}
+
+
+def played_drills(job_dir: Path, replica: int, attempt: int) -> set[int]:
+    """The steps of the drills ``replica``'s attempts before ``attempt`` played (each records its own)."""
+    played = set()
+    for earlier in range(attempt):
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):  # none: it ended without one
+            played.add(json.loads((attempt_dir(job_dir, replica, earlier) / DRILL_FILE).read_text())["at_step"])
+    return played
 
 
 def due_drill(faults: dict[int, str], step: int) -> int | None:
     """The step of the drill to play at ``step``: the earliest at or before it, None if none. At or past,
     not only at: a group that healed past a drill's step (a late start on a busy machine, a quorum it
-    missed) still plays it, so every drill fires, whatever the timing."""
+    missed, a restart) still plays it, so every drill fires, whatever the timing."""
     return min((at for at in faults if at <= step), default=None)
 
 
