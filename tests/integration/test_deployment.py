@@ -63,9 +63,9 @@ def deployed(prefect_server, tmp_path_factory):
     finally:
         for worker in workers:
             worker.terminate()
-        # One deadline for all four, not 30 s each: a worker still waiting on a flow run it is cancelling
-        # (the process pool's, after the withdrawn-group test) held the teardown ~90 s. What the tests
-        # check has been checked by now, so a worker still there is killed.
+        # One deadline for all four, not 30 s each: three of them outlived SIGTERM by 30 s each (90 s of
+        # teardown, measured on 2026-12-02). What the tests check has been checked by now, so a worker
+        # still there is killed.
         deadline = time.monotonic() + 10
         for worker in workers:
             try:
