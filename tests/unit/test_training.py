@@ -383,20 +383,20 @@ def test_sigterm_is_a_graceful_leave_and_the_others_go_on(trainyard_home):
 def slow_build(num_features, num_outputs, hyperparameters):
     """A model whose steps take at least ``step_sleep`` seconds (10 ms), so a survivor is still training
     when a restart comes back. With ``slow_while`` (a path; see ``tests.conftest.slow_until``), only
-    while that file exists. With ``build_waits_while`` (a path), the model is built only once that file
-    is gone."""
+    while that file exists; ``fast_step_sleep`` (0 s) while it does not. With ``build_waits_while`` (a
+    path), the model is built only once that file is gone."""
     import os
     import time
 
     pause, hold = hyperparameters.get("step_sleep", 0.01), hyperparameters.get("slow_while")
+    fast = hyperparameters.get("fast_step_sleep", 0.0)
     gate = hyperparameters.get("build_waits_while")
     while gate and os.path.exists(gate):  # a test holding a group back before its first quorum
         time.sleep(0.05)
 
     class Slow(torch.nn.Linear):
         def forward(self, x):
-            if hold is None or os.path.exists(hold):
-                time.sleep(pause)
+            time.sleep(pause if hold is None or os.path.exists(hold) else fast)
             return super().forward(x)
 
     return Slow(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
@@ -609,11 +609,21 @@ def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home,
     assert f"out/{job_id}/checkpoints/step-000000020.pt" in keys
 
 
-def test_groups_lost_together_all_resume_from_the_checkpoint_on_their_first_restart(trainyard_home, bucket):
+def test_groups_lost_together_all_resume_from_the_checkpoint_on_their_first_restart(trainyard_home, bucket, tmp_path):
     # Both groups die at the same step (one node, one power cut). Neither is a live peer for the other:
     # both restarts load the checkpoint at once, so max_attempts 2 is enough.
-    job, job_id, folder, plan = _checkpointed_job(trainyard_home, bucket, killed=[0, 1], retries={"max_attempts": 2})
-    outcome, handle = run(job, job_id, folder, plan)
+    hp = {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")}
+    # 10 ms steps up to the kill (the step-20 upload lands before 25). Once a restart is back, its steps
+    # take 1 s until the other is back too: on a busy machine (CI) the first restart back trained steps
+    # 21-40 alone before the second had imported torch, which then never committed a step.
+    hp |= {"step_sleep": 1.0, "fast_step_sleep": 0.01}
+    job, job_id, folder, plan = _checkpointed_job(
+        trainyard_home, bucket, killed=[0, 1], retries={"max_attempts": 2}, hyperparameters=hp
+    )
+    restarts = [folder / f"replicas/{r}/attempt-1" for r in (0, 1)]
+    one_back = lambda: any(rejoined(a) for a in restarts) and not all(rejoined(a) for a in restarts)  # noqa: E731
+    with slow_while(tmp_path / "slow", one_back):
+        outcome, handle = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed" and outcome.steps == 40
     assert sorted((r.replica, r.attempt, r.resumed) for r in handle.replicas) == [
         (0, 0, False),
