@@ -2,9 +2,9 @@
 
 S3 offers two records: the ETag, which is the MD5 of the bytes for a single-part upload (a
 multipart ETag, ``<md5 of part md5s>-<parts>``, is not), and the flexible checksums
-(``x-amz-checksum-crc32 | crc32c | crc64nvme | sha1 | sha256``) where the object has one. A
-full-object checksum covers the whole body; a composite one (``...-<parts>``) only its parts, so it
-cannot be checked against the whole file.
+(``x-amz-checksum-<algorithm>``, any of ``ALGORITHMS``) where the object has one. A full-object
+checksum covers the whole body; a composite one (``...-<parts>``) only its parts, so it cannot be
+checked against the whole file.
 """
 
 from __future__ import annotations
@@ -17,8 +17,16 @@ import zlib
 
 from awscrt import checksums as crt
 
-# The response fields boto3 returns for each algorithm.
-ALGORITHMS = ("CRC64NVME", "CRC32", "CRC32C", "SHA256", "SHA1")
+# S3's flexible checksum algorithms (its ChecksumAlgorithm values), as boto3 names the response
+# fields: Checksum<ALGORITHM>. An object has at most one.
+ALGORITHMS = ("CRC64NVME", "CRC32", "CRC32C", "SHA256", "SHA1", "SHA512", "MD5", "XXHASH64", "XXHASH3", "XXHASH128")
+_HASHLIB = {"SHA1": hashlib.sha1, "SHA256": hashlib.sha256, "SHA512": hashlib.sha512, "MD5": hashlib.md5}
+_CRCS = {"CRC32": (zlib.crc32, 4), "CRC32C": (crt.crc32c, 4), "CRC64NVME": (crt.crc64nvme, 8)}
+_XXHASH = {  # awscrt's, as botocore computes them
+    "XXHASH64": crt.XXHash.new_xxhash64,
+    "XXHASH3": crt.XXHash.new_xxhash3_64,
+    "XXHASH128": crt.XXHash.new_xxhash3_128,
+}
 
 
 class _Hasher:
@@ -26,23 +34,27 @@ class _Hasher:
 
     def __init__(self, algorithm: str):
         self.algorithm = algorithm
-        self._sha = {"SHA1": hashlib.sha1, "SHA256": hashlib.sha256}.get(algorithm)
-        self._state = self._sha(usedforsecurity=False) if self._sha else 0
+        self._crc, self._digest = _CRCS.get(algorithm), None
+        if algorithm in _HASHLIB:
+            self._state = _HASHLIB[algorithm](usedforsecurity=False)
+        elif algorithm in _XXHASH:
+            self._state = _XXHASH[algorithm]()
+        else:
+            self._state = 0
 
     def update(self, data: bytes) -> None:
-        if self._sha:
-            self._state.update(data)
-        elif self.algorithm == "CRC32":
-            self._state = zlib.crc32(data, self._state)
-        elif self.algorithm == "CRC32C":
-            self._state = crt.crc32c(data, self._state)
+        if self._crc:
+            self._state = self._crc[0](data, self._state)
         else:
-            self._state = crt.crc64nvme(data, self._state)
+            self._state.update(data)
 
     def digest(self) -> bytes:
-        if self._sha:
-            return self._state.digest()
-        return self._state.to_bytes(8 if self.algorithm == "CRC64NVME" else 4, "big")
+        if self._digest is None:  # once: an xxhash is finalized by it
+            if self._crc:
+                self._digest = self._state.to_bytes(self._crc[1], "big")
+            else:
+                self._digest = self._state.finalize() if self.algorithm in _XXHASH else self._state.digest()
+        return self._digest
 
     def b64digest(self) -> str:
         return base64.b64encode(self.digest()).decode()

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from trainyard.integrity import Digester, FollowingDigest
+from trainyard.integrity import ALGORITHMS, Digester, FollowingDigest
 
 
 def test_parts_written_out_of_order_are_digested_in_order(tmp_path):
@@ -90,3 +90,67 @@ def test_the_etag_of_an_encrypted_object_is_not_taken_for_its_md5():
     digester = Digester(plain.upper(), None)  # hex digits in either case
     digester.update(data)
     assert digester.result(len(data)) == (None, "size+md5")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_s3_checksum_algorithm_is_computed_as_botocore_computes_it(algorithm):
+    # botocore's classes are what an AWS SDK puts on an upload: S3 stores that value. The bytes come in
+    # uneven chunks, as a download's do; a composite checksum is the hash of its parts' digests.
+    from botocore import httpchecksum
+
+    # (its own table has the CRT ones only where its awscrt check passes: they are named here)
+    reference = {
+        "CRC64NVME": httpchecksum.CrtCrc64NvmeChecksum,
+        "CRC32": httpchecksum.Crc32Checksum,
+        "CRC32C": httpchecksum.CrtCrc32cChecksum,
+        "SHA256": httpchecksum.Sha256Checksum,
+        "SHA1": httpchecksum.Sha1Checksum,
+        "SHA512": httpchecksum.Sha512Checksum,
+        "MD5": lambda: _HashlibChecksum(hashlib.md5()),
+        "XXHASH64": httpchecksum.CrtXxhash64Checksum,
+        "XXHASH3": httpchecksum.CrtXxhash3Checksum,
+        "XXHASH128": httpchecksum.CrtXxhash128Checksum,
+    }[algorithm]
+    rng = random.Random(algorithm)
+    data = rng.randbytes(300_001)
+    whole = reference()
+    whole.update(data)
+    full = {"algorithm": algorithm, "value": whole.b64digest(), "type": "FULL_OBJECT"}
+    parts = [100_000, 100_000, 100_001]
+    digests = b""
+    for start, size in zip((0, 100_000, 200_000), parts, strict=True):
+        part = reference()
+        part.update(data[start : start + size])
+        digests += part.digest()
+    outer = reference()
+    outer.update(digests)
+    composite = {"algorithm": algorithm, "value": f"{outer.b64digest()}-3", "type": "COMPOSITE"}
+    name = algorithm.lower()
+    for checksum, sizes, checked in ((full, None, f"size+{name}"), (composite, parts, f"size+{name}-composite")):
+        digester = Digester("0" * 32 + "-3", checksum, sizes)
+        at = 0
+        while at < len(data):
+            step = rng.randint(1, 70_000)
+            digester.update(data[at : at + step])
+            at += step
+        assert digester.result(len(data)) == (None, checked)
+        wrong = Digester("0" * 32 + "-3", checksum, sizes)
+        wrong.update(data[:-1] + bytes([data[-1] ^ 1]))
+        problem, _ = wrong.result(len(data))
+        assert problem.startswith(f"{algorithm} ") and problem.endswith(checksum["value"].split("-")[0])
+
+
+class _HashlibChecksum:
+    """S3's MD5 flexible checksum (botocore has no class of its own for it), with botocore's interface."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def update(self, data: bytes) -> None:
+        self._state.update(data)
+
+    def digest(self) -> bytes:
+        return self._state.digest()
+
+    def b64digest(self) -> str:
+        return base64.b64encode(self._state.digest()).decode()

@@ -89,14 +89,27 @@ def test_an_object_changed_in_place_is_fetched_again(s3_endpoint, tmp_path):
     assert changed.digest != first.digest
 
 
-def test_flexible_checksums_are_verified(s3_endpoint, tmp_path):
-    s3_endpoint.skip_unless("checksum_sha256")
+@pytest.mark.parametrize("algorithm", integrity.ALGORITHMS)
+def test_flexible_checksums_are_verified(s3_endpoint, fault_proxy, tmp_path, algorithm):
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()
-    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000, ChecksumAlgorithm="SHA256")
+    data = hashlib.sha256(algorithm.encode()).digest() * 40
+    hasher = integrity._Hasher(algorithm)  # its agreement with botocore's is test_integrity's
+    hasher.update(data)
+    # the value given, as an SDK that computed it would send it: botocore computes no MD5 itself (and
+    # moto keeps a value only when the algorithm is named too)
+    sent = {"ChecksumAlgorithm": algorithm, f"Checksum{algorithm}": hasher.b64digest()}
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=data, **sent)
+    kept = client.head_object(Bucket=bucket, Key="ch/a.bin", ChecksumMode="ENABLED").get(f"Checksum{algorithm}")
+    if kept != hasher.b64digest():
+        pytest.skip(f"the {s3_endpoint.name} S3 endpoint does not keep an object's {algorithm} checksum")
     m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
-    assert m.objects[0].checksum["algorithm"] == "SHA256"
-    assert m.objects[0].verified_by == "size+sha256"  # not the MD5 as well: one digest is enough
+    assert m.objects[0].checksum["algorithm"] == algorithm
+    assert m.objects[0].verified_by == f"size+{algorithm.lower()}"  # not the MD5 as well: one digest is enough
+    client.put_object(Bucket=bucket, Key="ch/b.bin", Body=data, **sent)
+    fault_proxy.corrupt(2, method="GET", key="ch/b.bin")  # served bytes that differ from it, twice
+    with pytest.raises(DataError, match=rf"s3://{bucket}/ch/b.bin: downloaded bytes do not match.*{algorithm} "):
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
 
 
 def test_corrupted_bytes_are_fetched_again_then_the_object_is_named(s3_endpoint, fault_proxy, tmp_path):
