@@ -165,8 +165,12 @@ def test_corrupted_multipart_download_is_detected(s3_endpoint, fault_proxy, tmp_
     with pytest.raises(DataError, match=rf"s3://{bucket}/ch/big.bin: downloaded bytes do not match"):
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     fault_proxy.clear_faults()
-    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    before = fault_proxy.applied["corrupt"]
+    fault_proxy.corrupt(1, lambda method, target: method == "GET" and target.endswith("/ch/big.bin"))
+    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")  # one bad copy: fetched again, then good
+    assert fault_proxy.applied["corrupt"] == before + 1
     assert m.objects[0].verified_by in ("size+crc32-composite", "size+md5")
+    assert m.bytes_downloaded == 2 * m.objects[0].size
     assert Path(m.objects[0].path).read_bytes() == path.read_bytes()
 
 
