@@ -89,8 +89,10 @@ class ChannelManifest:
 def list_channel(name: str, channel: Channel) -> ChannelManifest:
     """List a channel's objects: every object under a prefix, one object, or those a manifest names."""
     try:
-        lister = _list_manifest if channel.s3_data_type == "manifest" else _list_prefix
-        objects = lister(channel.s3_uri)
+        if channel.s3_data_type == "manifest":
+            objects = _list_manifest(channel.s3_uri)
+        else:
+            objects = _list_prefix(channel.s3_uri, raw=channel.format == "raw")
     except (ClientError, BotoCoreError) as exc:
         raise s3.describe_error(exc, channel.s3_uri) from exc
     if not objects:
@@ -114,7 +116,8 @@ def check_relative_key(rel: str, uri: str) -> None:
         )
 
 
-def _list_prefix(uri: str) -> list[StagedObject]:
+def _list_prefix(uri: str, raw: bool = False) -> list[StagedObject]:
+    """Every data object under a prefix (``_is_data_key``), or the one object it names."""
     root = s3.S3Uri.parse(uri)
     client = s3.client()
     if root.key and not root.key.endswith("/"):
@@ -133,7 +136,7 @@ def _list_prefix(uri: str) -> list[StagedObject]:
                 if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 403:
                     raise
                 page = {}  # a role that may read the object but not list the bucket: it named an object
-            under = [o["Key"] for o in page.get("Contents", []) if _is_data_key(o["Key"][len(root.key) + 1 :])]
+            under = [o["Key"] for o in page.get("Contents", []) if _is_data_key(o["Key"][len(root.key) + 1 :], raw)]
             if under:
                 raise DataError(
                     f"{uri} is an object and also a prefix of objects (s3://{root.bucket}/{under[0]}, ...); end "
@@ -147,7 +150,7 @@ def _list_prefix(uri: str) -> list[StagedObject]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             rel = item["Key"][len(prefix) :]
-            if _is_data_key(rel):
+            if _is_data_key(rel, raw):
                 objects.append(StagedObject(root.bucket, item["Key"], item["Size"], item["ETag"].strip('"'), rel))
     return objects
 
@@ -281,15 +284,16 @@ def wrong_version(obj: StagedObject, response: dict) -> StorageError | None:
     return None
 
 
-def _is_data_key(rel: str) -> bool:
+def _is_data_key(rel: str, raw: bool = False) -> bool:
     """Whether a key (relative to the channel's prefix) is data: folder markers (``dir/``, EMR's
-    ``dir_$folder$``), and Spark/Hadoop side files and folders (``_SUCCESS``, ``.part-0.crc``,
-    ``_temporary/``, ``.spark-staging-1/``) are not.
-    ``.`` and ``..`` are left in, for ``check_relative_key`` to refuse by name."""
+    ``dir_$folder$``) are not, nor, in a table's channel, Spark/Hadoop side files and folders
+    (``_SUCCESS``, ``.part-0.crc``, ``_temporary/``, ``.spark-staging-1/``). A ``raw`` channel keeps
+    them: a custom entrypoint's ``_config.json`` or ``.vocab`` is its data, as SageMaker copies every
+    object under the prefix. ``.`` and ``..`` are left in, for ``check_relative_key`` to refuse by name."""
     parts = rel.split("/")
-    if parts[-1].endswith("_$folder$"):  # the folder markers of Hadoop's s3n and EMR
+    if not parts[-1] or parts[-1].endswith("_$folder$"):  # the folder markers of Hadoop's s3n and EMR
         return False
-    return bool(parts[-1]) and not any(p.startswith(("_", ".")) and p not in (".", "..") for p in parts)
+    return raw or not any(p.startswith(("_", ".")) and p not in (".", "..") for p in parts)
 
 
 def lineage_digest(objects: list[StagedObject]) -> str:

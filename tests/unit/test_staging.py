@@ -56,10 +56,11 @@ def test_small_objects_and_a_multipart_object_are_staged_and_verified(s3_endpoin
     for i in range(40):
         put_parquet(client, bucket, f"ch/part-{i:03d}.parquet", seed=i)
     big = put_big(client, bucket, "ch/zz-big.bin", tmp_path)
-    # Spark's side files and folders: a marker, an uncommitted task's output, a checksum file
+    # Spark's side files and folders, which a table's channel skips: a marker, an uncommitted task's
+    # output, a checksum file (see test_a_raw_channel_keeps_what_a_tables_channel_skips_as_side_files)
     for key in ("ch/_SUCCESS", "ch/_temporary/0/task/part-000.parquet", "ch/.part-000.parquet.crc"):
         client.put_object(Bucket=bucket, Key=key, Body=b"")
-    m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    m = stage(f"s3://{bucket}/ch/", tmp_path)
     assert len(m.objects) == 41 and m.objects[-1].key == "ch/zz-big.bin"
     assert m.bytes == m.bytes_downloaded == sum(o.size for o in m.objects)
     assert m.objects_downloaded == 41
@@ -69,11 +70,31 @@ def test_small_objects_and_a_multipart_object_are_staged_and_verified(s3_endpoin
         assert obj.verified_by == "size+crc32"  # boto3 uploads with a CRC32, which both endpoints keep
     assert json.loads((tmp_path / "train.json").read_text())["digest"] == m.digest
     # staged again, unchanged: nothing moves, the lineage digest is the same
-    again = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    again = stage(f"s3://{bucket}/ch/", tmp_path)
     assert (again.bytes_downloaded, again.objects_downloaded, again.digest) == (0, 0, m.digest)
     # and the manifest still has each object's checksum, and how it was checked when it was fetched
     assert [o.checksum for o in again.objects] == [o.checksum for o in m.objects]
     assert again.objects[0].checksum and again.objects[0].verified_by == "cache (size+crc32)"
+
+
+def test_a_raw_channel_keeps_what_a_tables_channel_skips_as_side_files(s3_endpoint, tmp_path):
+    # A custom entrypoint's files may start with '_' or '.': a raw channel mirrors every object under
+    # the prefix, as SageMaker does, but folder markers (an empty "folder" in a console, EMR's).
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    put_parquet(client, bucket, "ch/part-000.parquet")
+    kept = ("ch/_config.json", "ch/.vocab/words.txt", "ch/_SUCCESS")
+    # (rclone keeps "empty/" as a folder on its disk and lists it back as the key "ch/empty", 0 bytes)
+    markers = ("ch/old_$folder$", "ch/empty/") if s3_endpoint.name == "moto" else ("ch/old_$folder$",)
+    for key in (*kept, *markers):
+        client.put_object(Bucket=bucket, Key=key, Body=key.encode() if key in kept else b"")
+    raw = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert [o.rel for o in raw.objects] == [".vocab/words.txt", "_SUCCESS", "_config.json", "part-000.parquet"]
+    folder = staging.mirror(raw, tmp_path / "mirror")
+    assert (folder / "_config.json").read_bytes() == b"ch/_config.json"
+    assert (folder / ".vocab/words.txt").read_bytes() == b"ch/.vocab/words.txt"
+    table = stage(f"s3://{bucket}/ch/", tmp_path, format="parquet")
+    assert [o.rel for o in table.objects] == ["part-000.parquet"]
 
 
 def test_an_object_changed_in_place_is_fetched_again(s3_endpoint, tmp_path):
