@@ -91,6 +91,11 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     local = [p for p in job_dir(job_id).rglob("*") if p.is_file()]
     local += [p for p in Path(mlflow_uri.removeprefix("sqlite:///")).parent.rglob("*") if p.is_file()]
     assert not [p for p in local if secret.encode() in p.read_bytes()]
+    # nor in what was uploaded (the summary, the model's card, the carbon ledger)
+    uploaded = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix="output/")["Contents"]}
+    assert {f"output/{job_id}/summary.json", f"output/carbon-ledger/{job_id}.csv"} <= uploaded
+    body = lambda key: s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()  # noqa: E731
+    assert not [key for key in uploaded if secret.encode() in body(key)]
     assert keys == {
         f"output/{job_id}/model/model.pt",
         f"output/{job_id}/model/model.json",
