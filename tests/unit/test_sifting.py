@@ -437,3 +437,24 @@ def test_an_epochs_candidate_loss_is_over_every_candidate_ranked_not_only_the_ke
     assert metrics["candidate_loss"] == pytest.approx(every_row, rel=1e-5)
     assert float(torch.cat(kept_losses).mean()) > every_row  # what train_loss averages: the kept rows, harder
     assert "candidate_loss" not in data.epoch_metrics()  # an epoch that ranked nothing has none
+
+
+def test_validation_is_never_sifted(tmp_path):
+    # Validation scores every row once with the model as it is: no row is ranked, kept or passed over,
+    # no scoring FLOPs are counted, and the loss history the keep rule ranks against does not move.
+    import torch
+
+    from trainyard.training.epochs import evaluate
+
+    data, model, x = reducible_step_data(tmp_path, beta=1.0, score="loss", reuse_loss_epochs=0)
+    for step in range(4):
+        data.batch(model, 0, step, step, 1, 0, 1)
+    sifter = data.sifter
+    before = (sifter.history.copy(), data.report(), data.meter.scoring, data.meter.evaluation)
+    y = torch.from_numpy(np.load(tmp_path / "train.filtered.npz")["y"])
+    metrics = evaluate(model, data.loss_fn, torch.from_numpy(x), y, "classification", data.meter)
+    assert np.array_equal(sifter.history, before[0]) and data.report() == before[1]
+    assert data.meter.scoring == before[2] and data.meter.evaluation > before[3]  # counted as evaluation
+    with torch.no_grad():
+        every_row = float(data.loss_fn(model(torch.from_numpy(x)), y).mean())
+    assert metrics["val_loss"] == pytest.approx(every_row, rel=1e-6)  # over all 512 rows, none dropped
