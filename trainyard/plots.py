@@ -45,9 +45,14 @@ def history_figure(history: list[dict], title: str) -> plt.Figure:
 
 def _plot_kept_fraction(ax, epochs: list[int], history: list[dict]) -> None:
     """Sifting's kept fraction per epoch, overall and per class (of the candidates the keep rule ranked;
-    a gap where sifting had not started). The overall fraction is ``1 / (1 + beta)`` by construction;
+    a gap where sifting had not started). The overall fraction is ``1 / (1 + beta)`` by construction
+    (full batches); the dashed line is what the keep rule alone would have kept (the mean keep
+    probability), which falls while the losses fall faster than the history it ranks them against;
     the classes' show which ones the sifter found informative as training went on."""
     ax.plot(epochs, [h.get("kept_fraction") for h in history], marker="o", color="black", label="all")
+    if any(h.get("mean_keep_probability") is not None for h in history):
+        rule = [h.get("mean_keep_probability") for h in history]
+        ax.plot(epochs, rule, linestyle="--", color="grey", label="keep rule alone")
     classes = sorted({c for h in history for c in h.get("kept_fraction_by_class", {})})
     for cls in classes:
         fractions = [h.get("kept_fraction_by_class", {}).get(cls) for h in history]

@@ -220,7 +220,7 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
 
 # Each epoch's metrics logged to the run: the ones a job can stop or promote on, and sifting's
 # (candidate_loss: the mean loss of every candidate ranked, to compare with an unsifted run's train_loss).
-LOGGED_METRICS = (*METRICS, "candidate_loss", "kept_fraction")
+LOGGED_METRICS = (*METRICS, "candidate_loss", "kept_fraction", "mean_keep_probability")
 
 
 def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts):

@@ -68,6 +68,10 @@ class Sifter:
         self.skipped = 0
         self.kept_by_class: dict[str, int] = {}
         self.scored_by_class: dict[str, int] = {}
+        # The ranked candidates' keep probabilities, added up: the share smart sifting's rule would keep
+        # on its own, which moves as the losses move against the history. The batch keeps 1 / (1 + beta)
+        # of the candidates whatever it is (full batches), so the kept fraction alone cannot show that.
+        self.probability_sum = 0.0
         self._undo: tuple | None = None  # the step and the state before it: a redone step starts from it
 
     @property
@@ -130,6 +134,7 @@ class Sifter:
         if labels is not None:
             order = np.lexsort((rng.random(len(losses)), -weights))  # most likely kept first, ties at random
             chosen = self._balance(chosen, order, labels, keep)
+        self.probability_sum += float(weights.sum())
         self._remember(losses, labels, chosen)
         return np.sort(chosen)
 
@@ -148,10 +153,10 @@ class Sifter:
         if self._undo is not None and self._undo[0] == step:
             history, counts, kept_by_class, scored_by_class = self._undo[1]
             self.history = history
-            self.scored, self.kept, self.passed_over, self.unsifted, self.skipped = counts
+            self.scored, self.kept, self.passed_over, self.unsifted, self.skipped, self.probability_sum = counts
             self.kept_by_class, self.scored_by_class = dict(kept_by_class), dict(scored_by_class)
         # (the history array is replaced, never changed in place: keeping a reference is enough)
-        counts = (self.scored, self.kept, self.passed_over, self.unsifted, self.skipped)
+        counts = (self.scored, self.kept, self.passed_over, self.unsifted, self.skipped, self.probability_sum)
         self._undo = (step, (self.history, counts, dict(self.kept_by_class), dict(self.scored_by_class)))
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
@@ -219,6 +224,7 @@ class Sifter:
             "skipped": self.skipped,
             "kept_by_class": dict(self.kept_by_class),
             "scored_by_class": dict(self.scored_by_class),
+            "keep_probability_sum": self.probability_sum,
         }
 
     def report(self) -> dict:
@@ -228,6 +234,7 @@ class Sifter:
             | self.counts()
             | {
                 "kept_fraction": self.kept / self.scored if self.scored else None,  # nothing ranked yet
+                "mean_keep_probability": self.probability_sum / self.scored if self.scored else None,
                 # groups' reports are added up by count (above), not by averaging these fractions
                 "kept_fraction_by_class": fractions_by_class(self.kept_by_class, self.scored_by_class),
             }

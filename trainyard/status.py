@@ -100,15 +100,16 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
     """The summary's ``sifting`` section: the offline prefilter's report and the online sifter's totals
     (``done``: as for ``compute_section``)."""
     online = online_totals(outcome, done)
+    sifted_epochs = [e for e in outcome.history if "kept_fraction" in e] if outcome else []
     section = {
         "enabled": job.sifting.enabled,
         "beta": job.sifting.beta,
         "kept_fraction": online["kept_fraction"] if online else (report.kept_fraction if report else None),
         "online": online,
         "prefilter": report.to_dict() if report else None,
-        "kept_fraction_by_epoch": [e["kept_fraction"] for e in outcome.history if "kept_fraction" in e]
-        if outcome
-        else [],
+        "kept_fraction_by_epoch": [e["kept_fraction"] for e in sifted_epochs],
+        # what the keep rule alone would have kept, epoch by epoch (None where nothing was ranked)
+        "mean_keep_probability_by_epoch": [e.get("mean_keep_probability") for e in sifted_epochs],
     }
     if online and online.get("scoring_flops") and online["scoring_flops"] >= online["training_flops_skipped"]:
         # Scoring every one of C candidates costs C forwards and saves the forward and backward of the

@@ -145,6 +145,10 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     pre = section["prefilter"]
     assert pre["dropped"]["unlearnable"] == int(0.05 * (pre["total"] - pre["dropped"]["duplicate"])) > 0
     assert len(section["kept_fraction_by_epoch"]) == 3
+    # what the keep rule alone would have kept, beside the fixed share full batches keep
+    rule = section["mean_keep_probability_by_epoch"]
+    assert len(rule) == 3 and all(0 < p <= 1 for p in rule if p is not None)
+    assert 0 < section["online"]["mean_keep_probability"] <= 1
     run = mlflow.MlflowClient(mlflow_uri).get_run(summary["model"]["run_id"])
     assert run.data.tags["compute.flops_prefilter"] == str(compute["flops_prefilter"])
     filtered = json.loads(Path(pre["manifest"]).read_text())  # which rows training read, and why the rest went

@@ -16,6 +16,7 @@ HISTORY = [
         "val_loss": 0.5,
         "val_accuracy": 0.8,
         "kept_fraction": 0.5,
+        "mean_keep_probability": 0.42,
         "kept_fraction_by_class": {"0": 0.3, "1": 0.7},
     },
     {
@@ -25,6 +26,7 @@ HISTORY = [
         "val_loss": 0.45,
         "val_accuracy": 0.85,
         "kept_fraction": 0.5,
+        "mean_keep_probability": 0.47,
         "kept_fraction_by_class": {"0": 0.2, "1": 0.8},
     },
 ]
@@ -40,7 +42,12 @@ def test_a_sifted_jobs_curves_plot_its_kept_fraction_overall_and_per_class_over_
     assert lines(loss)["train_loss"] == [0.9, 0.5, 0.4] and lines(metric)["val_accuracy"] == [0.6, 0.8, 0.85]
     assert lines(loss)["candidate_loss"] == [None, 0.35, 0.3]  # over all the candidates drawn, once sifting started
     # epoch 1: sifting had not started (a gap); then the classes' own fractions around the overall one
-    assert lines(kept) == {"all": [None, 0.5, 0.5], "class 0": [None, 0.3, 0.2], "class 1": [None, 0.7, 0.8]}
+    assert lines(kept) == {
+        "all": [None, 0.5, 0.5],
+        "keep rule alone": [None, 0.42, 0.47],  # what the rule would keep without full batches
+        "class 0": [None, 0.3, 0.2],
+        "class 1": [None, 0.7, 0.8],
+    }
     plt.close(fig)
 
 

@@ -63,7 +63,8 @@ def test_each_epochs_metrics_are_logged_sifting_s_among_them(tracking, tmp_path)
     job, model, x = trained()
     history = [
         {"epoch": 1, "train_loss": 0.5, "val_accuracy": 0.8, "kept_fraction": None, "group_train_flops": 9.0},
-        {"epoch": 2, "train_loss": 0.6, "candidate_loss": 0.4, "val_accuracy": 0.9, "kept_fraction": 0.5},
+        {"epoch": 2, "train_loss": 0.6, "candidate_loss": 0.4, "val_accuracy": 0.9, "kept_fraction": 0.5}
+        | {"mean_keep_probability": 0.45},
     ]
     info = registry.register(model, job, "job-m", x[:5], history, {}, {}, {})
     client = mlflow.MlflowClient(tracking)
@@ -77,6 +78,7 @@ def test_each_epochs_metrics_are_logged_sifting_s_among_them(tracking, tmp_path)
         "val_accuracy": [(1, 0.8), (2, 0.9)],
         "candidate_loss": [(2, 0.4)],
         "kept_fraction": [(2, 0.5)],
+        "mean_keep_probability": [(2, 0.45)],
     }
 
 

@@ -22,6 +22,26 @@ def test_the_keep_rule_keeps_one_in_one_plus_beta_in_steady_state():
         assert abs(kept.mean() - 1 / (1 + beta)) < 0.01
 
 
+def test_the_mean_keep_probability_shows_what_the_rule_alone_would_keep_where_the_batch_keeps_a_fixed_share():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    rng = np.random.default_rng(1)
+    sifter = Sifter(Sifting(enabled=True, beta=1.0, loss_history_length=20_000), seed=0)
+    sifter.history = rng.exponential(size=20_000).astype(np.float32)
+    for step in range(100):  # losses drawn as the history's: the rule alone keeps 1 / (1 + beta)
+        losses = rng.exponential(size=128)
+        sifter.select(losses, None, 64, step, group=0)
+    steady = sifter.report()
+    assert steady["kept_fraction"] == 0.5 and abs(steady["mean_keep_probability"] - 0.5) < 0.02
+    for step in range(100, 110):  # losses falling against the history (a model learning fast): it keeps less
+        sifter.history = rng.exponential(size=20_000).astype(np.float32)
+        sifter.select(0.5 * rng.exponential(size=128), None, 64, step, group=0)
+    counts = sifter.counts()
+    falling = (counts["keep_probability_sum"] - 100 * 128 * steady["mean_keep_probability"]) / (10 * 128)
+    assert sifter.report()["kept_fraction"] == 0.5 and falling < 0.4  # the batch still keeps half
+
+
 def test_each_candidate_is_kept_with_smart_siftings_probability_and_batches_stay_full():
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting
@@ -58,9 +78,11 @@ def test_a_redone_step_selects_as_before_and_is_counted_once():
     losses, labels = rng.random(128), rng.integers(0, 2, 128)
     first = sifter.select(losses, labels, 64, step=21, group=0)
     counts = (sifter.scored, sifter.kept, sifter.passed_over, dict(sifter.kept_by_class), sifter.history.copy())
+    probability = sifter.probability_sum
     again = sifter.select(losses, labels, 64, step=21, group=0)  # the step did not commit: torchft redoes it
     assert (again == first).all()
     assert (sifter.scored, sifter.kept, sifter.passed_over, sifter.kept_by_class) == counts[:4]
+    assert sifter.probability_sum == probability  # its keep probabilities added once
     assert (sifter.history == counts[4]).all()  # its losses joined the history once
     sifter.record_uniform(128, 64, step=22, group=0)  # a step not ranked: trained on unsifted, the rest left out
     sifter.record_uniform(128, 64, step=22, group=0)
@@ -253,6 +275,8 @@ def test_sifting_is_off_for_the_first_delay_steps_and_their_rows_are_not_counted
     assert (report["unsifted"], report["skipped"]) == (10 * 32, 10 * 32)
     metrics = data.epoch_metrics()
     assert metrics["kept_fraction"] == 0.5 and set(metrics["kept_fraction_by_class"]) == {"0", "1"}
+    # every row's loss is the same: 1 against the empty history of step 10, then the 50th percentile
+    assert metrics["mean_keep_probability"] == pytest.approx((64 * 1.0 + 5 * 64 * 0.5) / (6 * 64))
 
 
 def test_kept_fractions_per_class_are_named_by_the_classes_label_values(tmp_path):
@@ -285,6 +309,16 @@ def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
         },
     )
     assert totals["kept_fraction_by_class"] == {"0": 510 / 1010, "1": 0.25}  # not the mean of 0.5 and 1.0
+
+
+def test_the_jobs_mean_keep_probability_weighs_each_group_by_what_it_scored():
+    from trainyard.training.supervisor import _sifting_totals
+
+    flops = {"forward": 100, "backward": 200, "scoring": 50}
+    groups = [{"scored": 1000, "kept": 500, "keep_probability_sum": 300.0}, {"scored": 10, "kept": 5}]
+    groups[1] |= {"keep_probability_sum": 9.0}  # a restarted attempt: a few rows, each likely kept
+    assert _sifting_totals(groups, flops)["mean_keep_probability"] == pytest.approx(309 / 1010)
+    assert _sifting_totals([{"scored": 0, "kept": 0}], flops)["mean_keep_probability"] is None  # nothing ranked
 
 
 def test_the_jobs_rule_is_named_when_the_first_report_is_a_killed_groups_counts():

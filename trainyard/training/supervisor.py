@@ -372,6 +372,8 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         "unsifted": unsifted,
         "skipped": sum(r.get("skipped", 0) for r in reports),
         "kept_fraction": kept / scored if scored else None,  # None: sifting never started (delay_steps)
+        # what the keep rule alone would have kept (the batch keeps 1 / (1 + beta), always)
+        "mean_keep_probability": sum(r.get("keep_probability_sum", 0.0) for r in reports) / scored if scored else None,
         "kept_fraction_by_class": fractions_by_class(kept_by_class, scored_by_class),
         # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.
         "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
