@@ -17,16 +17,48 @@ import zlib
 
 from awscrt import checksums as crt
 
-# S3's flexible checksum algorithms (its ChecksumAlgorithm values), as boto3 names the response
-# fields: Checksum<ALGORITHM>. An object has at most one.
-ALGORITHMS = ("CRC64NVME", "CRC32", "CRC32C", "SHA256", "SHA1", "SHA512", "MD5", "XXHASH64", "XXHASH3", "XXHASH128")
-_HASHLIB = {"SHA1": hashlib.sha1, "SHA256": hashlib.sha256, "SHA512": hashlib.sha512, "MD5": hashlib.md5}
-_CRCS = {"CRC32": (zlib.crc32, 4), "CRC32C": (crt.crc32c, 4), "CRC64NVME": (crt.crc64nvme, 8)}
-_XXHASH = {  # awscrt's, as botocore computes them
-    "XXHASH64": crt.XXHash.new_xxhash64,
-    "XXHASH3": crt.XXHash.new_xxhash3_64,
-    "XXHASH128": crt.XXHash.new_xxhash3_128,
+
+class _Crc:
+    """A running CRC (zlib's or awscrt's) with hashlib's update / digest, in S3's big-endian bytes."""
+
+    def __init__(self, crc, size: int):
+        self._crc, self._size, self._value = crc, size, 0
+
+    def update(self, data: bytes) -> None:
+        self._value = self._crc(data, self._value)
+
+    def digest(self) -> bytes:
+        return self._value.to_bytes(self._size, "big")
+
+
+class _XxHash:
+    """awscrt's xxhash (as botocore computes S3's) with hashlib's update / digest; digest finalizes it."""
+
+    def __init__(self, new):
+        self._state = new()
+
+    def update(self, data: bytes) -> None:
+        self._state.update(data)
+
+    def digest(self) -> bytes:
+        return self._state.finalize()
+
+
+# S3's flexible checksum algorithms (its ChecksumAlgorithm values, named as boto3 names the response
+# fields, Checksum<ALGORITHM>), each with a new running hash of it. An object has at most one.
+_NEW_HASH = {
+    "CRC64NVME": lambda: _Crc(crt.crc64nvme, 8),
+    "CRC32": lambda: _Crc(zlib.crc32, 4),
+    "CRC32C": lambda: _Crc(crt.crc32c, 4),
+    "SHA256": lambda: hashlib.sha256(usedforsecurity=False),
+    "SHA1": lambda: hashlib.sha1(usedforsecurity=False),
+    "SHA512": lambda: hashlib.sha512(usedforsecurity=False),
+    "MD5": lambda: hashlib.md5(usedforsecurity=False),
+    "XXHASH64": lambda: _XxHash(crt.XXHash.new_xxhash64),
+    "XXHASH3": lambda: _XxHash(crt.XXHash.new_xxhash3_64),
+    "XXHASH128": lambda: _XxHash(crt.XXHash.new_xxhash3_128),
 }
+ALGORITHMS = tuple(_NEW_HASH)
 
 
 class _Hasher:
@@ -34,26 +66,14 @@ class _Hasher:
 
     def __init__(self, algorithm: str):
         self.algorithm = algorithm
-        self._crc, self._digest = _CRCS.get(algorithm), None
-        if algorithm in _HASHLIB:
-            self._state = _HASHLIB[algorithm](usedforsecurity=False)
-        elif algorithm in _XXHASH:
-            self._state = _XXHASH[algorithm]()
-        else:
-            self._state = 0
+        self._state, self._digest = _NEW_HASH[algorithm](), None
 
     def update(self, data: bytes) -> None:
-        if self._crc:
-            self._state = self._crc[0](data, self._state)
-        else:
-            self._state.update(data)
+        self._state.update(data)
 
     def digest(self) -> bytes:
         if self._digest is None:  # once: an xxhash is finalized by it
-            if self._crc:
-                self._digest = self._state.to_bytes(self._crc[1], "big")
-            else:
-                self._digest = self._state.finalize() if self.algorithm in _XXHASH else self._state.digest()
+            self._digest = self._state.digest()
         return self._digest
 
     def b64digest(self) -> str:

@@ -45,8 +45,7 @@ class StepData:
         # the sifter counts class indices; reports name the classes by their label values
         self._class_names = [str(c) for c in plan.schema.get("classes") or []]
         self.loss_fn, self.meter = loss_fn, meter
-        # the sifter's counts at the last epoch's end
-        self._mark: tuple[int, int, dict, dict, float] = (0, 0, {}, {}, 0.0)
+        self._mark: dict = {}  # the sifter's counts at the last epoch's end
         # Each step's candidates ranked this epoch: their loss sum and count (a redone step's replaces its first
         # try's). train_loss is over the kept rows, the hard ones; this is over what an unsifted job trains on.
         self._candidate_losses: dict[int, tuple[float, int]] = {}
@@ -131,23 +130,18 @@ class StepData:
         by, without the reference loss), when sifting is on."""
         if self.sifter is None:
             return {}
-        sifter = self.sifter
-        scored_then, kept_then, kept_by_class_then, scored_by_class_then, probability_then = self._mark
-        kept_by_class = {c: n - kept_by_class_then.get(c, 0) for c, n in sifter.kept_by_class.items()}
-        ranked_by_class = {c: n - scored_by_class_then.get(c, 0) for c, n in sifter.scored_by_class.items()}
-        by_class = fractions_by_class(kept_by_class, ranked_by_class)
-        scored, kept = sifter.scored - scored_then, sifter.kept - kept_then
-        probability = sifter.probability_sum - probability_then
-        self._mark = (
-            sifter.scored,
-            sifter.kept,
-            dict(sifter.kept_by_class),
-            dict(sifter.scored_by_class),
-            sifter.probability_sum,
+        now, then = self.sifter.counts(), self._mark
+        self._mark = now
+        since = {k: now[k] - then.get(k, 0) for k in ("scored", "kept", "keep_probability_sum")}
+        kept_by_class, ranked_by_class = (
+            {c: n - then.get(which, {}).get(c, 0) for c, n in now[which].items()}
+            for which in ("kept_by_class", "scored_by_class")
         )
-        metrics = {"kept_fraction": kept / scored if scored else None}
+        by_class = fractions_by_class(kept_by_class, ranked_by_class)
+        scored = since["scored"]
+        metrics = {"kept_fraction": since["kept"] / scored if scored else None}
         if scored:
-            metrics["mean_keep_probability"] = probability / scored
+            metrics["mean_keep_probability"] = since["keep_probability_sum"] / scored
         if self._candidate_losses:
             loss_sum, ranked = np.sum(list(self._candidate_losses.values()), axis=0)
             metrics["candidate_loss"] = float(loss_sum / ranked)
