@@ -612,11 +612,11 @@ def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home,
 def test_groups_lost_together_all_resume_from_the_checkpoint_on_their_first_restart(trainyard_home, bucket, tmp_path):
     # Both groups die at the same step (one node, one power cut). Neither is a live peer for the other:
     # both restarts load the checkpoint at once, so max_attempts 2 is enough.
-    hp = {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")}
     # 10 ms steps up to the kill (the step-20 upload lands before 25). Once a restart is back, its steps
     # take 1 s until the other is back too: on a busy machine (CI) the first restart back trained steps
     # 21-40 alone before the second had imported torch, which then never committed a step.
-    hp |= {"step_sleep": 1.0, "fast_step_sleep": 0.01}
+    hp = {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 1.0, "fast_step_sleep": 0.01}
+    hp["slow_while"] = str(tmp_path / "slow")
     job, job_id, folder, plan = _checkpointed_job(
         trainyard_home, bucket, killed=[0, 1], retries={"max_attempts": 2}, hyperparameters=hp
     )
