@@ -145,13 +145,29 @@ class Setting:
     prefilter: tuple[float, float] | None = None  # (drop_learnt_fraction, drop_unlearnable_fraction)
     reducible: bool = False  # online sifting by reducible loss (RHO-LOSS), from the prefilter's reference losses
     reuse: int = 0  # sifting.reuse_loss_epochs: rank by a remembered loss up to this many epochs old
+    prune: tuple[float, float, float] | None = None  # sifting.prune's (learnt_fraction, hardest_fraction, batch_factor)
+    # The schedule's length: None, as many epochs as fit in the baseline's FLOPs; k, k times the baseline's
+    # epochs (1: the baseline's job with sifting turned on), its accuracy then at fewer FLOPs than the budget.
+    epochs: float | None = None
 
     def label(self) -> str:
         parts = [f"prefilter {self.prefilter[0]:g}/{self.prefilter[1]:g}"] if self.prefilter else []
-        if self.beta is not None:
+        if self.beta:
             parts += [f"online {'reducible ' if self.reducible else ''}beta {self.beta:g}"]
             parts += [f"losses reused {self.reuse} ep"] if self.reuse else []
-        return " + ".join(parts) or "no filtering"
+        if self.prune:
+            parts += [f"pruning {self.prune[0]:g}/{self.prune[1]:g} x{self.prune[2]:g}"]
+        label = " + ".join(parts) or "no filtering"
+        return label + (f" ({self.epochs:g}x epochs)" if self.epochs else "")
+
+    def length(self, base_epochs: int, budget: float) -> dict:
+        """``train``'s keyword for this arm's schedule: its epochs, or the FLOPs budget they fill."""
+        return {"epochs": max(1, round(self.epochs * base_epochs))} if self.epochs else {"budget": budget}
+
+    @property
+    def measured_cost(self) -> bool:
+        """Whether an epoch's cost is known only once run (remembered losses, pruning)."""
+        return bool(self.reuse or self.prune)
 
 
 @dataclass
@@ -224,7 +240,7 @@ class PerSample:
 
 def epoch_counts(rows: int, batch: int, beta: float | None, epochs: int) -> list[tuple[int, int]]:
     """``(rows trained, rows scored)`` in each epoch, as Trainyard's sampler and sifter deal them."""
-    if beta is None:
+    if not beta:  # no keep rule: every row dealt trains, none is scored
         return [(rows, 0)] * epochs
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting
@@ -308,12 +324,12 @@ def train(
     pre_flops, pre_wall = (pre.flops, pre.wall_seconds) if pre else (0, 0.0)
     fit = epochs is None
     if fit:
-        # With reused losses an epoch costs less than online sifting's, by an amount known only once
+        # With reused losses or pruning an epoch costs less than online sifting's, by an amount known only once
         # run: its count is first fitted as online sifting's (an upper bound on the cost), then once
         # more from the run's own per-epoch FLOPs.
         epochs = epochs_within(cost, len(x), data.batch_size, setting.beta, budget, pre_flops)
     outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed, reference)
-    if fit and setting.reuse and target is None:
+    if fit and setting.measured_cost and target is None:
         more = _refit_epochs(outcome.history, epochs, budget - pre_flops)
         if more > epochs:
             epochs = more
@@ -322,7 +338,11 @@ def train(
     # Measured per epoch by the group itself (its FLOP meter, in the history).
     cum_flops = [pre_flops + entry["group_train_flops"] for entry in outcome.history]
     rebuilt = cumulative_flops(cost, len(x), data.batch_size, setting.beta, done, pre_flops)
-    check = None if setting.reuse or rebuilt == cum_flops else f"rebuilt {rebuilt[-1]:,} != measured {cum_flops[-1]:,}"
+    check = (
+        None
+        if setting.measured_cost or rebuilt == cum_flops
+        else f"rebuilt {rebuilt[-1]:,} != measured {cum_flops[-1]:,}"
+    )
     gaps = np.diff(commits)
     step_s = float(statistics.median(gaps)) if len(gaps) else 0.0
     spe = outcome.steps_per_epoch
@@ -381,10 +401,13 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: 
         "resources": {"replicas": 1},
         "sifting": {
             "enabled": setting.beta is not None,
-            "beta": setting.beta or 1.0,
+            "beta": 1.0 if setting.beta is None else setting.beta,
             "delay_steps": DELAY_STEPS,
             "score": "reducible_loss" if setting.reducible else "loss",
             "reuse_loss_epochs": setting.reuse,
+            "prune": dict(
+                zip(("learnt_fraction", "hardest_fraction", "batch_factor"), setting.prune or (0, 0, 1), strict=True)
+            ),
         },
     }
     if target is not None:

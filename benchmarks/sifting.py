@@ -18,14 +18,17 @@ Arms, per dataset and seed:
 - **online sifting alone** (smart sifting's keep rule, ``sifting.enabled``), its beta tuned.
 - **best combination**: the prefilter (``sifting.prefilter``) and online sifting, ranking by loss
   or by reducible loss (``sifting.score: reducible_loss``, RHO-LOSS, from the prefilter's reference
-  losses), scoring every candidate or reusing remembered losses (``sifting.reuse_loss_epochs``), the
-  setting that did best in the search.
+  losses), scoring every candidate or reusing remembered losses (``sifting.reuse_loss_epochs``), and
+  epoch-level pruning by each row's last loss (``sifting.prune``: InfoBatch's rule and the hardest
+  rows left out, with the keep rule or alone, ``beta: 0``), the setting that did best in the search.
 - **baseline tuned for the short run**: no filtering, a schedule as long as the combination's FLOPs
   to the target (or, when the combination saved nothing, 65% of the baseline's: what the FLOPs
   target asks for), its learning rate tuned for that length. Published gains often vanish against it.
 
 Filtering arms run as many epochs as fit in the baseline's budget (cosine over those epochs), so
-their final accuracy is their accuracy at equal FLOPs. FLOPs and wall time to the target are read at
+their final accuracy is their accuracy at equal FLOPs; a setting may instead fix its schedule at a
+multiple of the baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering turned
+on), and its final accuracy is then at fewer FLOPs than the baseline's (the run stops within budget). FLOPs and wall time to the target are read at
 the first epoch whose validation accuracy reaches it (what ``stopping.target_metric`` does); an arm
 that has not reached it within the baseline's budget is run again with twice the budget and the
 target as its stopping condition. Training FLOPs are forward + backward + sifting's scoring passes
@@ -68,13 +71,16 @@ BETAS = (0.5, 1.0, 2.0)
 COMBINATIONS = (
     Setting(0.5, (0.0, 0.0)),  # exact duplicates only, then online sifting
     Setting(1.0, (0.0, 0.0)),
-    Setting(0.5, (0.1, 0.02)),
     Setting(0.5, (0.2, 0.05)),  # loss-based drops: 20% learnt, 5% unlearnable
     Setting(None, (0.2, 0.05)),  # the prefilter alone
     Setting(1.0, (0.0, 0.0), reducible=True),  # RHO-LOSS: online by reducible loss, duplicates removed
     Setting(1.0, (0.0, 0.0), reuse=1),  # remembered losses instead of most scoring passes
-    Setting(1.0, (0.0, 0.0), reuse=2),
     Setting(2.0, (0.0, 0.0), reuse=1),
+    # sifting.prune (InfoBatch, and the hardest 10% left out from a quarter of the epochs on), no keep rule
+    Setting(0.0, None, prune=(0.7, 0.1, 1.0)),
+    Setting(0.0, None, prune=(0.7, 0.1, 1.0), epochs=1.33),  # the baseline's job a third longer
+    Setting(0.0, None, prune=(0.7, 0.1, 1.5)),  # fewer steps an epoch, about batch_size rows each
+    Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),  # the keep rule with the hardest rows left out
 )
 TUNING_SEEDS = (100, 101)  # never among the reported seeds (0, 1, 2, ...)
 CAP = 2.0  # an arm short of the target at the baseline's budget gets this many times it
@@ -145,7 +151,10 @@ def tune(args, pool) -> tuple[dict[str, Tuned], Setting, Setting]:
 
     candidates = [Setting(beta) for beta in args.betas] + list(args.combinations)
     calls = {
-        (name, seed, c): ((name, seed, quick, c, base[name, seed].lr), {"budget": base[name, seed].cum_flops[-1]})
+        (name, seed, c): (
+            (name, seed, quick, c, base[name, seed].lr),
+            c.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
+        )
         for name in args.datasets
         for seed in seeds
         for c in candidates
@@ -224,7 +233,7 @@ def measure(args, name: str, seed: int, tuned: Tuned, online: Setting, combinati
     arms = {"baseline": Arm(base)}
     say(name, seed, "baseline", base, target)
     for key, setting in (("online", online), ("combination", combination)):
-        arm = Arm(sd.train(name, seed, quick, setting, tuned.lr, budget=budget))
+        arm = Arm(sd.train(name, seed, quick, setting, tuned.lr, **setting.length(epochs(name, quick), budget)))
         if arm.run.first_reaching(target) is None and args.extend:
             arm.extended = sd.train(name, seed, quick, setting, tuned.lr, budget=CAP * budget, target=target)
         arms[key] = arm
@@ -387,7 +396,7 @@ def main() -> None:
     if args.quick:
         args.seeds, args.datasets, args.lrs, args.betas = 1, ("tabular",), (3e-3,), (1.0,)
         args.tuning_seeds = TUNING_SEEDS[:1]
-        args.combinations = (COMBINATIONS[0], COMBINATIONS[3])
+        args.combinations = (COMBINATIONS[0], COMBINATIONS[7])  # duplicates + online; pruning alone
     home = tempfile.TemporaryDirectory(prefix="sifting-bench-")
     os.environ["TRAINYARD_HOME"] = home.name
     os.environ["TRAINYARD_STEP_LOG"] = "1"
@@ -420,11 +429,17 @@ def print_best(setting: Setting) -> None:
     learnt, unlearnable = setting.prefilter or (0.0, 0.0)
     print(f"Best combination found (for the defaults of `sifting.enabled: true`): {setting.label()}")
     print("  sifting:")
-    print(f"    enabled: {str(setting.beta is not None).lower()}")
+    print(f"    enabled: {str(setting.beta is not None).lower()}")  # beta 0: pruning alone, no keep rule
     print(f"    beta: {setting.beta}")
     print(f"    score: {'reducible_loss' if setting.reducible else 'loss'}")
     print(f"    reuse_loss_epochs: {setting.reuse}")
-    print(f"    prefilter: {{enabled: true, drop_learnt_fraction: {learnt}, drop_unlearnable_fraction: {unlearnable}}}")
+    print(
+        f"    prefilter: {{enabled: {str(setting.prefilter is not None).lower()}, drop_learnt_fraction: {learnt}, "
+        f"drop_unlearnable_fraction: {unlearnable}}}"
+    )
+    if setting.prune:
+        learnt, hardest, factor = setting.prune
+        print(f"    prune: {{learnt_fraction: {learnt}, hardest_fraction: {hardest}, batch_factor: {factor}}}")
 
 
 if __name__ == "__main__":

@@ -48,11 +48,15 @@ def _plot_kept_fraction(ax, epochs: list[int], history: list[dict]) -> None:
     a gap where sifting had not started). The overall fraction is ``1 / (1 + beta)`` by construction
     (full batches); the dashed line is what the keep rule alone would have kept (the mean keep
     probability), which falls while the losses fall faster than the history it ranks them against;
-    the classes' show which ones the sifter found informative as training went on."""
+    the classes' show which ones the sifter found informative as training went on. With
+    ``sifting.prune``, the dotted line is the share of the rows dealt that trained once pruned."""
     ax.plot(epochs, [h.get("kept_fraction") for h in history], marker="o", color="black", label="all")
     if any(h.get("mean_keep_probability") is not None for h in history):
         rule = [h.get("mean_keep_probability") for h in history]
         ax.plot(epochs, rule, linestyle="--", color="grey", label="keep rule alone")
+    if any("pruned_fraction" in h for h in history):  # sifting.prune: the share of the rows dealt that trained
+        trained = [1 - h["pruned_fraction"] if "pruned_fraction" in h else None for h in history]
+        ax.plot(epochs, trained, linestyle=":", marker="x", color="tab:red", label="trained after pruning")
     classes = sorted({c for h in history for c in h.get("kept_fraction_by_class", {})})
     for cls in classes:
         fractions = [h.get("kept_fraction_by_class", {}).get(cls) for h in history]

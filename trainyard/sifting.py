@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trainyard.errors import SpecError
-from trainyard.spec import Sifting
+from trainyard.spec import Pruning, Sifting
 
 
 def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "training rows") -> None:
@@ -37,13 +37,16 @@ def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "traini
     epoch would keep ``1 / (1 + beta)`` of them, not a full batch, and most of the data would go untrained."""
     if not config.enabled:
         return
-    candidates = candidate_batch(config.beta, batch_size)
+    dealt = config.prune.dealt_batch(batch_size)
+    candidates = candidate_batch(config.beta, dealt)
     if candidates > rows:
+        factor = f" * sifting.prune.batch_factor {config.prune.batch_factor:g}" if dealt != batch_size else ""
         raise SpecError(
             [
-                f"sifting.beta: each step draws hyperparameters.batch_size * (1 + beta) = {batch_size} * "
-                f"{1 + config.beta:g} = {candidates} candidates, more than the {rows} {whose}; lower sifting.beta "
-                "or hyperparameters.batch_size"
+                f"sifting.beta: each step draws hyperparameters.batch_size{factor} * (1 + beta) = {dealt} * "
+                f"{1 + config.beta:g} = {candidates} candidates, more than the {rows} {whose}; lower sifting.beta"
+                + (", sifting.prune.batch_factor" if factor else "")
+                + " or hyperparameters.batch_size"
             ]
         )
 
@@ -112,8 +115,9 @@ class Sifter:
         return counts
 
     def active(self, step: int) -> bool:
-        """Sifting starts after ``delay_steps``; before, the kept samples are a uniform draw."""
-        return step >= self.config.delay_steps
+        """Sifting starts after ``delay_steps``; before, the kept samples are a uniform draw. With beta 0
+        there is no keep rule: every candidate trains, unscored."""
+        return self.config.beta > 0 and step >= self.config.delay_steps
 
     def keep_probability(self, losses: np.ndarray) -> np.ndarray:
         """``percentile(loss) ** beta`` against the history (1 while the history is empty)."""
@@ -349,3 +353,104 @@ class LossMemory:
             self.loss = state["memory_loss"].numpy().astype(np.float32)
             self.epoch = state["memory_epoch"].numpy().astype(np.int32)
             self._undo = None  # a healed group's memory is its peer's
+
+
+class Pruner:
+    """Which of a group's rows sit out their step, by their last known losses (``sifting.prune``).
+
+    InfoBatch's rule, decided row by row inside each group's own batch: the step count and every
+    batch's normaliser (the rows dealt) stay what they are without pruning, so groups need not agree
+    on anything but the epoch's thresholds, and the kept learnt rows' weight ``1 / (1 - r)`` keeps the
+    step's gradient an unbiased estimate of its whole batch's. The thresholds (the mean of the known
+    losses, and the loss above which a row is among the hardest) are fixed once per epoch from the
+    group's loss memory and are part of the torchft state, so a group that heals from a peer
+    mid-epoch prunes as its peer does. Which learnt rows sit out is a hash of (seed, epoch, row): the
+    same in every group and on a redone step. Rows with no known loss yet always train.
+    """
+
+    def __init__(self, config: Pruning, epochs: int, seed: int):
+        self.config, self.epochs, self.seed = config, epochs, seed
+        self.thresholds: tuple[int, float, float] | None = None  # (epoch, mean, hardest cut) of the epoch
+        self.dealt = 0  # rows that came to the pruner (those with no known loss included)
+        self.pruned = 0  # learnt rows left out
+        self.hardest = 0  # rows left out as among the hardest
+        self._undo: tuple[int, tuple[int, int, int]] | None = None
+
+    def phase(self, epoch: int) -> tuple[bool, bool]:
+        """``(learnt rows pruned, hardest rows left out)`` in ``epoch`` (0-based)."""
+        progress = epoch / max(self.epochs, 1)
+        learnt = self.config.learnt_fraction > 0 and progress < self.config.until
+        hardest = self.config.hardest_fraction > 0 and progress >= self.config.hardest_after
+        return learnt, hardest
+
+    def decide(self, rows: np.ndarray, memory: LossMemory, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(kept, weights)``: the positions in ``rows`` that train this step, and each one's loss weight."""
+        self._begin(step)
+        self.dealt += len(rows)
+        learnt_on, hardest_on = self.phase(epoch)
+        weights = np.ones(len(rows), dtype=np.float32)
+        if not (learnt_on or hardest_on) or not len(rows):
+            return np.arange(len(rows)), weights
+        _, mean, cut = self._epoch_thresholds(memory, epoch)
+        loss = memory.loss[rows]
+        known = memory.epoch[rows] >= 0
+        out = np.zeros(len(rows), dtype=bool)
+        if hardest_on:
+            hard = known & (loss > cut)
+            out |= hard
+            self.hardest += int(hard.sum())
+        if learnt_on:
+            r = self.config.learnt_fraction
+            learnt = known & (loss < mean) & ~out
+            drawn = learnt & (_uniform(self.seed, epoch, rows) < r)
+            out |= drawn
+            weights[learnt & ~drawn] = 1.0 / (1.0 - r)
+            self.pruned += int(drawn.sum())
+        kept = np.flatnonzero(~out)
+        return kept, weights[kept]
+
+    def _epoch_thresholds(self, memory: LossMemory, epoch: int) -> tuple[int, float, float]:
+        if self.thresholds is None or self.thresholds[0] != epoch:
+            known = memory.loss[memory.epoch >= 0]
+            if len(known):
+                cut = (
+                    float(np.quantile(known, 1.0 - self.config.hardest_fraction))
+                    if self.config.hardest_fraction
+                    else np.inf
+                )
+                self.thresholds = (epoch, float(known.mean()), cut)
+            else:
+                self.thresholds = (epoch, -np.inf, np.inf)  # nothing known yet: every row trains
+        return self.thresholds
+
+    def _begin(self, step: int) -> None:
+        """A redone step (torchft) counts once."""
+        if self._undo is not None and self._undo[0] == step:
+            self.dealt, self.pruned, self.hardest = self._undo[1]
+        self._undo = (step, (self.dealt, self.pruned, self.hardest))
+
+    def counts(self) -> dict:
+        """Rows dealt to the pruner, and those it left out: learnt, and among the hardest."""
+        return {"prune_dealt": self.dealt, "pruned_learnt": self.pruned, "pruned_hardest": self.hardest}
+
+    def state_dict(self) -> dict:
+        epoch, mean, cut = self.thresholds or (-1, 0.0, 0.0)
+        return {"prune_thresholds": torch.tensor([epoch, mean, cut], dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "prune_thresholds" in state:
+            epoch, mean, cut = state["prune_thresholds"].tolist()
+            self.thresholds = (int(epoch), mean, cut) if epoch >= 0 else None
+            self._undo = None
+
+
+def _uniform(seed: int, epoch: int, rows: np.ndarray) -> np.ndarray:
+    """A uniform number in [0, 1) for each row, a function of (seed, epoch, row) alone (splitmix64)."""
+    with np.errstate(over="ignore"):
+        z = rows.astype(np.uint64) + np.uint64((seed * 1_000_003 + epoch * 7919) % 2**63) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(2**53)

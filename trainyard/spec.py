@@ -284,6 +284,68 @@ class Prefilter(_Model):
         return self
 
 
+class Pruning(_Model):
+    """Epoch-level pruning by each row's last known loss, in every replica group's training loop.
+
+    InfoBatch's rule (Qin et al., ICLR 2024): a row whose last loss is below the mean of the known
+    losses is left out of its step with probability ``learnt_fraction``, and the ones kept count
+    ``1 / (1 - learnt_fraction)``, so a step's gradient stays an unbiased estimate of its whole batch's;
+    from ``until`` of the epochs on, every such row trains again. With label noise, the rows whose
+    loss stays highest once the network has fitted the clean labels (networks fit clean labels
+    before noisy ones) are mostly mislabelled: ``hardest_fraction`` of them are left out from
+    ``hardest_after`` of the epochs on. The losses are the training forward pass's own (and any
+    scoring pass's): pruning costs no extra FLOPs.
+    """
+
+    learnt_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Probability that a row whose last loss is below the mean is left out of its step; the kept "
+        "ones count 1 / (1 - this). 0 turns it off.",
+    )
+    hardest_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="Share of the rows with the highest last losses left out (likely mislabelled), from "
+        "hardest_after on. 0 turns it off.",
+    )
+    hardest_after: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="Fraction of the epochs before the hardest rows are left out: earlier, they are mostly "
+        "clean rows not learnt yet.",
+    )
+    until: float = Field(
+        default=0.875,
+        ge=0,
+        le=1,
+        description="Fraction of the epochs after which every row below the mean trains again (InfoBatch's "
+        "annealing); the hardest rows stay out.",
+    )
+
+    batch_factor: float = Field(
+        default=1.0,
+        ge=1,
+        le=8,
+        description="Rows dealt a step before pruning, as a multiple of batch_size (with beta > 0, of the keep "
+        "rule's kept batch): above 1, about batch_size rows still train a step once pruning has left some out, and "
+        "an epoch has fewer steps, as InfoBatch's pruned epochs do (a step's fixed costs are paid less often). "
+        "1: the steps of an unpruned job, each on fewer rows.",
+    )
+
+    @property
+    def active(self) -> bool:
+        """Whether any row can be left out."""
+        return self.learnt_fraction > 0 or self.hardest_fraction > 0
+
+    def dealt_batch(self, batch_size: int) -> int:
+        """The rows dealt a step (kept by the keep rule, with beta > 0) for ``batch_size``."""
+        return max(batch_size, round(batch_size * self.batch_factor)) if self.active else batch_size
+
+
 class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
 
@@ -291,9 +353,10 @@ class Sifting(_Model):
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
     beta: float = Field(
         default=1.0,
-        gt=0,
+        ge=0,
         validation_alias=AliasChoices("beta", "beta_value"),
-        description="Keep probability = loss percentile ** beta (smart sifting's beta_value).",
+        description="Keep probability = loss percentile ** beta (smart sifting's beta_value). 0 turns the keep rule "
+        "off (nothing is scored; every row dealt trains), e.g. to use only sifting.prune.",
     )
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
     delay_steps: int = Field(
@@ -321,6 +384,10 @@ class Sifting(_Model):
         "a streamed one (its rows are not all in memory to remember their losses).",
     )
     prefilter: Prefilter = Field(default_factory=Prefilter, description="The offline prefilter, before training.")
+    prune: Pruning = Field(
+        default_factory=Pruning,
+        description="Epoch-level pruning by each row's last loss (InfoBatch), and leaving out the hardest rows.",
+    )
     min_class_fraction: float = Field(
         default=0.5,
         ge=0,
@@ -574,6 +641,11 @@ class TrainingJob(_Model):
             problems.append(
                 "sifting.prefilter: a streamed channel is never read whole before training, so it cannot be "
                 "prefiltered: remove sifting.prefilter, or inputs.train.mode: file"
+            )
+        if self.sifting.enabled and self.sifting.prune.active and self.inputs.train.mode == "stream":
+            problems.append(
+                "sifting.prune: a streamed channel's rows are not all in memory to remember their losses: "
+                "set learnt_fraction and hardest_fraction to 0, or inputs.train.mode: file"
             )
         if self.sifting.enabled and self.sifting.reuse_loss_epochs and self.inputs.train.mode == "stream":
             problems.append(

@@ -91,9 +91,13 @@ def online_totals(outcome, done: dict | None = None) -> dict | None:
 
 
 def untrained(sifting: dict | None) -> int:
-    """The candidates online sifting drew and did not train on: passed over by the keep rule, or left
-    out unscored before it started (``sifting``: the outcome's totals; None without sifting)."""
-    return (sifting["passed_over"] + sifting.get("skipped", 0)) if sifting else 0
+    """The candidates online sifting drew and did not train on: passed over by the keep rule, left out
+    unscored before it started, or pruned by their last loss (``sifting.prune``) (``sifting``: the
+    outcome's totals; None without sifting)."""
+    if not sifting:
+        return 0
+    pruned = sifting.get("pruned_learnt", 0) + sifting.get("pruned_hardest", 0)  # sifting.prune's
+    return sifting["passed_over"] + sifting.get("skipped", 0) + pruned
 
 
 def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
@@ -111,6 +115,8 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
         # what the keep rule alone would have kept, epoch by epoch (None where nothing was ranked)
         "mean_keep_probability_by_epoch": [e.get("mean_keep_probability") for e in sifted_epochs],
     }
+    if job.sifting.enabled and job.sifting.prune.active:  # the share of each epoch's rows that sat out
+        section["pruned_fraction_by_epoch"] = [e.get("pruned_fraction") for e in sifted_epochs]
     if online and online.get("scoring_flops") and online["scoring_flops"] >= online["training_flops_skipped"]:
         # Scoring every one of C candidates costs C forwards and saves the forward and backward of the
         # C * beta / (1 + beta) dropped ones: a saving only when backward / forward > 1 / beta. Reused

@@ -59,3 +59,10 @@ def test_a_job_without_sifting_has_two_panels_and_the_png_is_written(tmp_path):
     path = plots.plot_history(HISTORY, tmp_path / "curves.png", "job")
     with Image.open(path) as image:
         assert image.format == "PNG" and image.size[0] > image.size[1]
+
+
+def test_a_pruned_jobs_kept_fraction_panel_shows_the_share_that_trained_after_pruning():
+    pruned = [h | {"pruned_fraction": p} for h, p in zip(HISTORY, (0.0, 0.25, 0.5), strict=True)]
+    fig = plots.history_figure(pruned, "job")
+    assert lines(fig.axes[2])["trained after pruning"] == [1.0, 0.75, 0.5]
+    plt.close(fig)

@@ -13,6 +13,9 @@ more feature column, cut off before the model sees it.
 With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (two columns, exact to
 2**32 rows), so the group can look up the row's last known loss (``sifting.LossMemory``) and score
 only the candidates whose loss is unknown or too old.
+With ``sifting.prune`` (``sifting.Pruner``) the rows the keep rule kept (or all the group's rows, with
+beta 0) are pruned by those remembered losses: some sit out the step, the kept learnt ones get a loss
+weight (``StepData.weights``), and the step's normaliser stays the rows dealt.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from trainyard import algorithms
 from trainyard.errors import TrainingError
-from trainyard.sifting import LossMemory, Sifter, fractions_by_class
+from trainyard.sifting import LossMemory, Pruner, Sifter, fractions_by_class
 from trainyard.spec import TrainingJob
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
@@ -40,7 +43,10 @@ class StepData:
         hp = job.hyperparameters
         self.device = device or torch.device("cpu")  # batches are cut on the CPU and moved here
         self.sifter = Sifter(job.sifting, hp.seed) if job.sifting.enabled else None
-        batch = self.sifter.candidate_batch(hp.batch_size) if self.sifter else hp.batch_size
+        # with sifting.prune.batch_factor, more rows are dealt a step, for about batch_size to train once pruned
+        batch = (
+            self.sifter.candidate_batch(job.sifting.prune.dealt_batch(hp.batch_size)) if self.sifter else hp.batch_size
+        )
         self.classification = job.algorithm.task == "classification"
         # the sifter counts class indices; reports name the classes by their label values
         self._class_names = [str(c) for c in plan.schema.get("classes") or []]
@@ -51,7 +57,11 @@ class StepData:
         self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
-        self.memory = LossMemory(len(x), reuse) if reuse else None
+        prune = job.sifting.enabled and job.sifting.prune.active
+        self.pruner = Pruner(job.sifting.prune, hp.epochs, hp.seed) if prune else None
+        # the keep rule reuses losses only up to `reuse` epochs old; pruning reads any age (InfoBatch)
+        self.memory = LossMemory(len(x), reuse) if reuse or prune else None
+        self.weights: torch.Tensor | None = None  # the last batch's loss weights (pruning), None when all are 1
         self._trained: tuple[np.ndarray, int] | None = None  # rows of the batch handed out, and its epoch
         self._side = int(self.reducible) + (2 if self.memory else 0)  # columns riding after the features
         if plan.streamed:
@@ -74,6 +84,7 @@ class StepData:
             xb, side = xb[:, : -self._side], xb[:, -self._side :]
             reference = side[:, 0].numpy().astype(np.float64) if self.reducible else None
             rows = _row_ids(side[:, -2:]) if self.memory else None
+        self.weights = None
         if self.sifter is None:
             return xb.to(self.device), yb.to(self.device), global_count
         if self.memory is not None:
@@ -83,17 +94,23 @@ class StepData:
         labels = yb.numpy() if self.classification else None
         if not self.sifter.active(step) or keep == 0:
             self.sifter.record_uniform(len(xb), keep, step, rank)  # candidates are in random order already
-            self._trained = (rows[:keep], epoch) if rows is not None else None
-            return xb[:keep].to(self.device), yb[:keep].to(self.device), global_count
-        xb, yb = xb.to(self.device), yb.to(self.device)
-        scores = self._losses(model, xb, yb, rows, epoch)
-        self._candidate_losses[step] = (float(scores.sum()), len(scores))
-        if reference is not None:  # RHO-LOSS: what is left to learn, not noise the reference could not fit either
-            scores = scores - reference
-        chosen = self.sifter.select(scores, labels, keep, step, rank)
+            chosen = np.arange(min(keep, len(xb)))
+        else:
+            xb, yb = xb.to(self.device), yb.to(self.device)
+            scores = self._losses(model, xb, yb, rows, epoch)
+            self._candidate_losses[step] = (float(scores.sum()), len(scores))
+            if reference is not None:  # RHO-LOSS: what is left to learn, not noise the reference could not fit either
+                scores = scores - reference
+            chosen = self.sifter.select(scores, labels, keep, step, rank)
+        if self.pruner is not None:
+            # The step's normaliser stays the rows dealt (global_count): the kept learnt rows' weights make
+            # up for the pruned ones, and the hardest are left out of the gradient altogether.
+            kept, weights = self.pruner.decide(rows[chosen], self.memory, epoch, step)
+            chosen = chosen[kept]
+            self.weights = torch.from_numpy(weights).to(self.device) if (weights != 1).any() else None
         self._trained = (rows[chosen], epoch) if rows is not None else None
-        chosen = torch.from_numpy(chosen).to(self.device)
-        return xb[chosen], yb[chosen], global_count
+        picked = torch.from_numpy(chosen).to(xb.device)
+        return xb[picked].to(self.device), yb[picked].to(self.device), global_count
 
     def trained(self, losses: torch.Tensor) -> None:
         """The per-sample losses of the training forward pass over the last batch handed out: with
@@ -130,9 +147,14 @@ class StepData:
         by, without the reference loss), when sifting is on."""
         if self.sifter is None:
             return {}
-        now, then = self.sifter.counts(), self._mark
+        now, then = self.sifter.counts() | (self.pruner.counts() if self.pruner else {}), self._mark
         self._mark = now
         since = {k: now[k] - then.get(k, 0) for k in ("scored", "kept", "keep_probability_sum")}
+        pruned = {}
+        if self.pruner is not None:
+            dealt = now["prune_dealt"] - then.get("prune_dealt", 0)
+            left_out = sum(now[k] - then.get(k, 0) for k in ("pruned_learnt", "pruned_hardest"))
+            pruned = {"pruned_fraction": left_out / dealt if dealt else 0.0}
         kept_by_class, ranked_by_class = (
             {c: n - then.get(which, {}).get(c, 0) for c, n in now[which].items()}
             for which in ("kept_by_class", "scored_by_class")
@@ -146,7 +168,7 @@ class StepData:
             loss_sum, ranked = np.sum(list(self._candidate_losses.values()), axis=0)
             metrics["candidate_loss"] = float(loss_sum / ranked)
             self._candidate_losses = {}
-        return metrics | ({"kept_fraction_by_class": self._named(by_class)} if by_class else {})
+        return metrics | pruned | ({"kept_fraction_by_class": self._named(by_class)} if by_class else {})
 
     def counts(self) -> dict | None:
         """The sifter's running counts (what the job adds up of a group), classes named, without the
@@ -156,6 +178,8 @@ class StepData:
         counts = self.sifter.counts()
         for key in ("kept_by_class", "scored_by_class"):
             counts[key] = self._named(counts[key])
+        if self.pruner is not None:
+            counts |= self.pruner.counts()
         # candidates ranked by a remembered loss, without a scoring pass
         return counts | ({"losses_reused": self.memory.reused} if self.memory is not None else {})
 
@@ -174,6 +198,7 @@ class StepData:
 
     def state_dict(self) -> dict:
         state = self.sifter.state_dict() if self.sifter else {}
+        state |= self.pruner.state_dict() if self.pruner else {}
         return state | (self.memory.state_dict() if self.memory else {})
 
     def load_state_dict(self, state: dict) -> None:
@@ -181,6 +206,8 @@ class StepData:
             self.sifter.load_state_dict(state)
         if self.memory and state:
             self.memory.load_state_dict(state)
+        if self.pruner and state:
+            self.pruner.load_state_dict(state)
 
 
 def _reference_losses(train_data: str, rows: int) -> torch.Tensor:

@@ -359,7 +359,9 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
             scored_by_class[cls] = scored_by_class.get(cls, 0) + n
             kept_by_class[cls] = kept_by_class.get(cls, 0) + report["kept_by_class"].get(cls, 0)
     unsifted = sum(r.get("unsifted", 0) for r in reports)
-    trained = kept + unsifted  # the rows the training passes' FLOPs were spent on
+    pruned = {k: sum(r.get(k, 0) for r in reports) for k in ("prune_dealt", "pruned_learnt", "pruned_hardest")}
+    # the rows the training passes' FLOPs were spent on: pruning leaves some of the kept ones out
+    trained = kept + unsifted - pruned["pruned_learnt"] - pruned["pruned_hardest"]
     train_per_sample = (flops["forward"] + flops["backward"]) / trained if trained else 0.0
     totals = {
         # one job, one rule; a group killed before its first epoch ended left counts without it
@@ -381,6 +383,10 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         "scoring_flops": flops["scoring"],
         "training_flops_skipped": round(sum(r.get("passed_over", 0) for r in reports) * train_per_sample),
     }
+    if any("prune_dealt" in r for r in reports):  # sifting.prune: rows left out of their steps by their last loss
+        dealt = pruned["prune_dealt"]
+        left_out = pruned["pruned_learnt"] + pruned["pruned_hardest"]
+        totals |= pruned | {"pruned_fraction": left_out / dealt if dealt else 0.0}
     if any("losses_reused" in r for r in reports):
         totals["losses_reused"] = sum(r.get("losses_reused", 0) for r in reports)
     return totals

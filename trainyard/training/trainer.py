@@ -206,7 +206,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             data.trained(losses)  # with sifting.reuse_loss_epochs, these rows need no scoring pass for a while
             # torchft averages gradients over the quorum's groups, whose batches may differ in size:
             # scaled so, the average is the gradient of the mean loss over the whole global batch.
-            (losses.sum() * (members / max(global_count, 1))).backward()
+            weighted = losses if data.weights is None else losses * data.weights  # sifting.prune's kept learnt rows
+            (weighted.sum() * (members / max(global_count, 1))).backward()
             if participating:
                 meter.add_train_step(xb, yb)
             if not manager.should_commit():

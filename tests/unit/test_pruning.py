@@ -1,0 +1,180 @@
+"""Epoch-level pruning by each row's last loss (``sifting.prune``, InfoBatch's rule and the hardest rows
+left out): the rates, the phases, unbiasedness, determinism across groups and redone steps, a heal, the
+spec's checks, and a real two-group job with a killed group."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import rejoined, slow_until
+from tests.unit.test_training import make_job, run
+from trainyard.errors import SpecError
+from trainyard.sifting import LossMemory, Pruner
+from trainyard.spec import Pruning, parse_job
+from trainyard.status import compute_section, sifting_section
+
+
+def known_memory(losses: np.ndarray) -> LossMemory:
+    memory = LossMemory(len(losses), max_age=0)
+    memory.remember(np.arange(len(losses)), losses.astype(np.float32), epoch=0)
+    return memory
+
+
+def decide_all(pruner: Pruner, memory: LossMemory, epoch: int, first_step: int = 0, batch: int = 128):
+    """Every row through the pruner in batches: ``(left out, weight of each row: 0 when left out)``."""
+    n = len(memory.loss)
+    weight = np.zeros(n)
+    for i, start in enumerate(range(0, n, batch)):
+        rows = np.arange(start, min(start + batch, n))
+        kept, w = pruner.decide(rows, memory, epoch, first_step + i)
+        weight[rows[kept]] = w
+    return weight == 0, weight
+
+
+def test_learnt_rows_sit_out_at_the_rate_asked_and_the_kept_ones_make_up_for_them():
+    losses = np.random.default_rng(0).exponential(1.0, 20_000)
+    memory = known_memory(losses)
+    pruner = Pruner(Pruning(learnt_fraction=0.7), epochs=10, seed=3)
+    out, weight = decide_all(pruner, memory, epoch=1)
+    below = losses < losses.astype(np.float32).mean()
+    assert out[below].mean() == pytest.approx(0.7, abs=0.015)
+    assert not out[~below].any()  # rows at or above the mean always train, at weight 1
+    assert set(np.unique(weight[~below])) == {1.0}
+    assert np.unique(weight[below & ~out]) == pytest.approx([1 / 0.3])
+    counts = pruner.counts()
+    assert counts == {"prune_dealt": 20_000, "pruned_learnt": int(out.sum()), "pruned_hardest": 0}
+    # Unbiased: over many epochs (each draws afresh), the weighted loss of what trains averages the whole's.
+    sums = [np.sum(losses * decide_all(Pruner(Pruning(learnt_fraction=0.7), 10, 3), memory, e)[1]) for e in range(40)]
+    assert np.mean(sums) == pytest.approx(losses.sum(), rel=0.005)
+    assert np.std(sums) > 0  # not the same rows every epoch
+
+
+def test_the_hardest_rows_sit_out_from_hardest_after_and_learnt_rows_train_again_from_until():
+    losses = np.random.default_rng(1).exponential(1.0, 5_000)
+    memory = known_memory(losses)
+    config = Pruning(learnt_fraction=0.5, hardest_fraction=0.1, hardest_after=0.25, until=0.875)
+    top = losses > np.quantile(losses.astype(np.float32), 0.9)
+    below = losses < losses.astype(np.float32).mean()
+    for epoch, (learnt_on, hardest_on) in {0: (1, 0), 1: (1, 0), 2: (1, 1), 6: (1, 1), 7: (0, 1)}.items():
+        pruner = Pruner(config, epochs=8, seed=0)
+        assert pruner.phase(epoch) == (bool(learnt_on), bool(hardest_on))
+        out, _ = decide_all(pruner, memory, epoch)
+        assert out[top].all() == bool(hardest_on) and out[top].any() == bool(hardest_on)
+        assert (out[below].mean() > 0.4) == bool(learnt_on)
+        assert not out[~below & ~top].any()  # the middle always trains
+        assert pruner.counts()["pruned_hardest"] == (top.sum() if hardest_on else 0)
+
+
+def test_rows_with_no_known_loss_always_train():
+    memory = LossMemory(1000, max_age=0)
+    memory.remember(np.arange(500), np.linspace(0, 1, 500, dtype=np.float32), epoch=0)
+    pruner = Pruner(Pruning(learnt_fraction=0.9, hardest_fraction=0.2, hardest_after=0), epochs=4, seed=0)
+    out, weight = decide_all(pruner, memory, epoch=1)
+    assert not out[500:].any() and (weight[500:] == 1).all()
+    assert out[:500].mean() > 0.5
+    # nothing known at all (a job's first epoch): every row trains at weight 1
+    out, weight = decide_all(Pruner(Pruning(learnt_fraction=0.9, hardest_fraction=0.2), 4, 0), LossMemory(300, 0), 0)
+    assert not out.any() and (weight == 1).all()
+
+
+def test_every_group_and_a_redone_step_decide_alike_and_a_redo_counts_once():
+    losses = np.random.default_rng(2).exponential(1.0, 2_000)
+    memory = known_memory(losses)
+    config = Pruning(learnt_fraction=0.6, hardest_fraction=0.05, hardest_after=0)
+    a, b = Pruner(config, 10, seed=7), Pruner(config, 10, seed=7)
+    rows = np.random.default_rng(3).choice(2_000, 256, replace=False)
+    first = a.decide(rows, memory, epoch=4, step=40)
+    again = a.decide(rows, memory, epoch=4, step=40)  # the step was not committed: torchft redoes it
+    other = b.decide(rows[::-1], memory, epoch=4, step=40)  # another group, the rows in another order
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+    assert set(rows[first[0]]) == set(rows[::-1][other[0]])
+    assert a.counts() == b.counts() and a.counts()["prune_dealt"] == 256  # counted once
+    later = a.decide(rows, memory, epoch=5, step=50)[0]
+    assert set(rows[later]) != set(rows[first[0]])  # another epoch draws other learnt rows to sit out
+
+
+def test_a_healed_group_prunes_with_its_peers_thresholds_for_the_epoch():
+    losses = np.random.default_rng(4).exponential(1.0, 3_000)
+    memory = known_memory(losses)
+    config = Pruning(learnt_fraction=0.5, hardest_fraction=0.1, hardest_after=0)
+    peer = Pruner(config, 10, seed=0)
+    peer.decide(np.arange(10), memory, epoch=3, step=30)  # the epoch's thresholds are fixed here
+    memory.remember(np.arange(1_500), losses[:1_500].astype(np.float32) * 4, epoch=3)  # the epoch goes on
+    state = {k: v.clone() for k, v in peer.state_dict().items()}
+    healed = Pruner(config, 10, seed=0)
+    healed.load_state_dict(state)
+    rows = np.arange(1_500, 3_000)
+    np.testing.assert_array_equal(healed.decide(rows, memory, 3, 35)[0], peer.decide(rows, memory, 3, 35)[0])
+    fresh = Pruner(config, 10, seed=0)  # thresholds from the memory as it is now: other rows
+    assert not np.array_equal(fresh.decide(rows, memory, 3, 35)[0], peer.decide(rows, memory, 3, 36)[0])
+
+
+def spec(**sifting) -> dict:
+    return {
+        "name": "p",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y", "mode": "stream"}},
+        "output": {"s3_uri": "s3://bkt/o/"},
+        "sifting": {"enabled": True} | sifting,
+    }
+
+
+def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
+    from trainyard.sifting import check_fits
+    from trainyard.spec import Sifting
+
+    assert Pruning(learnt_fraction=0.5, batch_factor=2).dealt_batch(64) == 128
+    assert Pruning(batch_factor=2).dealt_batch(64) == 64  # no pruning: nothing to make up for
+    config = Sifting(enabled=True, beta=1, prune={"learnt_fraction": 0.5, "batch_factor": 2})
+    check_fits(config, 64, 256)  # 64 * 2 * (1 + 1) = 256 candidates
+    with pytest.raises(SpecError, match=r"batch_size \* sifting.prune.batch_factor 2 \* \(1 \+ beta\) = 128 \* 2"):
+        check_fits(config, 64, 255)
+
+
+def test_the_spec_checks_pruning():
+    with pytest.raises(SpecError, match=r"sifting\.prune: a streamed channel"):
+        parse_job(spec(reuse_loss_epochs=0, prune={"learnt_fraction": 0.5}))
+    with pytest.raises(SpecError, match=r"sifting\.prune\.hardest_fraction"):
+        parse_job(spec(prune={"hardest_fraction": 0.6}))
+    with pytest.raises(SpecError, match=r"sifting\.prune\.learnt_fraction"):
+        parse_job(spec(prune={"learnt_fraction": 1.0}))
+    job = parse_job(spec(beta=0))  # beta 0: no keep rule; pruning off: nothing to refuse on a stream
+    assert job.sifting.beta == 0 and not job.sifting.prune.active
+
+
+def test_two_groups_prune_by_their_losses_and_agree_after_a_heal(trainyard_home, tmp_path):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        hyperparameters={"epochs": 24, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.04}
+        | {"slow_while": str(tmp_path / "slow")},
+        # no keep rule: every row dealt is a candidate for pruning alone
+        sifting={"enabled": True, "beta": 0}
+        | {"prune": {"learnt_fraction": 0.7, "hardest_fraction": 0.1, "batch_factor": 2}},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 40, "kind": "kill"}]},
+    )
+    with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
+        outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    # 600 rows, 128 dealt a step (batch_factor 2): 5 steps an epoch, each training about 64 once pruned
+    assert outcome.steps == 24 * 5 and outcome.steps_per_epoch == 5
+    sifting = outcome.sifting
+    assert outcome.flops["scoring"] == 0 and sifting["scored"] == 0  # pruning reads the training passes' losses
+    assert sifting["pruned_learnt"] > 0 and sifting["pruned_hardest"] > 0
+    left_out = sifting["pruned_learnt"] + sifting["pruned_hardest"]
+    assert sifting["pruned_fraction"] == pytest.approx(left_out / sifting["prune_dealt"])
+    assert outcome.samples_trained == sifting["prune_dealt"] - left_out  # dealt rows either train or sit out
+    assert compute_section(outcome)["samples_seen"] == sifting["prune_dealt"]
+    assert outcome.history[0]["pruned_fraction"] == 0  # nothing known yet
+    assert all(h["pruned_fraction"] > 0.1 for h in outcome.history[6:21])  # hardest out from epoch 6 (0.25)
+    section = sifting_section(job, None, outcome)
+    assert section["pruned_fraction_by_epoch"] == [h["pruned_fraction"] for h in outcome.history]
+    assert "warning" not in section  # nothing was scored
+    (recovery,) = outcome.recoveries
+    assert recovery["source"] == "peer"
+    states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 0), (1, 1))]
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
