@@ -27,16 +27,17 @@ Arms, per dataset and seed:
 
 Filtering arms run as many epochs as fit in the baseline's budget (cosine over those epochs), so
 their final accuracy is their accuracy at equal FLOPs; a setting may instead fix its schedule at a
-multiple of the baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering turned
-on), and its final accuracy is then at fewer FLOPs than the baseline's (the run stops within budget). FLOPs and wall time to the target are read at
-the first epoch whose validation accuracy reaches it (what ``stopping.target_metric`` does); an arm
-that has not reached it within the baseline's budget is run again with twice the budget and the
-target as its stopping condition. Training FLOPs are forward + backward + sifting's scoring passes
-+ the prefilter's reference models, exact (``torch.utils.flop_counter``), per epoch from the group's
-own count in the history (an arm that reuses losses is first fitted to the budget at online sifting's
-cost per epoch, then once more at its measured cost, as its cost is known only once run); validation FLOPs are the
-same per epoch for every arm and left out of every comparison. Wall time is the training time from
-the step log (plus the prefilter's), without process start-up and torchft's first quorum.
+multiple of the baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering
+turned on), and its final accuracy is then at fewer FLOPs than the baseline's (the run stops within
+budget). FLOPs and wall time to the target are read at the first epoch whose validation accuracy
+reaches it (what ``stopping.target_metric`` does); an arm that has not reached it within the
+baseline's budget is run again with twice the budget and the target as its stopping condition.
+Training FLOPs are forward + backward + sifting's scoring passes + the prefilter's reference
+models, exact (``torch.utils.flop_counter``), per epoch from the group's own count in the history
+(an arm that reuses losses is first fitted to the budget at online sifting's cost per epoch, then
+once more at its measured cost, as its cost is known only once run); validation FLOPs are the same
+per epoch for every arm and left out of every comparison. Wall time is the training time from the
+step log (plus the prefilter's), without process start-up and torchft's first quorum.
 
 Tuning uses its own seeds (100 and 101), never the reported ones: the learning rates (best mean final
 accuracy), online sifting's beta and the combination (fewest FLOPs to the target, then accuracy at

@@ -94,13 +94,15 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     flops = outcome.flops
     per_sample = (flops["forward"] + flops["backward"]) / outcome.samples_trained
     epochs = len(outcome.history) or 1
-    # Three sources, kept apart: what the keep rule passed over (the part its scoring paid for, and what
+    # Four sources, kept apart: what the keep rule passed over (the part its scoring paid for, and what
     # the summary's "sifting cost more than it saved" warning weighs), what was left out unscored before
-    # delay_steps (no scoring, but not trained either), and the prefilter's dropped rows.
+    # delay_steps (no scoring, but not trained either), what sifting.prune left out (by the training
+    # passes' own losses: no scoring either), and the prefilter's dropped rows.
     by_rule = (sifting["passed_over"] if sifting else 0) * per_sample
     unscored = (sifting.get("skipped", 0) if sifting else 0) * per_sample
+    by_pruning = ((sifting.get("pruned_learnt", 0) + sifting.get("pruned_hardest", 0)) if sifting else 0) * per_sample
     by_prefilter = dropped_rows * epochs * per_sample
-    saved = by_rule + unscored + by_prefilter
+    saved = by_rule + unscored + by_pruning + by_prefilter
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
     train_kwh = carbon["by_stage"].get("training", {}).get("energy_kwh", 0.0)
     train_flops = flops["forward"] + flops["backward"] + flops.get("evaluation", 0) + flops.get("scoring", 0)
@@ -116,6 +118,7 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
         "flops_not_spent": saved,
         "flops_not_spent_by_keep_rule": by_rule,
         "flops_not_spent_before_delay": unscored,
+        "flops_not_spent_by_pruning": by_pruning,
         "flops_not_spent_by_prefilter": by_prefilter,
         "flops_spent_scoring": spent,
         "energy_kwh": net,

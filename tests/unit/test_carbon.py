@@ -81,7 +81,8 @@ def test_the_esg_report_counts_every_row_sifting_left_untrained_against_what_sco
         samples_trained=1000,
         flops={"forward": 4000, "backward": 6000, "evaluation": 0, "scoring": 2000},
         history=[{"epoch": e} for e in (1, 2, 3)],
-        sifting={"scored": 1200, "kept": 600, "passed_over": 600, "unsifted": 400, "skipped": 400},
+        sifting={"scored": 1200, "kept": 600, "passed_over": 600, "unsifted": 400, "skipped": 400}
+        | {"pruned_learnt": 70, "pruned_hardest": 30},  # sifting.prune: 100 of the kept rows sat out
         energy_by_replica={},
     )
     prefilter = SimpleNamespace(dropped={"duplicate": 50}, scoring_flops=500)
@@ -93,13 +94,13 @@ def test_the_esg_report_counts_every_row_sifting_left_untrained_against_what_sco
         "by_stage": {"training": {"energy_kwh": 0.012}, "filtering": {"energy_kwh": 0.0007}},
     }
     saved = esg.report(carbon_report, Carbon(country_iso_code="IRL"), outcome, prefilter)["sifting_saved"]
-    assert saved["flops_not_spent"] == (600 + 400 + 50 * 3) * 10
-    # apart: the keep rule's (what the summary's sifting warning weighs), the delay's, the prefilter's
+    assert saved["flops_not_spent"] == (600 + 400 + 100 + 50 * 3) * 10
+    # apart: the keep rule's (what the summary's sifting warning weighs), the delay's, pruning's, the prefilter's
     assert (saved["flops_not_spent_by_keep_rule"], saved["flops_not_spent_before_delay"]) == (6000, 4000)
-    assert saved["flops_not_spent_by_prefilter"] == 1500
+    assert (saved["flops_not_spent_by_pruning"], saved["flops_not_spent_by_prefilter"]) == (1000, 1500)
     assert saved["flops_spent_scoring"] == 2000 + 500
     # online scoring at the training stage's kWh per FLOP; the prefilter's as its stage measured it
-    assert saved["energy_kwh"] == pytest.approx((11500 - 2000) * 1e-6 - 0.0007)
+    assert saved["energy_kwh"] == pytest.approx((12500 - 2000) * 1e-6 - 0.0007)
     assert saved["emissions_kg"] == pytest.approx(saved["energy_kwh"] * 0.25)
 
 
