@@ -250,6 +250,8 @@ def _lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, mode
         tags["sifting.filtered_manifest_uri"] = report.manifest_uri
     if outcome.sifting and outcome.sifting["kept_fraction"] is not None:  # None: the job ended within the delay
         tags["sifting.kept_fraction"] = f"{outcome.sifting['kept_fraction']:.4f}"
+    if outcome.sifting and "pruned_fraction" in outcome.sifting:  # sifting.prune: the share of the rows left out
+        tags["sifting.pruned_fraction"] = f"{outcome.sifting['pruned_fraction']:.4f}"
     return tags
 
 

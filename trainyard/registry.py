@@ -219,8 +219,9 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
 
 
 # Each epoch's metrics logged to the run: the ones a job can stop or promote on, and sifting's
-# (candidate_loss: the mean loss of every candidate ranked, to compare with an unsifted run's train_loss).
-LOGGED_METRICS = (*METRICS, "candidate_loss", "kept_fraction", "mean_keep_probability")
+# (candidate_loss: the mean loss of every candidate ranked, to compare with an unsifted run's train_loss;
+# pruned_fraction: the share of the epoch's rows sifting.prune left out).
+LOGGED_METRICS = (*METRICS, "candidate_loss", "kept_fraction", "mean_keep_probability", "pruned_fraction")
 
 
 def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts):

@@ -128,6 +128,8 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
 ):
     uris = upload_dataset(bucket, rows=800)
     sifting = {"enabled": True, "beta": 1.0, "delay_steps": 2, "prefilter": {"drop_unlearnable_fraction": 0.05}}
+    # and pruning of the rows the keep rule kept, by their last loss, from the second epoch on
+    sifting["prune"] = {"learnt_fraction": 0.5, "hardest_fraction": 0.05, "hardest_after": 0}
     summary, job_id = run_pipeline(job_dict(uris, sifting=sifting))
     assert summary["status"] == "Completed", summary.get("failure_reason")
     compute, section = summary["compute"], summary["sifting"]
@@ -135,10 +137,16 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     assert compute["flops_total"] == sum(compute[k] for k in parts)
     assert compute["flops_scoring_forward"] > 0 and compute["flops_prefilter"] > 0
     online = section["online"]
-    # every row drawn in every epoch: trained, passed over by the keep rule, or left out unscored in the delay
-    assert compute["samples_seen"] == compute["samples_trained"] + online["passed_over"] + online["skipped"]
+    # every row drawn in every epoch: trained, passed over by the keep rule, left out unscored in the delay,
+    # or kept by the rule (or in the delay) and then pruned
+    pruned = online["pruned_learnt"] + online["pruned_hardest"]
+    assert online["pruned_learnt"] > 0 and online["pruned_hardest"] > 0
+    assert compute["samples_seen"] == compute["samples_trained"] + online["passed_over"] + online["skipped"] + pruned
     assert compute["samples_seen"] == 3 * section["prefilter"]["kept"]
-    assert online["skipped"] > 0 and compute["samples_trained"] == online["kept"] + online["unsifted"]
+    assert online["skipped"] > 0 and compute["samples_trained"] == online["kept"] + online["unsifted"] - pruned
+    assert online["prune_dealt"] == online["kept"] + online["unsifted"]
+    by_epoch = section["pruned_fraction_by_epoch"]
+    assert by_epoch[0] == 0 and all(f > 0 for f in by_epoch[1:]) and len(by_epoch) == 3  # nothing known at first
     assert 0.3 < section["kept_fraction"] < 0.7  # 1 / (1 + beta)
     assert set(section["online"]["kept_fraction_by_class"]) == {"0", "1"}
     assert section["online"]["backward_forward_ratio"] > 1
@@ -151,6 +159,7 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     assert 0 < section["online"]["mean_keep_probability"] <= 1
     run = mlflow.MlflowClient(mlflow_uri).get_run(summary["model"]["run_id"])
     assert run.data.tags["compute.flops_prefilter"] == str(compute["flops_prefilter"])
+    assert run.data.tags["sifting.pruned_fraction"] == f"{online['pruned_fraction']:.4f}"
     filtered = json.loads(Path(pre["manifest"]).read_text())  # which rows training read, and why the rest went
     assert run.data.tags["sifting.filtered_manifest_digest"] == pre["manifest_digest"] == filtered["digest"]
     assert sum(len(o["dropped"]["unlearnable"]) for o in filtered["objects"]) == pre["dropped"]["unlearnable"]

@@ -64,7 +64,7 @@ def test_each_epochs_metrics_are_logged_sifting_s_among_them(tracking, tmp_path)
     history = [
         {"epoch": 1, "train_loss": 0.5, "val_accuracy": 0.8, "kept_fraction": None, "group_train_flops": 9.0},
         {"epoch": 2, "train_loss": 0.6, "candidate_loss": 0.4, "val_accuracy": 0.9, "kept_fraction": 0.5}
-        | {"mean_keep_probability": 0.45},
+        | {"mean_keep_probability": 0.45, "pruned_fraction": 0.3},
     ]
     info = registry.register(model, job, "job-m", x[:5], history, {}, {}, {})
     client = mlflow.MlflowClient(tracking)
@@ -79,6 +79,7 @@ def test_each_epochs_metrics_are_logged_sifting_s_among_them(tracking, tmp_path)
         "candidate_loss": [(2, 0.4)],
         "kept_fraction": [(2, 0.5)],
         "mean_keep_probability": [(2, 0.45)],
+        "pruned_fraction": [(2, 0.3)],
     }
 
 
