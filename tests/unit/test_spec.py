@@ -288,13 +288,15 @@ def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
     assert any(p.startswith("sifting:") and "beta and beta_value are one setting" in p for p in both)
 
 
-def test_sifting_enabled_alone_is_the_benchmarks_best_combination():
-    # benchmarks/sifting.py's pick (stops 16-23): the duplicates prefilter, online beta 1 ranked by loss,
+def test_sifting_enabled_alone_turns_on_the_pinned_default_combination():
+    # benchmarks/sifting.py's pick (stops 16-24; stop 25's, pruning alone, is not the default: README, Sifting):
+    # the duplicates prefilter, online beta 1 ranked by loss,
     # losses reused one epoch; smart sifting's history length. The delay is 10 steps where smart
     # sifting's is 1000 (longer than many small jobs): a deliberate difference, pinned here with the rest.
     sifting = parse_job(minimal(sifting={"enabled": True})).sifting
     assert (sifting.beta, sifting.score, sifting.loss_history_length, sifting.delay_steps) == (1.0, "loss", 500, 10)
     assert sifting.loss_reuse_epochs(streamed=False) == 1 and sifting.prefilter_on
+    assert not sifting.prune.active and sifting.prune.batch_factor == 1  # pruning is asked for, not a default
     prefilter = sifting.prefilter
     assert (prefilter.drop_learnt_fraction, prefilter.drop_unlearnable_fraction) == (0.0, 0.0)  # duplicates only
     assert (sifting.min_class_fraction, prefilter.min_class_fraction) == (0.5, 0.5)
