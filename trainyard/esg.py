@@ -18,6 +18,7 @@ import io
 
 from trainyard import s3
 from trainyard.spec import Carbon
+from trainyard.status import pruned_rows
 
 LEDGER_FIELDS = (
     "job_id",
@@ -100,7 +101,7 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     # passes' own losses: no scoring either), and the prefilter's dropped rows.
     by_rule = (sifting["passed_over"] if sifting else 0) * per_sample
     unscored = (sifting.get("skipped", 0) if sifting else 0) * per_sample
-    by_pruning = ((sifting.get("pruned_learnt", 0) + sifting.get("pruned_hardest", 0)) if sifting else 0) * per_sample
+    by_pruning = (pruned_rows(sifting) if sifting else 0) * per_sample
     by_prefilter = dropped_rows * epochs * per_sample
     saved = by_rule + unscored + by_pruning + by_prefilter
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)

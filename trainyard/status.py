@@ -90,14 +90,22 @@ def online_totals(outcome, done: dict | None = None) -> dict | None:
     return (done or {}).get("sifting_totals")
 
 
+def pruned_rows(counts: dict) -> int:
+    """The rows ``sifting.prune`` left out, in a group's or the job's counts (0 without pruning)."""
+    return counts.get("pruned_learnt", 0) + counts.get("pruned_hardest", 0)
+
+
+def pruned_fraction(counts: dict) -> float:
+    """The share of the rows dealt to the pruner that it left out."""
+    dealt = counts.get("prune_dealt", 0)
+    return pruned_rows(counts) / dealt if dealt else 0.0
+
+
 def untrained(sifting: dict | None) -> int:
     """The candidates online sifting drew and did not train on: passed over by the keep rule, left out
     unscored before it started, or pruned by their last loss (``sifting.prune``) (``sifting``: the
     outcome's totals; None without sifting)."""
-    if not sifting:
-        return 0
-    pruned = sifting.get("pruned_learnt", 0) + sifting.get("pruned_hardest", 0)  # sifting.prune's
-    return sifting["passed_over"] + sifting.get("skipped", 0) + pruned
+    return (sifting["passed_over"] + sifting.get("skipped", 0) + pruned_rows(sifting)) if sifting else 0
 
 
 def sifting_section(job, report, outcome, done: dict | None = None) -> dict:

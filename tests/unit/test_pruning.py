@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import rejoined, slow_until
+from tests.unit.test_spec import minimal
 from tests.unit.test_training import make_job, run
 from trainyard.errors import SpecError
 from trainyard.sifting import LossMemory, Pruner
@@ -113,13 +114,9 @@ def test_a_healed_group_prunes_with_its_peers_thresholds_for_the_epoch():
 
 
 def spec(**sifting) -> dict:
-    return {
-        "name": "p",
-        "algorithm": {"builtin": "mlp-classifier"},
-        "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y", "mode": "stream"}},
-        "output": {"s3_uri": "s3://bkt/o/"},
-        "sifting": {"enabled": True} | sifting,
-    }
+    """A job on a streamed train channel with sifting on and ``sifting``'s settings."""
+    stream = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream"}}
+    return minimal(inputs=stream, sifting={"enabled": True} | sifting)
 
 
 def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():

@@ -29,6 +29,7 @@ from trainyard import algorithms
 from trainyard.errors import TrainingError
 from trainyard.sifting import LossMemory, Pruner, Sifter, fractions_by_class
 from trainyard.spec import TrainingJob
+from trainyard.status import pruned_fraction
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.sampling import Sampler, StreamSampler, member_sizes, step_batch
@@ -152,9 +153,8 @@ class StepData:
         since = {k: now[k] - then.get(k, 0) for k in ("scored", "kept", "keep_probability_sum")}
         pruned = {}
         if self.pruner is not None:
-            dealt = now["prune_dealt"] - then.get("prune_dealt", 0)
-            left_out = sum(now[k] - then.get(k, 0) for k in ("pruned_learnt", "pruned_hardest"))
-            pruned = {"pruned_fraction": left_out / dealt if dealt else 0.0}
+            epoch = {k: now[k] - then.get(k, 0) for k in self.pruner.counts()}
+            pruned = {"pruned_fraction": pruned_fraction(epoch)}
         kept_by_class, ranked_by_class = (
             {c: n - then.get(which, {}).get(c, 0) for c, n in now[which].items()}
             for which in ("kept_by_class", "scored_by_class")

@@ -19,6 +19,7 @@ from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.sifting import fractions_by_class
 from trainyard.spec import TrainingJob
+from trainyard.status import pruned_fraction, pruned_rows
 from trainyard.training import device
 from trainyard.training.plan import (
     SUPERVISOR_FILE,
@@ -361,7 +362,7 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
     unsifted = sum(r.get("unsifted", 0) for r in reports)
     pruned = {k: sum(r.get(k, 0) for r in reports) for k in ("prune_dealt", "pruned_learnt", "pruned_hardest")}
     # the rows the training passes' FLOPs were spent on: pruning leaves some of the kept ones out
-    trained = kept + unsifted - pruned["pruned_learnt"] - pruned["pruned_hardest"]
+    trained = kept + unsifted - pruned_rows(pruned)
     train_per_sample = (flops["forward"] + flops["backward"]) / trained if trained else 0.0
     totals = {
         # one job, one rule; a group killed before its first epoch ended left counts without it
@@ -384,9 +385,7 @@ def _sifting_totals(reports: list[dict], flops: dict) -> dict:
         "training_flops_skipped": round(sum(r.get("passed_over", 0) for r in reports) * train_per_sample),
     }
     if any("prune_dealt" in r for r in reports):  # sifting.prune: rows left out of their steps by their last loss
-        dealt = pruned["prune_dealt"]
-        left_out = pruned["pruned_learnt"] + pruned["pruned_hardest"]
-        totals |= pruned | {"pruned_fraction": left_out / dealt if dealt else 0.0}
+        totals |= pruned | {"pruned_fraction": pruned_fraction(pruned)}
     if any("losses_reused" in r for r in reports):
         totals["losses_reused"] = sum(r.get("losses_reused", 0) for r in reports)
     return totals
