@@ -345,8 +345,8 @@ def train(
     )
     gaps = np.diff(commits)
     step_s = float(statistics.median(gaps)) if len(gaps) else 0.0
-    spe = outcome.steps_per_epoch
-    cum_wall = [pre_wall + commits[min((e + 1) * spe, len(commits)) - 1] - commits[0] + step_s for e in range(done)]
+    ends = np.cumsum([entry["steps"] for entry in outcome.history])  # pruning's batch_factor: fewer in some epochs
+    cum_wall = [pre_wall + commits[min(int(end), len(commits)) - 1] - commits[0] + step_s for end in ends]
     report = None
     if pre is not None:
         report = {"dropped": pre.dropped, "kept_fraction": float(pre.keep.mean())}

@@ -358,18 +358,22 @@ class LossMemory:
 class Pruner:
     """Which of a group's rows sit out their step, by their last known losses (``sifting.prune``).
 
-    InfoBatch's rule, decided row by row inside each group's own batch: the step count and every
-    batch's normaliser (the rows dealt) stay what they are without pruning, so groups need not agree
-    on anything but the epoch's thresholds, and the kept learnt rows' weight ``1 / (1 - r)`` keeps the
-    step's gradient an unbiased estimate of its whole batch's. The thresholds (the mean of the known
+    InfoBatch's rule, decided row by row inside each group's own batch, so groups need not agree on
+    anything but the epoch's thresholds; the kept learnt rows' weight ``1 / (1 - r)`` keeps the
+    step's gradient an unbiased estimate of its whole batch's. With ``batch_factor`` above 1 the pruning
+    epochs are dealt larger batches, fewer of them (``Pruning.dealt_batch``, a function of the epoch
+    alone, so every group takes the same steps). The thresholds (the mean of the known
     losses, and the loss above which a row is among the hardest) are fixed once per epoch from the
     group's loss memory and are part of the torchft state, so a group that heals from a peer
     mid-epoch prunes as its peer does. Which learnt rows sit out is a hash of (seed, epoch, row): the
     same in every group and on a redone step. Rows with no known loss yet always train.
     """
 
-    def __init__(self, config: Pruning, epochs: int, seed: int):
+    def __init__(self, config: Pruning, epochs: int, seed: int, classes: int | None = None):
         self.config, self.epochs, self.seed = config, epochs, seed
+        # the loss a row must also exceed to count among the hardest (hardest_min_loss)
+        floor = config.hardest_min_loss
+        self.hardest_floor = (math.log(classes) if classes and classes > 1 else 0.0) if floor == "chance" else floor
         self.thresholds: tuple[int, float, float] | None = None  # (epoch, mean, hardest cut) of the epoch
         self.dealt = 0  # rows that came to the pruner (those with no known loss included)
         self.pruned = 0  # learnt rows left out
@@ -378,10 +382,8 @@ class Pruner:
 
     def phase(self, epoch: int) -> tuple[bool, bool]:
         """``(learnt rows pruned, hardest rows left out)`` in ``epoch`` (0-based)."""
-        progress = epoch / max(self.epochs, 1)
-        learnt = self.config.learnt_fraction > 0 and progress < self.config.until
-        hardest = self.config.hardest_fraction > 0 and progress >= self.config.hardest_after
-        return learnt, hardest
+        hardest = self.config.hardest_fraction > 0 and epoch / max(self.epochs, 1) >= self.config.hardest_after
+        return self.config.prunes_learnt(epoch, self.epochs), hardest
 
     def decide(self, rows: np.ndarray, memory: LossMemory, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
         """``(kept, weights)``: the positions in ``rows`` that train this step, and each one's loss weight."""
@@ -396,7 +398,7 @@ class Pruner:
         known = memory.epoch[rows] >= 0
         out = np.zeros(len(rows), dtype=bool)
         if hardest_on:
-            hard = known & (loss > cut)
+            hard = known & (loss > cut) & (loss > self.hardest_floor)
             out |= hard
             self.hardest += int(hard.sum())
         if learnt_on:

@@ -311,6 +311,13 @@ class Pruning(_Model):
         description="Share of the rows with the highest last losses left out (likely mislabelled), from "
         "hardest_after on. 0 turns it off.",
     )
+    hardest_min_loss: float | Literal["chance"] = Field(
+        default="chance",
+        description="A row is left out as among the hardest only if its last loss is also above this. 'chance': "
+        "ln(number of classes) for a classification job, the cross-entropy of a uniform guess, so only rows whose "
+        "label the model finds less likely than chance go (wrong labels, not a clean set's hard rows); no floor for "
+        "regression. Give a number (0: none) for a classifier whose loss is not cross-entropy.",
+    )
     hardest_after: float = Field(
         default=0.25,
         ge=0,
@@ -330,10 +337,12 @@ class Pruning(_Model):
         default=1.0,
         ge=1,
         le=8,
-        description="Rows dealt a step before pruning, as a multiple of batch_size (with beta > 0, of the keep "
-        "rule's kept batch): above 1, about batch_size rows still train a step once pruning has left some out, and "
-        "an epoch has fewer steps, as InfoBatch's pruned epochs do (a step's fixed costs are paid less often). "
-        "1: the steps of an unpruned job, each on fewer rows.",
+        description="Rows dealt a step in the epochs that prune learnt rows (the second epoch on, until `until`), as "
+        "a multiple of batch_size (with beta > 0, of the keep rule's kept batch): about batch_size rows still train a "
+        "step once pruning has left some out, and such an epoch has 1 / batch_factor of the steps, as InfoBatch's "
+        "pruned epochs do (a step's fixed costs are paid less often). A step's loss is then divided by batch_size, "
+        "not by the rows dealt, so an epoch's gradient adds up to a whole epoch's. 1: the steps of an unpruned job, "
+        "each on fewer rows.",
     )
 
     @property
@@ -341,9 +350,18 @@ class Pruning(_Model):
         """Whether any row can be left out."""
         return self.learnt_fraction > 0 or self.hardest_fraction > 0
 
-    def dealt_batch(self, batch_size: int) -> int:
-        """The rows dealt a step (kept by the keep rule, with beta > 0) for ``batch_size``."""
-        return max(batch_size, round(batch_size * self.batch_factor)) if self.active else batch_size
+    def prunes_learnt(self, epoch: int, epochs: int) -> bool:
+        """Whether learnt rows are left out in ``epoch`` (0-based) of a job of ``epochs`` epochs."""
+        return self.learnt_fraction > 0 and epoch / max(epochs, 1) < self.until
+
+    def dealt_batch(self, batch_size: int, epoch: int | None = None, epochs: int = 1) -> int:
+        """The rows dealt a step (kept by the keep rule, with beta > 0) for ``batch_size`` in ``epoch`` of
+        ``epochs``; without ``epoch``, the most any epoch deals. The first epoch has no known losses to prune
+        by, and the epochs that prune no learnt rows (from ``until`` on, or all with ``learnt_fraction`` 0)
+        are dealt ``batch_size``."""
+        if not self.learnt_fraction or (epoch is not None and (epoch == 0 or not self.prunes_learnt(epoch, epochs))):
+            return batch_size
+        return max(batch_size, round(batch_size * self.batch_factor))
 
 
 class Sifting(_Model):

@@ -68,6 +68,21 @@ def test_the_hardest_rows_sit_out_from_hardest_after_and_learnt_rows_train_again
         assert pruner.counts()["pruned_hardest"] == (top.sum() if hardest_on else 0)
 
 
+def test_only_rows_the_model_finds_less_likely_than_chance_count_among_the_hardest():
+    rng = np.random.default_rng(5)
+    losses = np.where(np.arange(4_000) < 200, 3.0, rng.uniform(0.0, 1.0, 4_000))  # 5% far above ln 4 = 1.39
+    memory = known_memory(losses)
+    config = Pruning(hardest_fraction=0.1, hardest_after=0)  # hardest_min_loss: "chance" by default
+    out, _ = decide_all(Pruner(config, 4, seed=0, classes=4), memory, epoch=1)
+    np.testing.assert_array_equal(np.flatnonzero(out), np.arange(200))  # a clean set's hard rows are kept
+    # a regression job (no classes), or hardest_min_loss 0: the top 10% whatever their loss
+    assert decide_all(Pruner(config, 4, seed=0), memory, epoch=1)[0].sum() == 400
+    plain = Pruning(hardest_fraction=0.1, hardest_after=0, hardest_min_loss=0)
+    assert decide_all(Pruner(plain, 4, seed=0, classes=4), memory, epoch=1)[0].sum() == 400
+    high = Pruning(hardest_fraction=0.1, hardest_after=0, hardest_min_loss=5.0)
+    assert not decide_all(Pruner(high, 4, seed=0, classes=4), memory, epoch=1)[0].any()
+
+
 def test_rows_with_no_known_loss_always_train():
     memory = LossMemory(1000, max_age=0)
     memory.remember(np.arange(500), np.linspace(0, 1, 500, dtype=np.float32), epoch=0)
@@ -131,6 +146,53 @@ def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
         check_fits(config, 64, 255)
 
 
+def test_batch_factor_deals_its_larger_batches_only_in_the_epochs_that_prune_learnt_rows():
+    config = Pruning(learnt_fraction=0.7, hardest_fraction=0.1, until=0.75, batch_factor=1.5)
+    # epoch 0: no loss known yet; epochs 6 and 7: from until on, no learnt rows pruned
+    assert [config.dealt_batch(64, epoch, 8) for epoch in range(8)] == [64] + [96] * 5 + [64] * 2
+    assert config.dealt_batch(64) == 96  # the most any epoch deals (what check_fits checks)
+    assert Pruning(hardest_fraction=0.1, batch_factor=2).dealt_batch(64, 3, 8) == 64  # no learnt rows pruned
+
+
+def test_an_epoch_dealt_larger_batches_takes_fewer_steps_and_its_gradient_adds_up_to_a_whole_epoch(tmp_path):
+    from trainyard import algorithms
+    from trainyard.training.batches import StepData
+    from trainyard.training.flops import FlopMeter
+    from trainyard.training.plan import TrainingPlan
+
+    prune = {"learnt_fraction": 0.7, "batch_factor": 2}
+    job = parse_job(
+        minimal(hyperparameters={"batch_size": 64, "epochs": 8}, sifting={"enabled": True, "beta": 0, "prune": prune})
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(4096, 3)).astype(np.float32), rng.integers(0, 2, 4096)
+    plan = TrainingPlan("j", job.model_dump(mode="json"), str(tmp_path / "unused.npz"), None, {}, 1, "")
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
+    data = StepData(job, plan, torch.from_numpy(x), torch.from_numpy(y), tmp_path, loss_fn, FlopMeter(model, loss_fn))
+    assert [data.steps_per_epoch(1, epoch) for epoch in (0, 1, 6, 7)] == [64, 32, 32, 64]
+
+    def epoch_gradient(epoch: int, start: int) -> tuple[float, list[int]]:
+        """The epoch's summed step losses (each weighted and over its normaliser), and the rows each step trained."""
+        total, trained = 0.0, []
+        for index in range(data.steps_per_epoch(1, epoch)):
+            xb, yb, normaliser = data.batch(model, epoch, index, start + index, 1, 0, 1)
+            with torch.no_grad():
+                losses = loss_fn(model(xb), yb)
+            data.trained(losses)
+            weights = data.weights if data.weights is not None else torch.ones_like(losses)
+            total += float((losses * weights).sum()) / normaliser
+            trained.append(len(xb))
+        return total, trained
+
+    whole, trained = epoch_gradient(0, 0)  # nothing known: every row trains, 64 a step, normalised by 64
+    assert trained == [64] * 64
+    pruned, trained = epoch_gradient(1, 64)  # 128 rows dealt a step, about 128 * (1 - 0.7 * below mean) train
+    assert len(trained) == 32 and 64 < np.mean(trained) < 128
+    # the model is unchanged, so each row's loss is its remembered one: InfoBatch's rescaling keeps the
+    # epoch's gradient (a sum over half the steps, each over batch_size) that of a whole epoch
+    assert pruned == pytest.approx(whole, rel=0.03)
+
+
 def test_the_spec_checks_pruning():
     with pytest.raises(SpecError, match=r"sifting\.prune: a streamed channel"):
         parse_job(spec(reuse_loss_epochs=0, prune={"learnt_fraction": 0.5}))
@@ -156,8 +218,10 @@ def test_two_groups_prune_by_their_losses_and_agree_after_a_heal(trainyard_home,
     with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
         outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
-    # 600 rows, 128 dealt a step (batch_factor 2): 5 steps an epoch, each training about 64 once pruned
-    assert outcome.steps == 24 * 5 and outcome.steps_per_epoch == 5
+    # 600 rows, 128 dealt a step (batch_factor 2) in epochs 1-20: 5 steps each, about 64 rows trained a step
+    # once pruned; the first epoch (nothing known) and the last three (from until, 0.875) take 10 steps of 64
+    assert [h["steps"] for h in outcome.history] == [10] + [5] * 20 + [10] * 3
+    assert outcome.steps == 140 and outcome.steps_per_epoch == 10
     sifting = outcome.sifting
     assert outcome.flops["scoring"] == 0 and sifting["scored"] == 0  # pruning reads the training passes' losses
     assert sifting["pruned_learnt"] > 0 and sifting["pruned_hardest"] > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,7 @@ from trainyard.spec import parse_job
 from trainyard.training.sampling import Sampler, step_batch
 
 
-def sampler(distribution: str, rows: int = 203, batch_size: int = 24) -> Sampler:
+def sampler(distribution: str, rows: int = 203, batch_size: int = 24, epoch_batch=None) -> Sampler:
     job = parse_job(
         {
             "name": "s",
@@ -24,7 +26,7 @@ def sampler(distribution: str, rows: int = 203, batch_size: int = 24) -> Sampler
         {"id": f"o{i}", "start": a, "end": min(a + 50, rows), "row_groups": []}
         for i, a in enumerate(range(0, rows, 50))
     ]
-    return Sampler(x, np.zeros(rows, dtype=np.int64), job, layout)
+    return Sampler(x, np.zeros(rows, dtype=np.int64), job, layout, epoch_batch=epoch_batch)
 
 
 @pytest.mark.parametrize("distribution", ["replicated", "sharded"])
@@ -44,6 +46,24 @@ def test_every_step_is_split_between_the_quorum_without_loss_or_doubling(distrib
         assert sorted(epoch_rows) == list(range(203))  # every row once an epoch
     else:  # every row at least once; smaller shares wrap around to the largest share's length
         assert set(epoch_rows) == set(range(203))
+
+
+@pytest.mark.parametrize("distribution", ["replicated", "sharded"])
+def test_an_epoch_dealt_larger_batches_takes_fewer_steps_and_still_deals_every_row(distribution):
+    s = sampler(distribution, epoch_batch=lambda epoch: 48 if epoch == 1 else 24)  # sifting.prune.batch_factor
+    assert [s.steps_per_epoch(1, epoch) for epoch in range(3)] == [9, 5, 9]  # ceil(203 / 48) in epoch 1
+    assert s.steps_per_epoch(2, 1) == math.ceil(s.steps_per_epoch(2, 0) / 2)  # 24 rows a slot a step, not 12
+    for slots, members in ((1, 1), (2, 2), (2, 3)):
+        rows = []
+        for index in range(s.steps_per_epoch(slots, 1)):
+            parts = [step_batch(s, 1, index, slots, rank, members) for rank in range(members)]
+            assert {total for *_, total in parts} == {sum(s.slot_sizes(index, slots, 1))}
+            assert sum(s.slot_sizes(index, slots, 1)) <= 48
+            rows += [int(v) for x, _, _ in parts for v in x[:, 0]]
+        if distribution == "replicated":
+            assert sorted(rows) == list(range(203))
+        else:
+            assert set(rows) == set(range(203))
 
 
 def test_the_epoch_is_a_function_of_the_step():

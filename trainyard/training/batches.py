@@ -15,7 +15,8 @@ With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (tw
 only the candidates whose loss is unknown or too old.
 With ``sifting.prune`` (``sifting.Pruner``) the rows the keep rule kept (or all the group's rows, with
 beta 0) are pruned by those remembered losses: some sit out the step, the kept learnt ones get a loss
-weight (``StepData.weights``), and the step's normaliser stays the rows dealt.
+weight (``StepData.weights``), and the step's normaliser stays the rows dealt (over ``batch_factor``,
+whose epochs are dealt that many times the rows a step).
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ class StepData:
         hp = job.hyperparameters
         self.device = device or torch.device("cpu")  # batches are cut on the CPU and moved here
         self.sifter = Sifter(job.sifting, hp.seed) if job.sifting.enabled else None
-        # with sifting.prune.batch_factor, more rows are dealt a step, for about batch_size to train once pruned
-        batch = (
-            self.sifter.candidate_batch(job.sifting.prune.dealt_batch(hp.batch_size)) if self.sifter else hp.batch_size
-        )
+        self.batch_size, self.epochs, self.pruning = hp.batch_size, hp.epochs, job.sifting.prune
+        batch = self.sifter.candidate_batch(hp.batch_size) if self.sifter else hp.batch_size
         self.classification = job.algorithm.task == "classification"
         # the sifter counts class indices; reports name the classes by their label values
         self._class_names = [str(c) for c in plan.schema.get("classes") or []]
@@ -59,7 +58,9 @@ class StepData:
         self.reducible = job.sifting.by_reducible_loss
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
         prune = job.sifting.enabled and job.sifting.prune.active
-        self.pruner = Pruner(job.sifting.prune, hp.epochs, hp.seed) if prune else None
+        classes = len(plan.schema.get("classes") or []) or plan.schema.get("num_outputs")
+        classes = classes if self.classification else None
+        self.pruner = Pruner(job.sifting.prune, hp.epochs, hp.seed, classes) if prune else None
         # the keep rule reuses losses only up to `reuse` epochs old; pruning reads any age (InfoBatch)
         self.memory = LossMemory(len(x), reuse) if reuse or prune else None
         self.weights: torch.Tensor | None = None  # the last batch's loss weights (pruning), None when all are 1
@@ -72,13 +73,21 @@ class StepData:
             side += [_row_id_columns(len(x))] if self.memory else []
             if side:
                 x = torch.cat([torch.as_tensor(x), *side], dim=1)
-            self.sampler = Sampler(x, y, job, plan.train_layout, batch_size=batch)
+            # with sifting.prune.batch_factor, the pruning epochs deal more rows a step, about batch_size to train
+            epoch_batch = (lambda e: self.sifter.candidate_batch(self._dealt(e))) if self.pruner else None
+            self.sampler = Sampler(x, y, job, plan.train_layout, batch_size=batch, epoch_batch=epoch_batch)
 
-    def steps_per_epoch(self, slots: int) -> int:
-        return self.sampler.steps_per_epoch(slots)
+    def _dealt(self, epoch: int) -> int:
+        """Rows dealt (kept by the keep rule) a step of ``epoch``, across the quorum."""
+        return self.pruning.dealt_batch(self.batch_size, epoch, self.epochs)
+
+    def steps_per_epoch(self, slots: int, epoch: int) -> int:
+        return self.sampler.steps_per_epoch(slots, epoch)
 
     def batch(self, model, epoch: int, index: int, step: int, slots: int, rank: int, members: int) -> tuple:
-        """``(x, y, global_count)``: this group's rows at this step and the rows trained across the quorum."""
+        """``(x, y, normaliser)``: this group's rows at this step, and what the quorum's summed loss is divided
+        by: the rows trained across the quorum, or with pruning the rows dealt; in the epochs that
+        ``sifting.prune.batch_factor`` deals more rows, those over the factor (about ``batch_size``)."""
         xb, yb, global_count = step_batch(self.sampler, epoch, index, slots, rank, members)
         reference = rows = None
         if self._side:
@@ -90,7 +99,7 @@ class StepData:
             return xb.to(self.device), yb.to(self.device), global_count
         if self.memory is not None:
             self.memory.begin(step)
-        keeps = self.sifter.keep_counts(member_sizes(self.sampler, index, slots, members), step)
+        keeps = self.sifter.keep_counts(member_sizes(self.sampler, epoch, index, slots, members), step)
         keep, global_count = keeps[rank], sum(keeps)
         labels = yb.numpy() if self.classification else None
         if not self.sifter.active(step) or keep == 0:
@@ -105,10 +114,13 @@ class StepData:
             chosen = self.sifter.select(scores, labels, keep, step, rank)
         if self.pruner is not None:
             # The step's normaliser stays the rows dealt (global_count): the kept learnt rows' weights make
-            # up for the pruned ones, and the hardest are left out of the gradient altogether.
+            # up for the pruned ones, and the hardest are left out of the gradient altogether. With a
+            # batch_factor, the rows dealt over the factor: InfoBatch's mean over a batch of about batch_size
+            # rows, so an epoch's steps add up to a whole epoch's gradient in fewer, larger steps.
             kept, weights = self.pruner.decide(rows[chosen], self.memory, epoch, step)
             chosen = chosen[kept]
             self.weights = torch.from_numpy(weights).to(self.device) if (weights != 1).any() else None
+            global_count = global_count * self.batch_size / self._dealt(epoch)
         self._trained = (rows[chosen], epoch) if rows is not None else None
         picked = torch.from_numpy(chosen).to(xb.device)
         return xb[picked].to(self.device), yb[picked].to(self.device), global_count

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,9 +33,9 @@ from trainyard.training.plan import TrainingPlan
 _SEED_STRIDE = 1_000_003
 
 
-def member_sizes(sampler, index: int, slots: int, members: int) -> list[int]:
-    """Rows each of the quorum's ``members`` groups takes at step ``index`` (as ``step_batch`` deals them)."""
-    sizes = sampler.slot_sizes(index, slots)
+def member_sizes(sampler, epoch: int, index: int, slots: int, members: int) -> list[int]:
+    """Rows each of the quorum's ``members`` groups takes at step ``index`` of ``epoch`` (as ``step_batch`` deals)."""
+    sizes = sampler.slot_sizes(index, slots, epoch)
     if members == slots:
         return sizes
     return np.diff(np.linspace(0, sum(sizes), members + 1).astype(int)).tolist()
@@ -46,7 +47,7 @@ def step_batch(sampler, epoch: int, index: int, slots: int, rank: int, members: 
     ``slots`` groups were dealt the epoch; ``members`` groups are in this step's quorum and this
     group is number ``rank`` among them.
     """
-    sizes = sampler.slot_sizes(index, slots)
+    sizes = sampler.slot_sizes(index, slots, epoch)
     if members == slots:
         x, y = sampler.slot_batch(epoch, index, slots, rank)
         return x, y, sum(sizes)
@@ -74,42 +75,57 @@ class Sampler:
     batch is the next ``batch_size`` rows of it, cut into one contiguous part per slot. sharded:
     each slot permutes only its own share (``sharding``) and takes ``batch_size / slots`` rows a
     step; smaller shares wrap around so that every slot takes the same number of steps.
+    ``epoch_batch``, when given, is the global batch of each epoch instead (``sifting.prune.batch_factor``
+    deals more rows a step in the epochs that prune): a function of the epoch alone, as every answer here.
     """
 
     def __init__(
-        self, x: np.ndarray, y: np.ndarray, job: TrainingJob, layout: list[dict], batch_size: int | None = None
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        job: TrainingJob,
+        layout: list[dict],
+        batch_size: int | None = None,
+        epoch_batch: Callable[[int], int] | None = None,
     ):
         self.x, self.y = torch.as_tensor(x), torch.as_tensor(y)
         self.seed, self.num_rows = job.hyperparameters.seed, len(x)
         self.batch_size = batch_size or job.hyperparameters.batch_size  # the global batch (of candidates)
+        self._epoch_batch = epoch_batch
         self.layout = layout if job.inputs.train.distribution == "sharded" else None
         self._shares: dict[int, list[np.ndarray]] = {}
         self._perm: tuple[int, torch.Tensor] | None = None
 
-    def steps_per_epoch(self, slots: int) -> int:
-        """Steps in an epoch dealt to ``slots`` groups."""
+    def steps_per_epoch(self, slots: int, epoch: int = 0) -> int:
+        """Steps in ``epoch`` dealt to ``slots`` groups."""
         if self.layout is None:
-            return max(1, math.ceil(self.num_rows / self.batch_size))
-        return max(1, math.ceil(self._rows_per_slot(slots) / self._slot_batch(slots)))
+            return max(1, math.ceil(self.num_rows / self.global_batch(epoch)))
+        return max(1, math.ceil(self._rows_per_slot(slots) / self._slot_batch(slots, epoch)))
 
-    def slot_sizes(self, index: int, slots: int) -> list[int]:
-        """Rows of each slot's batch at step ``index`` of the epoch."""
+    def global_batch(self, epoch: int) -> int:
+        """The global batch (of candidates) of each step of ``epoch``."""
+        return self._epoch_batch(epoch) if self._epoch_batch else self.batch_size
+
+    def slot_sizes(self, index: int, slots: int, epoch: int = 0) -> list[int]:
+        """Rows of each slot's batch at step ``index`` of ``epoch``."""
         if self.layout is None:
-            count = min(self.batch_size, self.num_rows - index * self.batch_size)
+            batch = self.global_batch(epoch)
+            count = min(batch, self.num_rows - index * batch)
             return [len(part) for part in np.array_split(np.arange(max(count, 0)), slots)]
-        b = self._slot_batch(slots)
+        b = self._slot_batch(slots, epoch)
         return [max(0, min(b, self._rows_per_slot(slots) - index * b))] * slots
 
     def slot_batch(self, epoch: int, index: int, slots: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of slot ``slot``'s batch at step ``index`` of ``epoch``."""
         if self.layout is None:
-            rows = self._permutation(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
+            batch = self.global_batch(epoch)
+            rows = self._permutation(epoch)[index * batch : (index + 1) * batch]
             rows = torch.tensor_split(rows, slots)[slot]
         else:
             share = self._shares_for(slots)[slot]
             gen = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + epoch * 1009 + slot)
             order = torch.from_numpy(share)[torch.randperm(len(share), generator=gen)]
-            b = self._slot_batch(slots)
+            b = self._slot_batch(slots, epoch)
             positions = torch.arange(index * b, min((index + 1) * b, self._rows_per_slot(slots)))
             rows = order[positions % len(order)]
         return self.x[rows], self.y[rows]
@@ -131,8 +147,8 @@ class Sampler:
     def _rows_per_slot(self, slots: int) -> int:
         return max(len(share) for share in self._shares_for(slots))
 
-    def _slot_batch(self, slots: int) -> int:
-        return max(1, math.ceil(self.batch_size / slots))
+    def _slot_batch(self, slots: int, epoch: int) -> int:
+        return max(1, math.ceil(self.global_batch(epoch) / slots))
 
 
 _PART = "@rows"  # in a unit's id: a range of a row group's rows, "<row group id>@rows<first>:<last>"
@@ -190,12 +206,12 @@ class StreamSampler:
         self._shuffled: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
-    def steps_per_epoch(self, slots: int) -> int:
-        """Steps in an epoch dealt to ``slots`` groups."""
+    def steps_per_epoch(self, slots: int, epoch: int = 0) -> int:
+        """Steps in an epoch dealt to ``slots`` groups (the same every epoch)."""
         return max(1, math.ceil(self._rows_per_slot(slots) / self._slot_batch(slots)))
 
-    def slot_sizes(self, index: int, slots: int) -> list[int]:
-        """Rows of each slot's batch at step ``index`` of the epoch."""
+    def slot_sizes(self, index: int, slots: int, epoch: int = 0) -> list[int]:
+        """Rows of each slot's batch at step ``index`` of any epoch."""
         b = self._slot_batch(slots)
         return [max(0, min(b, self._rows_per_slot(slots) - index * b))] * slots
 

@@ -195,7 +195,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if step == cursor["start_step"]:
                 cursor["slots"] = members  # the epoch is dealt to the groups in its first quorum
             participating = rank is not None
-            xb, yb, global_count = data.batch(
+            xb, yb, normaliser = data.batch(
                 model, cursor["epoch"], step - cursor["start_step"], step, cursor["slots"], rank or 0, members
             )
             if first_batch_seconds is None:
@@ -207,12 +207,12 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             # torchft averages gradients over the quorum's groups, whose batches may differ in size:
             # scaled so, the average is the gradient of the mean loss over the whole global batch.
             weighted = losses if data.weights is None else losses * data.weights  # sifting.prune's kept learnt rows
-            (weighted.sum() * (members / max(global_count, 1))).backward()
+            (weighted.sum() * (members / max(normaliser, 1))).backward()
             if participating:
                 meter.add_train_step(xb, yb)
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
-            index, spe = step - cursor["start_step"], data.steps_per_epoch(cursor["slots"])
+            index, spe = step - cursor["start_step"], data.steps_per_epoch(cursor["slots"], cursor["epoch"])
             for param_group in optimizer.param_groups:
                 param_group["lr"] = learning_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs)
             optimizer.step()
@@ -227,8 +227,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 epoch_loss_sum += float(losses.detach().sum())
                 epoch_loss_count += len(xb)
             counts.write(manager.current_step(), samples_trained, meter, data)
-            if manager.current_step() - cursor["start_step"] >= data.steps_per_epoch(cursor["slots"]):
-                metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1)} | data.epoch_metrics()
+            if manager.current_step() - cursor["start_step"] >= spe:
+                metrics = {"train_loss": epoch_loss_sum / max(epoch_loss_count, 1), "steps": spe}
+                metrics |= data.epoch_metrics()
                 # This group's training FLOPs so far (forward, backward, sifting's scoring; counted from
                 # its own start: a restarted group's count restarts): compute over time, per epoch.
                 metrics["group_train_flops"] = meter.forward + meter.backward + meter.scoring
@@ -250,7 +251,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     result = report()
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
-        "steps_per_epoch": data.steps_per_epoch(cursor["slots"] or plan.num_replicas),
+        "steps_per_epoch": data.steps_per_epoch(cursor["slots"] or plan.num_replicas, 0),  # the first epoch's
         "first_batch_seconds": first_batch_seconds,
         "wall_seconds": time.monotonic() - started,
         "finished": True,
