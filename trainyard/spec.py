@@ -293,8 +293,9 @@ class Pruning(_Model):
     from ``until`` of the epochs on, every such row trains again. With label noise, the rows whose
     loss stays highest once the network has fitted the clean labels (networks fit clean labels
     before noisy ones) are mostly mislabelled: ``hardest_fraction`` of them are left out from
-    ``hardest_after`` of the epochs on. The losses are the training forward pass's own (and any
-    scoring pass's): pruning costs no extra FLOPs.
+    ``hardest_after`` of the epochs on, those above ``hardest_min_loss`` only (a classifier's: less likely
+    than chance). The losses are the training forward pass's own (and any scoring pass's): pruning
+    costs no extra FLOPs. ``batch_factor`` cuts the pruning epochs' steps as well as their rows.
     """
 
     learnt_fraction: float = Field(
@@ -393,7 +394,7 @@ class Sifting(_Model):
     )
     # Default from benchmarks/sifting.py: with the duplicates prefilter and beta 1, reusing losses one
     # epoch old was the best combination found (fewest FLOPs to the baseline's accuracy, two tuning seeds)
-    # at stops 16-24. Since stop 25 it picks sifting.prune alone; not made the default (README: Sifting).
+    # at stops 16-24. At stops 25 and 26 it picks sifting.prune alone; not made the default (README: Sifting).
     reuse_loss_epochs: int | None = Field(
         default=None,
         ge=0,
