@@ -1,0 +1,101 @@
+"""Measure named sifting settings against the baseline on given seeds, without the search.
+
+``benchmarks/sifting.py`` tunes, picks one combination and measures it. This measures settings you
+name, with the same runs (``_sifting_data.train``: real one-group Trainyard jobs, each filtering arm's
+epochs filling the baseline's FLOPs) and the same figures: FLOPs and wall time to the baseline's final
+validation accuracy as multiples of the baseline's (measured in the same run, one run at a time), and
+accuracy at equal FLOPs. No targets, no tuning: the learning rate is given (``sifting.py``'s tuning
+has picked 0.003 for both datasets at every stop since 16).
+
+    .venv/bin/python benchmarks/sifting_arms.py                          # the stop 26 table, about 6 minutes
+    .venv/bin/python benchmarks/sifting_arms.py --datasets digits --seeds 0 1 2 3 --settings prune-x2 keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in sys.path]
+
+import _sifting_data as sd  # noqa: E402
+from _sifting_data import Setting  # noqa: E402
+
+SETTINGS = {
+    "prune-x1": Setting(0.0, None, prune=(0.7, 0.1, 1.0)),  # sifting.py's pick at stops 25 and 26
+    "prune-x2": Setting(0.0, None, prune=(0.7, 0.1, 2.0)),
+    "keep": Setting(1.0, (0.0, 0.0), reuse=1),  # the default of sifting.enabled: true
+    "keep-prune-x2": Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),
+    "online-2": Setting(2.0),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=["tabular", "digits"], choices=["tabular", "digits"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (sifting.py reports 0 1 2)")
+    parser.add_argument("--lr", type=float, default=0.003, help="learning rate of every arm")
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=["prune-x1", "prune-x2", "keep-prune-x2"],
+        choices=sorted(SETTINGS),
+        help="; ".join(f"{name}: {setting.label()}" for name, setting in SETTINGS.items()),
+    )
+    args = parser.parse_args()
+    home = tempfile.TemporaryDirectory(prefix="sifting-arms-")
+    os.environ["TRAINYARD_HOME"] = home.name
+    os.environ["TRAINYARD_STEP_LOG"] = "1"
+    figures: dict[tuple[str, str], list[tuple[float | None, float | None, float]]] = {}
+    for name in args.datasets:
+        epochs = sd.load(name, 0).epochs
+        for seed in args.seeds:
+            base = sd.train(name, seed, False, Setting(), args.lr, epochs=epochs)
+            target, budget = base.accuracy[-1], base.cum_flops[-1]
+            print(f"{name} seed {seed}: baseline final accuracy {target:.4f}, {base.median_step_ms:.1f} ms/step")
+            for key in args.settings:
+                setting = SETTINGS[key]
+                run = sd.train(name, seed, False, setting, args.lr, **setting.length(epochs, budget))
+                flops, wall = run.flops_to(target), run.wall_to(target)
+                row = (
+                    None if flops is None else flops / base.flops_to(target),
+                    None if wall is None else wall / base.wall_to(target),
+                    100 * (run.accuracy_at(budget) - target),
+                )
+                figures.setdefault((name, key), []).append(row)
+                steps = [entry["steps"] for entry in run.history]
+                print(
+                    f"  {setting.label():70} {run.epochs} ep, FLOPs {fmt(row[0])}, wall {fmt(row[1])}, "
+                    f"{row[2]:+.2f} pts at equal FLOPs; steps of the first epochs {steps[:3]}, "
+                    f"{run.median_step_ms:.1f} ms/step",
+                    flush=True,
+                )
+    seeds = " ".join(map(str, args.seeds))
+    print(f"\nMedians [each seed] over seeds {seeds}; x the baseline's, to its final accuracy:")
+    for (name, key), rows in figures.items():
+        cells = [" ".join(fmt(r[i]) for r in rows) for i in range(2)] + [" ".join(f"{r[2]:+.2f}" for r in rows)]
+        print(
+            f"  {name:8} {key:14} FLOPs {fmt(median(r[0] for r in rows))} [{cells[0]}]  "
+            f"wall {fmt(median(r[1] for r in rows))} [{cells[1]}]  "
+            f"Δ acc {statistics.median(r[2] for r in rows):+.2f} pts [{cells[2]}]"
+        )
+    print("  '-': the target not reached within the baseline's FLOPs (counted as worse than any number)")
+    home.cleanup()
+
+
+def median(values) -> float | None:
+    ranked = sorted(float("inf") if v is None else v for v in values)
+    m = statistics.median(ranked)
+    return None if m == float("inf") else m
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    main()
