@@ -24,6 +24,7 @@ sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in 
 
 import _sifting_data as sd  # noqa: E402
 from _sifting_data import Setting  # noqa: E402
+from sifting import median  # noqa: E402  (None, not reached, ranks worse than any number)
 
 SETTINGS = {
     "prune-x1": Setting(0.0, None, prune=(0.7, 0.1, 1.0)),  # sifting.py's pick at stops 25 and 26
@@ -79,18 +80,12 @@ def main() -> None:
     for (name, key), rows in figures.items():
         cells = [" ".join(fmt(r[i]) for r in rows) for i in range(2)] + [" ".join(f"{r[2]:+.2f}" for r in rows)]
         print(
-            f"  {name:8} {key:14} FLOPs {fmt(median(r[0] for r in rows))} [{cells[0]}]  "
-            f"wall {fmt(median(r[1] for r in rows))} [{cells[1]}]  "
+            f"  {name:8} {key:14} FLOPs {fmt(median([r[0] for r in rows]))} [{cells[0]}]  "
+            f"wall {fmt(median([r[1] for r in rows]))} [{cells[1]}]  "
             f"Δ acc {statistics.median(r[2] for r in rows):+.2f} pts [{cells[2]}]"
         )
     print("  '-': the target not reached within the baseline's FLOPs (counted as worse than any number)")
     home.cleanup()
-
-
-def median(values) -> float | None:
-    ranked = sorted(float("inf") if v is None else v for v in values)
-    m = statistics.median(ranked)
-    return None if m == float("inf") else m
 
 
 def fmt(value: float | None) -> str:
