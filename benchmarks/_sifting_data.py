@@ -207,6 +207,11 @@ class Run:
         i = self.first_reaching(target)
         return None if i is None else self.cum_flops[i]
 
+    def steps_to(self, target: float) -> int | None:
+        """Optimizer steps up to the end of the first epoch that reaches ``target``."""
+        i = self.first_reaching(target)
+        return None if i is None else sum(h["steps"] for h in self.history[: i + 1])
+
     def wall_to(self, target: float) -> float | None:
         i = self.first_reaching(target)
         return None if i is None else self.cum_wall[i]

@@ -80,6 +80,7 @@ COMBINATIONS = (
     # sifting.prune (InfoBatch, and the hardest 10% left out from a quarter of the epochs on), no keep rule
     Setting(0.0, None, prune=(0.7, 0.1, 1.0)),
     Setting(0.0, None, prune=(0.7, 0.1, 2.0)),  # half the steps in the pruning epochs, about batch_size rows each
+    Setting(0.0, None, prune=(0.7, 0.1, 3.0)),  # a third of the steps, about 1.5 batch_size rows each
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),  # the keep rule with the hardest rows left out
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),  # the keep rule, then pruning, half the steps
 )
@@ -201,6 +202,8 @@ def tuning_line(run: Run, base: Run, target: float) -> str:
     reached = run.flops_to(target)
     to = f"{reached / base.flops_to(target):.2f}x" if reached is not None else "not reached"
     acc = run.accuracy_at(base.cum_flops[-1])
+    steps = run.steps_to(target)
+    to += f" in {steps / base.steps_to(target):.2f}x the steps" if steps is not None else ""
     line = f"to target {to:>11}, acc at equal FLOPs {acc:.4f} ({100 * (acc - target):+.1f} pts), {run.epochs} ep"
     if run.prefilter:
         line += f", kept {run.prefilter['kept_fraction']:.0%}"

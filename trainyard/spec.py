@@ -394,7 +394,7 @@ class Sifting(_Model):
     )
     # Default from benchmarks/sifting.py: with the duplicates prefilter and beta 1, reusing losses one
     # epoch old was the best combination found (fewest FLOPs to the baseline's accuracy, two tuning seeds)
-    # at stops 16-24. At stops 25 and 26 it picks sifting.prune alone; not made the default (README: Sifting).
+    # at stops 16-24. At stops 25 to 27 it picks sifting.prune alone; not made the default (README: Sifting).
     reuse_loss_epochs: int | None = Field(
         default=None,
         ge=0,

@@ -289,7 +289,7 @@ def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
 
 
 def test_sifting_enabled_alone_turns_on_the_pinned_default_combination():
-    # benchmarks/sifting.py's pick (stops 16-24; stops 25 and 26 picked pruning alone; not the default, README):
+    # benchmarks/sifting.py's pick (stops 16-24; stops 25 to 27 picked pruning alone; not the default, README):
     # the duplicates prefilter, online beta 1 ranked by loss,
     # losses reused one epoch; smart sifting's history length. The delay is 10 steps where smart
     # sifting's is 1000 (longer than many small jobs): a deliberate difference, pinned here with the rest.
