@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/sifting.py            # 2 datasets, 3 seeds, tuning included (~12 min, 2 idle cores)
+    .venv/bin/python benchmarks/sifting.py            # 2 datasets, 3 seeds, tuning included (~27 min on 2 cores)
     .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
 
 Datasets (``_sifting_data.py``): synthetic tabular data with redundancy (near-duplicates, exact
