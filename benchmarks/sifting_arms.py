@@ -34,7 +34,7 @@ SETTINGS = {
     "keep-prune-x2": Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),
     "online-2": Setting(2.0),
     # stop 27: a third of the steps (tabular meets its FLOPs, wall and accuracy targets; digits does not), and
-    # the keep rule with x3 or with the hardest 20% left out (neither reached tabular's target on seeds 100-103)
+    # the keep rule with x3 or with the hardest 20% left out (each missed tabular's target on 2 of seeds 100-103)
     "prune-x3": Setting(0.0, None, prune=(0.7, 0.1, 3.0)),
     "prune-x4": Setting(0.0, None, prune=(0.7, 0.1, 4.0)),  # stop 27 probes: neither beats x3 on both datasets
     "prune-0.85-x3": Setting(0.0, None, prune=(0.85, 0.1, 3.0)),
