@@ -28,7 +28,7 @@ from _sifting_data import Setting  # noqa: E402
 from sifting import median  # noqa: E402  (None, not reached, ranks worse than any number)
 
 SETTINGS = {
-    "prune-x1": Setting(0.0, None, prune=(0.7, 0.1, 1.0)),  # sifting.py's pick at stops 25 and 26
+    "prune-x1": Setting(0.0, None, prune=(0.7, 0.1, 1.0)),  # sifting.py's pick at stops 25 to 27
     "prune-x2": Setting(0.0, None, prune=(0.7, 0.1, 2.0)),
     "keep": Setting(1.0, (0.0, 0.0), reuse=1),  # the default of sifting.enabled: true
     "keep-prune-x2": Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),
