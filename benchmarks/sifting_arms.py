@@ -3,12 +3,13 @@
 ``benchmarks/sifting.py`` tunes, picks one combination and measures it. This measures settings you
 name, with the same runs (``_sifting_data.train``: real one-group Trainyard jobs, each filtering arm's
 epochs filling the baseline's FLOPs) and the same figures: FLOPs and wall time to the baseline's final
-validation accuracy as multiples of the baseline's (measured in the same run, one run at a time), and
-accuracy at equal FLOPs. No targets, no tuning: the learning rate is given (``sifting.py``'s tuning
+validation accuracy as multiples of the baseline's (measured in the same run, one run at a time, each
+done ``--repeats`` times and its wall time the median, as ``sifting.py``'s measured runs), and accuracy
+at equal FLOPs. No targets, no tuning: the learning rate is given (``sifting.py``'s tuning
 has picked 0.003 for both datasets at every stop since 16).
 
-    .venv/bin/python benchmarks/sifting_arms.py                          # the stop 26 table, about 6 minutes
-    .venv/bin/python benchmarks/sifting_arms.py --settings prune-x3 prune-x2             # stop 27 (about 3 minutes)
+    .venv/bin/python benchmarks/sifting_arms.py                          # the stop 26 table, about 18 minutes
+    .venv/bin/python benchmarks/sifting_arms.py --settings prune-x3 prune-x2             # stop 27 (about 9 minutes)
     .venv/bin/python benchmarks/sifting_arms.py --datasets digits --seeds 0 1 2 3 --settings prune-x2 keep
 """
 
@@ -25,7 +26,7 @@ sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in 
 
 import _sifting_data as sd  # noqa: E402
 from _sifting_data import Setting  # noqa: E402
-from sifting import median  # noqa: E402  (None, not reached, ranks worse than any number)
+from sifting import median, timed  # noqa: E402  (median: None, not reached, ranks worse than any number)
 
 SETTINGS = {
     "prune-x1": Setting(0.0, None, prune=(0.7, 0.1, 1.0)),  # sifting.py's pick at stops 25 to 27
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (sifting.py reports 0 1 2)")
     parser.add_argument("--lr", type=float, default=0.003, help="learning rate of every arm")
     parser.add_argument(
+        "--repeats", type=int, default=3, help="each run done this many times, its wall time the median (sifting.py's)"
+    )
+    parser.add_argument(
         "--settings",
         nargs="+",
         default=["prune-x1", "prune-x2", "keep-prune-x2"],
@@ -63,12 +67,12 @@ def main() -> None:
     for name in args.datasets:
         epochs = sd.load(name, 0).epochs
         for seed in args.seeds:
-            base = sd.train(name, seed, False, Setting(), args.lr, epochs=epochs)
+            base = timed(args.repeats, name, seed, False, Setting(), args.lr, epochs=epochs)
             target, budget = base.accuracy[-1], base.cum_flops[-1]
             print(f"{name} seed {seed}: baseline final accuracy {target:.4f}, {base.median_step_ms:.1f} ms/step")
             for key in args.settings:
                 setting = SETTINGS[key]
-                run = sd.train(name, seed, False, setting, args.lr, **setting.length(epochs, budget))
+                run = timed(args.repeats, name, seed, False, setting, args.lr, **setting.length(epochs, budget))
                 flops, wall = run.flops_to(target), run.wall_to(target)
                 row = (
                     None if flops is None else flops / base.flops_to(target),

@@ -41,12 +41,14 @@ def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "traini
     candidates = candidate_batch(config.beta, dealt)
     if candidates > rows:
         factor = f" * sifting.prune.batch_factor {config.prune.batch_factor:g}" if dealt != batch_size else ""
+        # with beta 0 (pruning alone, sifting.enabled's default) only the batch factor makes a step draw more
+        knobs = (["sifting.beta"] if config.beta else []) + (["sifting.prune.batch_factor"] if factor else [])
+        fixes = ", ".join(knobs) + (" or " if knobs else "") + "hyperparameters.batch_size"
         raise SpecError(
             [
-                f"sifting.beta: each step draws hyperparameters.batch_size{factor} * (1 + beta) = {dealt} * "
-                f"{1 + config.beta:g} = {candidates} candidates, more than the {rows} {whose}; lower sifting.beta"
-                + (", sifting.prune.batch_factor" if factor else "")
-                + " or hyperparameters.batch_size"
+                f"{(knobs or ['hyperparameters.batch_size'])[0]}: each step draws hyperparameters.batch_size{factor} "
+                f"* (1 + beta) = {dealt} * {1 + config.beta:g} = {candidates} candidates, more than the {rows} "
+                f"{whose}; lower {fixes}"
             ]
         )
 

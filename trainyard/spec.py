@@ -239,7 +239,9 @@ class Prefilter(_Model):
     already learnt or unlearnable (RHO-LOSS style)."""
 
     enabled: bool | None = Field(
-        default=None, description="Prefilter the training set before training (default: when sifting is enabled)."
+        default=None,
+        description="Prefilter the training set before training. Default: when sifting is enabled and uses "
+        "it: the keep rule (beta above 0: exact duplicates out), a loss-based drop, or score reducible_loss.",
     )
     # Defaults from benchmarks/sifting.py: every loss-based drop tried cost accuracy at equal compute
     # (the reference model is weak); removing exact duplicates never did.
@@ -365,17 +367,26 @@ class Pruning(_Model):
         return max(batch_size, round(batch_size * self.batch_factor))
 
 
+# sifting.prune left unset with no keep rule, on a file-mode train channel: benchmarks/sifting.py's pick at stop 28
+DEFAULT_PRUNING = {"learnt_fraction": 0.7, "hardest_fraction": 0.1, "batch_factor": 3.0}
+
+
 class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
-    beta: float = Field(
-        default=1.0,
+    # Left unset, beta and prune are the combination benchmarks/sifting.py found best (stop 28: pruning alone,
+    # batch_factor 3, chosen by the most targets met on four tuning seeds); resolved by the job, which knows
+    # whether its train channel streams (pruning needs every row's loss in memory). README: Sifting.
+    beta: float | None = Field(
+        default=None,
         ge=0,
         validation_alias=AliasChoices("beta", "beta_value"),
         description="Keep probability = loss percentile ** beta (smart sifting's beta_value). 0 turns the keep rule "
-        "off (nothing is scored; every row dealt trains), e.g. to use only sifting.prune.",
+        "off (nothing is scored; every row dealt trains), e.g. to use only sifting.prune. Default: 0 for a file-mode "
+        "train channel (pruning alone, with sifting.prune's default: the best combination benchmarks/sifting.py "
+        "found), 1 for a streamed one.",
     )
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
     delay_steps: int = Field(
@@ -394,7 +405,7 @@ class Sifting(_Model):
     )
     # Default from benchmarks/sifting.py: with the duplicates prefilter and beta 1, reusing losses one
     # epoch old was the best combination found (fewest FLOPs to the baseline's accuracy, two tuning seeds)
-    # at stops 16-24. At stops 25 to 27 it picks sifting.prune alone; not made the default (README: Sifting).
+    # at stops 16-24; it stays the keep rule's default (beta set above 0, or a streamed channel).
     reuse_loss_epochs: int | None = Field(
         default=None,
         ge=0,
@@ -404,9 +415,11 @@ class Sifting(_Model):
         "a streamed one (its rows are not all in memory to remember their losses).",
     )
     prefilter: Prefilter = Field(default_factory=Prefilter, description="The offline prefilter, before training.")
-    prune: Pruning = Field(
-        default_factory=Pruning,
-        description="Epoch-level pruning by each row's last loss (InfoBatch), and leaving out the hardest rows.",
+    prune: Pruning | None = Field(
+        default=None,
+        description="Epoch-level pruning by each row's last loss (InfoBatch), and leaving out the hardest rows. "
+        "Default: with beta 0 or unset on a file-mode train channel, learnt_fraction 0.7, hardest_fraction 0.1, "
+        "batch_factor 3 (the best combination benchmarks/sifting.py found); otherwise off.",
     )
     min_class_fraction: float = Field(
         default=0.5,
@@ -424,10 +437,33 @@ class Sifting(_Model):
                 raise ValueError(f"{ours} and {theirs} are one setting (smart sifting's name for it); give one")
         return data
 
+    def resolved(self, streamed: bool) -> Sifting:
+        """This config with ``beta`` and ``prune`` as they apply to a train channel that is streamed or not:
+        left unset, the best combination ``benchmarks/sifting.py`` found (``DEFAULT_PRUNING`` alone, no keep
+        rule) on a file-mode channel, and smart sifting's keep rule (beta 1) on a streamed one, which cannot
+        prune. ``prune`` left unset with the keep rule asked for (beta above 0) is off: the keep rule followed
+        by that pruning missed the benchmark's targets (stop 27)."""
+        beta = self.beta if self.beta is not None else (1.0 if streamed else 0.0)
+        prune = self.prune
+        if prune is None:
+            prune = Pruning(**DEFAULT_PRUNING) if beta == 0 and not streamed else Pruning()
+        return self.model_copy(update={"beta": beta, "prune": prune})
+
+    @property
+    def prunes(self) -> bool:
+        """Whether ``prune`` leaves rows out (a job resolves it when sifting is on; unset, it is off)."""
+        return self.enabled and self.prune is not None and self.prune.active
+
     @property
     def prefilter_on(self) -> bool:
-        """Whether the filtering stage prefilters: ``prefilter.enabled``, else whenever sifting is on."""
-        return self.enabled if self.prefilter.enabled is None else self.prefilter.enabled
+        """Whether the filtering stage prefilters: ``prefilter.enabled``; left unset, when sifting is on and
+        something needs it: the keep rule (whose default removes exact duplicates first, the stop 16-24
+        pick), loss-based drops, or reducible-loss scoring (its reference losses)."""
+        if self.prefilter.enabled is not None:
+            return self.prefilter.enabled
+        pre = self.prefilter
+        wanted = (self.beta or 0) > 0 or pre.drop_learnt_fraction or pre.drop_unlearnable_fraction
+        return self.enabled and bool(wanted or self.score == "reducible_loss")
 
     def loss_reuse_epochs(self, streamed: bool) -> int:
         """``reuse_loss_epochs`` as it applies to a train channel that is streamed or not."""
@@ -596,6 +632,8 @@ class TrainingJob(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingJob:
+        if self.sifting.enabled:  # its defaults depend on the train channel (unset: None, and left so when off)
+            object.__setattr__(self, "sifting", self.sifting.resolved(self.inputs.train.mode == "stream"))
         problems = []
         for name, channel in self.channels().items():
             if name not in ("train", "validation") and self.algorithm.builtin is not None:
@@ -662,7 +700,7 @@ class TrainingJob(_Model):
                 "sifting.prefilter: a streamed channel is never read whole before training, so it cannot be "
                 "prefiltered: remove sifting.prefilter, or inputs.train.mode: file"
             )
-        if self.sifting.enabled and self.sifting.prune.active and self.inputs.train.mode == "stream":
+        if self.sifting.prunes and self.inputs.train.mode == "stream":
             problems.append(
                 "sifting.prune: a streamed channel's rows are not all in memory to remember their losses: "
                 "set learnt_fraction and hardest_fraction to 0, or inputs.train.mode: file"
@@ -754,7 +792,11 @@ def ignored_settings(job: TrainingJob) -> list[str]:
     if not sifting.prefilter_on:
         tuned = _tuned(sifting.prefilter, {"enabled"})
         if tuned:
-            switch = "sifting.prefilter.enabled" if sifting.prefilter.enabled is False else "sifting.enabled"
+            switch = (
+                "sifting.prefilter.enabled"
+                if sifting.prefilter.enabled is False or sifting.enabled
+                else "sifting.enabled"
+            )
             ignored.append(
                 f"sifting.prefilter.{', sifting.prefilter.'.join(tuned)}: the prefilter is off; "
                 f"set {switch}: true to use them"

@@ -123,7 +123,7 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
         # what the keep rule alone would have kept, epoch by epoch (None where nothing was ranked)
         "mean_keep_probability_by_epoch": [e.get("mean_keep_probability") for e in sifted_epochs],
     }
-    if job.sifting.enabled and job.sifting.prune.active:  # the share of each epoch's rows that sat out
+    if job.sifting.prunes:  # the share of each epoch's rows that sat out
         section["pruned_fraction_by_epoch"] = [e.get("pruned_fraction") for e in sifted_epochs]
     if online and online.get("scoring_flops") and online["scoring_flops"] >= online["training_flops_skipped"]:
         # Scoring every one of C candidates costs C forwards and saves the forward and backward of the

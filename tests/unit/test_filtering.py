@@ -98,12 +98,14 @@ def test_the_stage_writes_a_filtered_training_file_and_its_layout(tmp_path):
     assert again.manifest_digest == report.manifest_digest  # the same selection, the same lineage
 
 
-def test_sifting_on_alone_prefilters_duplicates_only_without_a_reference_model(tmp_path):
+def test_the_keep_rule_alone_prefilters_duplicates_only_without_a_reference_model(tmp_path):
     x, y, _ = noisy_blobs(rows=400)
     np.savez(tmp_path / "train.npz", x=x, y=y)
     staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 500}, [])
-    report = filtering.filter_samples(staged, Sifting(enabled=True), "classification")
+    report = filtering.filter_samples(staged, Sifting(enabled=True, beta=1.0), "classification")
     assert report.dropped == {"duplicate": 100} and report.scoring_flops == 0 and report.kept == 400
+    # pruning alone (sifting.enabled's default on a file-mode channel, beta 0) was measured without it
+    assert filtering.filter_samples(staged, Sifting(enabled=True, beta=0.0), "classification").dropped == {}
 
 
 CHAMPION_BASED = LOSS_BASED.model_copy(update={"reference": "champion"})

@@ -144,6 +144,16 @@ def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
     check_fits(config, 64, 256)  # 64 * 2 * (1 + 1) = 256 candidates
     with pytest.raises(SpecError, match=r"batch_size \* sifting.prune.batch_factor 2 \* \(1 \+ beta\) = 128 \* 2"):
         check_fits(config, 64, 255)
+    # pruning alone (sifting.enabled's default: batch_factor 3, beta 0): the batch factor is what to lower
+    alone = Sifting(enabled=True, beta=0, prune={"learnt_fraction": 0.7, "batch_factor": 3})
+    check_fits(alone, 64, 192)
+    with pytest.raises(SpecError) as refused:
+        check_fits(alone, 64, 191)
+    assert refused.value.problems == [
+        "sifting.prune.batch_factor: each step draws hyperparameters.batch_size * sifting.prune.batch_factor 3 * "
+        "(1 + beta) = 192 * 1 = 192 candidates, more than the 191 training rows; lower sifting.prune.batch_factor "
+        "or hyperparameters.batch_size"
+    ]
 
 
 def test_batch_factor_deals_its_larger_batches_only_in_the_epochs_that_prune_learnt_rows():

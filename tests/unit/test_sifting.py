@@ -203,7 +203,7 @@ def test_the_class_balance_guard_swaps_as_the_loop_it_replaced():
         order = np.lexsort((rng.random(n), -(rng.random(n) ** 4)))
         chosen = np.sort(order[:keep] if rng.random() < 0.5 else rng.choice(n, keep, replace=False))
         expected = _guard_by_loop(floor, chosen, order, labels, keep)
-        sifter = Sifter(Sifting(enabled=True, min_class_fraction=floor), seed=0)
+        sifter = Sifter(Sifting(enabled=True, beta=1.0, min_class_fraction=floor), seed=0)
         assert np.array_equal(sifter._balance(chosen, order, labels, keep), expected)
         swapped += not np.array_equal(expected, chosen)
     assert swapped > 100  # the cases exercise the swaps, not only batches that needed none

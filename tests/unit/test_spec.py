@@ -288,18 +288,35 @@ def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
     assert any(p.startswith("sifting:") and "beta and beta_value are one setting" in p for p in both)
 
 
-def test_sifting_enabled_alone_turns_on_the_pinned_default_combination():
-    # benchmarks/sifting.py's pick (stops 16-24; stops 25 to 27 picked pruning alone; not the default, README):
-    # the duplicates prefilter, online beta 1 ranked by loss,
-    # losses reused one epoch; smart sifting's history length. The delay is 10 steps where smart
-    # sifting's is 1000 (longer than many small jobs): a deliberate difference, pinned here with the rest.
-    sifting = parse_job(minimal(sifting={"enabled": True})).sifting
-    assert (sifting.beta, sifting.score, sifting.loss_history_length, sifting.delay_steps) == (1.0, "loss", 500, 10)
-    assert sifting.loss_reuse_epochs(streamed=False) == 1 and sifting.prefilter_on
-    assert not sifting.prune.active and sifting.prune.batch_factor == 1  # pruning is asked for, not a default
+def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
+    # benchmarks/sifting.py's pick at stop 28 (the most targets met by its medians on four tuning seeds):
+    # pruning alone, no keep rule and no prefilter, a third of the steps in the pruning epochs
+    job = parse_job(minimal(sifting={"enabled": True}))
+    sifting = job.sifting
+    assert sifting.beta == 0 and not sifting.prefilter_on
+    prune = sifting.prune
+    assert (prune.learnt_fraction, prune.hardest_fraction, prune.batch_factor) == (0.7, 0.1, 3.0)
+    assert (prune.hardest_after, prune.until, prune.hardest_min_loss) == (0.25, 0.875, "chance")
+    assert (sifting.loss_history_length, sifting.delay_steps, sifting.min_class_fraction) == (500, 10, 0.5)
+    # what a deployment receives (the spec dumped whole) resolves to the same
+    assert parse_job(job.model_dump(mode="json")).sifting == sifting
+    # a streamed channel cannot prune: smart sifting's keep rule at beta 1, every candidate scored, no error
+    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
+    sifting = parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting
+    assert sifting.beta == 1 and not sifting.prune.active and sifting.loss_reuse_epochs(streamed=True) == 0
+    # the keep rule asked for keeps its own default (the stop 16-24 pick): duplicates prefilter, losses reused
+    # one epoch, and no pruning (the keep rule followed by pruning missed the targets at stop 27)
+    sifting = parse_job(minimal(sifting={"enabled": True, "beta": 1})).sifting
+    assert not sifting.prune.active and sifting.prefilter_on and sifting.loss_reuse_epochs(streamed=False) == 1
     prefilter = sifting.prefilter
     assert (prefilter.drop_learnt_fraction, prefilter.drop_unlearnable_fraction) == (0.0, 0.0)  # duplicates only
-    assert (sifting.min_class_fraction, prefilter.min_class_fraction) == (0.5, 0.5)
+    assert prefilter.min_class_fraction == 0.5
+    # pruning set by hand is kept as given; beta 0 set by hand gets the default pruning
+    given = parse_job(minimal(sifting={"enabled": True, "prune": {"learnt_fraction": 0.5}})).sifting
+    assert given.beta == 0 and (given.prune.learnt_fraction, given.prune.batch_factor) == (0.5, 1.0)
+    assert parse_job(minimal(sifting={"enabled": True, "beta": 0})).sifting.prune.batch_factor == 3.0
+    # sifting off: nothing resolved, nothing reported as set
+    assert parse_job(minimal()).sifting.beta is None and parse_job(minimal()).sifting.prune is None
 
 
 def test_a_manifest_channel_must_name_the_manifest_object():

@@ -57,7 +57,7 @@ class StepData:
         self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
-        prune = job.sifting.enabled and job.sifting.prune.active
+        prune = job.sifting.prunes
         classes = len(plan.schema.get("classes") or []) or plan.schema.get("num_outputs")
         classes = classes if self.classification else None
         self.pruner = Pruner(job.sifting.prune, hp.epochs, hp.seed, classes) if prune else None
