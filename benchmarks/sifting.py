@@ -74,14 +74,14 @@ from _sifting_data import Run, Setting  # noqa: E402
 LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 BETAS = (0.5, 1.0, 2.0)
 COMBINATIONS = (
-    Setting(1.0, (0.0, 0.0), reuse=1),  # the default of sifting.enabled: true (the pick at stops 16-24)
+    Setting(1.0, (0.0, 0.0), reuse=1),  # the keep rule's defaults (the pick at stops 16-24)
     Setting(2.0, (0.0, 0.0), reuse=1),
     Setting(None, (0.2, 0.05)),  # the prefilter alone: loss-based drops, 20% learnt, 5% unlearnable
     Setting(1.0, (0.0, 0.0), reducible=True),  # RHO-LOSS: online by reducible loss, duplicates removed
     # sifting.prune (InfoBatch, and the hardest 10% left out from a quarter of the epochs on), no keep rule
     Setting(0.0, None, prune=(0.7, 0.1, 1.0)),
     Setting(0.0, None, prune=(0.7, 0.1, 2.0)),  # half the steps in the pruning epochs, about batch_size rows each
-    Setting(0.0, None, prune=(0.7, 0.1, 3.0)),  # a third of the steps, about 1.5 batch_size rows each
+    Setting(0.0, None, prune=(0.7, 0.1, 3.0)),  # a third of the steps (stop 28's pick: the default since)
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),  # the keep rule with the hardest rows left out
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),  # the keep rule, then pruning, half the steps
 )

@@ -31,10 +31,10 @@ from sifting import median, timed  # noqa: E402  (median: None, not reached, ran
 SETTINGS = {
     "prune-x1": Setting(0.0, None, prune=(0.7, 0.1, 1.0)),  # sifting.py's pick at stops 25 to 27
     "prune-x2": Setting(0.0, None, prune=(0.7, 0.1, 2.0)),
-    "keep": Setting(1.0, (0.0, 0.0), reuse=1),  # the default of sifting.enabled: true
+    "keep": Setting(1.0, (0.0, 0.0), reuse=1),  # the keep rule's defaults (sifting.enabled: true alone until stop 27)
     "keep-prune-x2": Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),
     "online-2": Setting(2.0),
-    # stop 27: a third of the steps (tabular meets its FLOPs, wall and accuracy targets; digits does not), and
+    # stop 27: a third of the steps (sifting.py's pick and the default of sifting.enabled: true since stop 28), and
     # the keep rule with x3 or with the hardest 20% left out (each missed tabular's target on 2 of seeds 100-103)
     "prune-x3": Setting(0.0, None, prune=(0.7, 0.1, 3.0)),
     "prune-x4": Setting(0.0, None, prune=(0.7, 0.1, 4.0)),  # stop 27 probes: neither beats x3 on both datasets
