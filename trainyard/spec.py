@@ -418,8 +418,8 @@ class Sifting(_Model):
     prune: Pruning | None = Field(
         default=None,
         description="Epoch-level pruning by each row's last loss (InfoBatch), and leaving out the hardest rows. "
-        "Default: with beta 0 or unset on a file-mode train channel, learnt_fraction 0.7, hardest_fraction 0.1, "
-        "batch_factor 3 (the best combination benchmarks/sifting.py found); otherwise off.",
+        "Default: with beta 0 or unset on a file-mode train channel, learnt_fraction 0.7, hardest_fraction 0.1 "
+        "(0 for regression), batch_factor 3 (the best combination benchmarks/sifting.py found); otherwise off.",
     )
     min_class_fraction: float = Field(
         default=0.5,
@@ -437,16 +437,19 @@ class Sifting(_Model):
                 raise ValueError(f"{ours} and {theirs} are one setting (smart sifting's name for it); give one")
         return data
 
-    def resolved(self, streamed: bool) -> Sifting:
+    def resolved(self, streamed: bool, regression: bool = False) -> Sifting:
         """This config with ``beta`` and ``prune`` as they apply to a train channel that is streamed or not:
         left unset, the best combination ``benchmarks/sifting.py`` found (``DEFAULT_PRUNING`` alone, no keep
         rule) on a file-mode channel, and smart sifting's keep rule (beta 1) on a streamed one, which cannot
         prune. ``prune`` left unset with the keep rule asked for (beta above 0) is off: the keep rule followed
-        by that pruning missed the benchmark's targets (stop 27)."""
+        by that pruning missed the benchmark's targets (stop 27). A regression job's default leaves no rows
+        out as the hardest: it has no chance-level loss to tell a wrong label from a hard row by (and the
+        benchmark measured classifiers), so its pruning is InfoBatch's unbiased rule alone."""
         beta = self.beta if self.beta is not None else (1.0 if streamed else 0.0)
         prune = self.prune
         if prune is None:
-            prune = Pruning(**DEFAULT_PRUNING) if beta == 0 and not streamed else Pruning()
+            default = DEFAULT_PRUNING | ({"hardest_fraction": 0.0} if regression else {})
+            prune = Pruning(**default) if beta == 0 and not streamed else Pruning()
         return self.model_copy(update={"beta": beta, "prune": prune})
 
     @property
@@ -633,7 +636,8 @@ class TrainingJob(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> TrainingJob:
         if self.sifting.enabled:  # its defaults depend on the train channel (unset: None, and left so when off)
-            object.__setattr__(self, "sifting", self.sifting.resolved(self.inputs.train.mode == "stream"))
+            resolved = self.sifting.resolved(self.inputs.train.mode == "stream", self.algorithm.task == "regression")
+            object.__setattr__(self, "sifting", resolved)
         problems = []
         for name, channel in self.channels().items():
             if name not in ("train", "validation") and self.algorithm.builtin is not None:

@@ -315,6 +315,10 @@ def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
     given = parse_job(minimal(sifting={"enabled": True, "prune": {"learnt_fraction": 0.5}})).sifting
     assert given.beta == 0 and (given.prune.learnt_fraction, given.prune.batch_factor) == (0.5, 1.0)
     assert parse_job(minimal(sifting={"enabled": True, "beta": 0})).sifting.prune.batch_factor == 3.0
+    # a regressor has no chance-level loss to tell a wrong label by: InfoBatch's rule alone, no hardest rows out
+    regressor = parse_job(minimal(algorithm={"builtin": "linear-regression"}, sifting={"enabled": True})).sifting
+    prune = regressor.prune
+    assert (prune.learnt_fraction, prune.hardest_fraction, prune.batch_factor) == (0.7, 0.0, 3.0)
     # sifting off: nothing resolved, nothing reported as set
     assert parse_job(minimal()).sifting.beta is None and parse_job(minimal()).sifting.prune is None
 
