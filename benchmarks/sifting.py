@@ -460,7 +460,7 @@ def main() -> None:
     if args.quick:
         args.seeds, args.datasets, args.lrs, args.betas, args.repeats = 1, ("tabular",), (3e-3,), (1.0,), 2
         args.tuning_seeds = TUNING_SEEDS[:1]
-        args.combinations = (COMBINATIONS[0], COMBINATIONS[4])  # the default; pruning alone
+        args.combinations = (COMBINATIONS[0], COMBINATIONS[4])  # the keep rule's defaults; pruning alone x1
     home = tempfile.TemporaryDirectory(prefix="sifting-bench-")
     os.environ["TRAINYARD_HOME"] = home.name
     os.environ["TRAINYARD_STEP_LOG"] = "1"

@@ -634,10 +634,17 @@ class TrainingJob(_Model):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> TrainingJob:
-        if self.sifting.enabled:  # its defaults depend on the train channel (unset: None, and left so when off)
+    def _sifting_defaults(self) -> TrainingJob:
+        """Sifting's unset defaults, which depend on the train channel and the task (left unset when it is
+        off). Runs before ``_consistent`` (pydantic runs after-validators in the order defined), whose
+        checks read the resolved values."""
+        if self.sifting.enabled:
             resolved = self.sifting.resolved(self.inputs.train.mode == "stream", self.algorithm.task == "regression")
             object.__setattr__(self, "sifting", resolved)
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingJob:
         problems = []
         for name, channel in self.channels().items():
             if name not in ("train", "validation") and self.algorithm.builtin is not None:

@@ -298,6 +298,7 @@ def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
     assert (prune.learnt_fraction, prune.hardest_fraction, prune.batch_factor) == (0.7, 0.1, 3.0)
     assert (prune.hardest_after, prune.until, prune.hardest_min_loss) == (0.25, 0.875, "chance")
     assert (sifting.loss_history_length, sifting.delay_steps, sifting.min_class_fraction) == (500, 10, 0.5)
+    assert sifting.score == "loss"
     # what a deployment receives (the spec dumped whole) resolves to the same
     assert parse_job(job.model_dump(mode="json")).sifting == sifting
     # a streamed channel cannot prune: smart sifting's keep rule at beta 1, every candidate scored, no error
@@ -370,6 +371,11 @@ def test_settings_of_a_stage_that_is_off_are_named_as_ignored(tmp_path):
     off = minimal(sifting={"enabled": True, "prefilter": {"enabled": False, "drop_learnt_fraction": 0.2}})
     assert ignored_settings(parse_job(off)) == [
         "sifting.prefilter.drop_learnt_fraction: the prefilter is off; set sifting.prefilter.enabled: true to use them"
+    ]
+    # sifting on by default (pruning alone) leaves the prefilter unset and off: its switch is named, not sifting's
+    champion = minimal(sifting={"enabled": True, "prefilter": {"reference": "champion"}})
+    assert ignored_settings(parse_job(champion)) == [
+        "sifting.prefilter.reference: the prefilter is off; set sifting.prefilter.enabled: true to use them"
     ]
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(minimal(sifting={"beta": 0.5})))
