@@ -319,8 +319,11 @@ def train(
     epochs: int | None = None,
     budget: float | None = None,
     target: float | None = None,
+    init: int = 0,
 ) -> Run:
-    """Train one arm as a Trainyard job: ``epochs`` epochs, or as many as fit in ``budget`` training FLOPs."""
+    """Train one arm as a Trainyard job: ``epochs`` epochs, or as many as fit in ``budget`` training FLOPs.
+    ``init`` shifts the model's seed (``hyperparameters.seed``) from ``seed``, which also draws the data: the
+    same data and split with another initialisation and batch order."""
     data = load(name, seed, quick)
     cost = PerSample(data)
     pre = prefiltered(name, seed, quick, setting.prefilter, setting.reducible) if setting.prefilter else None
@@ -333,12 +336,12 @@ def train(
         # run: its count is first fitted as online sifting's (an upper bound on the cost), then once
         # more from the run's own per-epoch FLOPs.
         epochs = epochs_within(cost, len(x), data.batch_size, setting.beta, budget, pre_flops)
-    outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed, reference)
+    outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed + init, reference)
     if fit and setting.measured_cost and target is None:
         more = _refit_epochs(outcome.history, epochs, budget - pre_flops)
         if more > epochs:
             epochs = more
-            outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed, reference)
+            outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed + init, reference)
     done = len(outcome.history)
     # Measured per epoch by the group itself (its FLOP meter, in the history).
     cum_flops = [pre_flops + entry["group_train_flops"] for entry in outcome.history]
