@@ -28,6 +28,7 @@ quorum, which every arm pays alike and is left out).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import shutil
@@ -53,6 +54,12 @@ class Dataset:
     batch_size: int = 128
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
     epochs: int = 12  # the baseline's run: about where its accuracy stops improving
+
+    def fingerprint(self) -> str:
+        """The first 12 hex digits of a sha256 of the training rows and labels: whether two runs drew the same."""
+        digest = hashlib.sha256(self.x_train.tobytes())
+        digest.update(self.y_train.tobytes())
+        return digest.hexdigest()[:12]
 
 
 def tabular(
