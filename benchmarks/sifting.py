@@ -44,8 +44,9 @@ step log (plus the prefilter's), without process start-up and torchft's first qu
 
 Reported seeds: 0, 1, 2 on tabular and 0 to 6 on digits (``SEEDS``; ``--seeds`` sets both). Digits'
 validation set is 540 rows, one row 0.19 points, and its baseline reaches its own final accuracy
-epochs before its end, so one seed's ratio to the target swings with a row or two: the noise floor
-read 0.4x to over 2x on single seeds of digits when measured (stop 29), so seven seeds there.
+epochs before its end, so one seed's ratio to the target swings with a row or two: a probe of the
+noise floor (seeds 0-2 and 100-103, three inits each, stop 29) read from 0.4x to not reached on
+single seeds of digits, so seven seeds there.
 
 Tuning uses its own seeds (100 to 103), never the reported ones: the learning rates (best mean final
 accuracy), then online sifting's beta and the combination, one setting over both datasets so that it
