@@ -42,6 +42,12 @@ SETTINGS = {
     "prune-0.85-x3": Setting(0.0, None, prune=(0.85, 0.1, 3.0)),
     "keep-prune-x3": Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 3.0)),
     "keep-prune-0.2-x2": Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.2, 2.0)),
+    # stop 29 probes on tuning seeds 100-103: x3 on the baseline's own epochs (the user's job with sifting turned on)
+    # or 1.5 times them, not filling the budget (fewer steps: behind x3 on both datasets), and x3 keeping the
+    # hardest rows (digits, clean: no gain)
+    "prune-x3-1x-epochs": Setting(0.0, None, prune=(0.7, 0.1, 3.0), epochs=1),
+    "prune-x3-1.5x-epochs": Setting(0.0, None, prune=(0.7, 0.1, 3.0), epochs=1.5),
+    "prune-x3-no-hardest": Setting(0.0, None, prune=(0.7, 0.0, 3.0)),
 }
 
 
