@@ -364,7 +364,13 @@ def main() -> None:
         "  data (seed 0, sha256 of the training rows and labels): "
         + ", ".join(f"{name} {sd.load(name, 0, args.quick).fingerprint()}" for name in args.datasets)
     )
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # Each tuning run's group gets its share of the cores (TRAINYARD_TORCH_THREADS): left to take them all, two
+    # runs on two cores stepped about 7x slower (torch's idle OpenMP threads spin), and tuning's wall ratios,
+    # which the selection counts, were read under that (until stop 30). One thread rounds differently from two (train
+    # losses 1e-8 apart on digits), but gave the same accuracy and FLOPs at every epoch in the six runs compared.
+    threads = {"TRAINYARD_TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=os.environ.update, initargs=(threads,)) as pool:
         tuned, online, combination = tune(args, pool)
     results: dict[str, list[SeedResult]] = {}
     for name in args.datasets:

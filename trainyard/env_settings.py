@@ -22,3 +22,14 @@ def seconds(name: str, default: float, at_least: float = 0.0) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise TrainyardError(f"{name}={text!r} is not a number of seconds; set a positive number, such as {default:g}")
     return max(value, at_least)
+
+
+def count(name: str, default: int) -> int:
+    """The environment variable ``name`` as a whole number of at least 1 (``default`` where unset or
+    empty). Anything else fails naming the variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise TrainyardError(f"{name}={text!r} is not a whole number of at least 1; set one, such as {default}")
+    return int(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -90,6 +91,28 @@ def test_target_metric_stops_early(trainyard_home):
     assert outcome.history[-1]["val_accuracy"] >= 0.8
     assert len(outcome.history) < 50
     assert all(h["val_accuracy"] < 0.8 for h in outcome.history[:-1])
+
+
+def test_a_worker_sets_each_groups_cpu_threads_and_a_bad_count_fails_before_anything_starts(
+    trainyard_home, monkeypatch
+):
+    from trainyard import launch
+    from trainyard.errors import TrainyardError
+
+    job, job_id, folder, plan = make_job(trainyard_home, hyperparameters={"epochs": 1, "batch_size": 64})
+    monkeypatch.delenv(launch.THREADS_ENV, raising=False)
+    unset = launch.launch(job_id, folder, job.resources)  # the machine's cores dealt among the 2 groups
+    launch.shutdown(unset)
+    assert unset.num_threads == max(1, (os.cpu_count() or 1) // 2)
+    monkeypatch.setenv(launch.THREADS_ENV, "1")  # two jobs sharing a 2-core machine
+    outcome, handle = run(job, job_id, folder, plan)
+    assert handle.num_threads == 1 and outcome.stop_reason == "Completed"
+    for bad in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv(launch.THREADS_ENV, bad)
+        other = make_job(trainyard_home)[2]
+        with pytest.raises(TrainyardError, match=f"TRAINYARD_TORCH_THREADS='{bad}' is not a whole number"):
+            launch.launch("never-started", other, job.resources)
+        assert not (other / "lighthouse.log").exists()  # refused before the lighthouse or any group
 
 
 def test_max_runtime_stops_every_group(trainyard_home):
