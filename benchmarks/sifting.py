@@ -255,6 +255,11 @@ def parallel(pool, calls) -> list[Run]:
     return [f.result() for f in futures]
 
 
+def torch_threads(count: int) -> None:
+    """A tuning worker's start: the groups it launches use ``count`` CPU threads each."""
+    os.environ["TRAINYARD_TORCH_THREADS"] = str(count)
+
+
 def epochs(name: str, quick: bool) -> int:
     return sd.load(name, 0, quick).epochs
 
@@ -368,9 +373,9 @@ def main() -> None:
     # runs on two cores stepped about 7x slower (torch's idle OpenMP threads spin), and tuning's wall ratios,
     # which the selection counts, were read under that (until stop 30). One thread rounds differently from two (train
     # losses 1e-8 apart on digits), but gave the same accuracy and FLOPs at every epoch in the six runs compared.
-    threads = {"TRAINYARD_TORCH_THREADS": str(max(1, (os.cpu_count() or 1) // args.jobs))}
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=os.environ.update, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=torch_threads, initargs=(threads,)) as pool:
         tuned, online, combination = tune(args, pool)
     results: dict[str, list[SeedResult]] = {}
     for name in args.datasets:
