@@ -255,6 +255,15 @@ def parallel(pool, calls) -> list[Run]:
     return [f.result() for f in futures]
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as Linux reports it ("unknown" elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
 def torch_threads(count: int) -> None:
     """A tuning worker's start: the groups it launches use ``count`` CPU threads each."""
     os.environ["TRAINYARD_TORCH_THREADS"] = str(count)
@@ -360,11 +369,13 @@ def main() -> None:
     import torch
 
     print(
-        f"Sifting benchmark on {platform.node()}: {os.cpu_count()} cores, torch {torch.__version__}, numpy "
-        f"{numpy.__version__}, scikit-learn {sklearn.__version__}, load average {os.getloadavg()[0]:.1f} at the start"
+        f"Sifting benchmark on {platform.node()}: {os.cpu_count()} cores ({cpu_model()}, torch's kernels "
+        f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}, numpy {numpy.__version__}, "
+        f"scikit-learn {sklearn.__version__}, load average {os.getloadavg()[0]:.1f} at the start"
     )
-    # The tabular set is drawn by scikit-learn and numpy, neither pinned: a new version can draw other rows
-    # (stop 29's tabular figures moved from stop 28's with no change to the code they run; digits' did not).
+    # The tabular set is drawn by scikit-learn and numpy, neither pinned: a new version can draw other rows. Stop 29's
+    # tabular figures differed from stop 28's, and stop 30's repeat stop 28's to the digit with the data stop 29
+    # printed: the runs repeat on one machine, not always across sessions' machines (the cause is not known).
     print(
         "  data (seed 0, sha256 of the training rows and labels): "
         + ", ".join(f"{name} {sd.load(name, 0, args.quick).fingerprint()}" for name in args.datasets)

@@ -1,5 +1,5 @@
 """Settings of the machine rather than of a job, read from ``TRAINYARD_*`` environment variables: what
-a platform engineer sets on the workers (timeouts, the cache's cap is in ``cache``)."""
+a platform engineer sets on the workers (timeouts, threads per group; the cache's cap is in ``cache``)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,6 @@ def count(name: str, default: int) -> int:
     text = os.environ.get(name, "").strip()
     if not text:
         return default
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise TrainyardError(f"{name}={text!r} is not a whole number of at least 1; set one, such as {default}")
     return int(text)

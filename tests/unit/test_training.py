@@ -107,7 +107,7 @@ def test_a_worker_sets_each_groups_cpu_threads_and_a_bad_count_fails_before_anyt
     monkeypatch.setenv(launch.THREADS_ENV, "1")  # two jobs sharing a 2-core machine
     outcome, handle = run(job, job_id, folder, plan)
     assert handle.num_threads == 1 and outcome.stop_reason == "Completed"
-    for bad in ("0", "two", "-1", "1.5"):
+    for bad in ("0", "two", "-1", "1.5", "²"):
         monkeypatch.setenv(launch.THREADS_ENV, bad)
         other = make_job(trainyard_home)[2]
         with pytest.raises(TrainyardError, match=f"TRAINYARD_TORCH_THREADS='{bad}' is not a whole number"):
