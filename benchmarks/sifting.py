@@ -89,6 +89,8 @@ from _sifting_report import (  # noqa: E402
     report,
 )
 
+from trainyard.training.replica import THREADS_ENV  # noqa: E402  (TRAINYARD_TORCH_THREADS)
+
 LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 BETAS = (0.5, 1.0, 2.0)
 COMBINATIONS = (
@@ -266,7 +268,7 @@ def cpu_model() -> str:
 
 def torch_threads(count: int) -> None:
     """A tuning worker's start: the groups it launches use ``count`` CPU threads each."""
-    os.environ["TRAINYARD_TORCH_THREADS"] = str(count)
+    os.environ[THREADS_ENV] = str(count)
 
 
 def epochs(name: str, quick: bool) -> int:
@@ -380,7 +382,7 @@ def main() -> None:
         "  data (seed 0, sha256 of the training rows and labels): "
         + ", ".join(f"{name} {sd.load(name, 0, args.quick).fingerprint()}" for name in args.datasets)
     )
-    # Each tuning run's group gets its share of the cores (TRAINYARD_TORCH_THREADS): left to take them all, two
+    # Each tuning run's group gets its share of the cores (THREADS_ENV): left to take them all, two
     # runs on two cores stepped about 7x slower (torch's idle OpenMP threads spin), and tuning's wall ratios,
     # which the selection counts, were read under that (until stop 30). One thread rounds differently from two (train
     # losses 1e-8 apart on digits), but gave the same accuracy and FLOPs at every epoch in the six runs compared.
