@@ -48,9 +48,25 @@ def test_a_cpu_model_gets_the_fused_kernel_and_the_same_updates_as_torchs_defaul
     assert again.state_dict()["state"].keys() == fused.state_dict()["state"].keys()
 
 
+class ComplexGain(torch.nn.Module):
+    """An MLP whose outputs are scaled by the modulus of a complex parameter: not a floating-point one."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = _mlp()
+        self.gain = torch.nn.Parameter(torch.tensor([1.0 + 0.5j]))
+
+    def forward(self, x):
+        return self.mlp(x) * self.gain.abs()
+
+
 def test_a_model_with_a_parameter_the_fused_kernel_cannot_take_gets_torchs_default():
-    model = _mlp()
-    model.register_parameter("vocabulary", torch.nn.Parameter(torch.arange(4), requires_grad=False))  # integers
+    refused = ComplexGain()
+    with pytest.raises(RuntimeError, match="fused"):  # what the fallback is for: torch refuses it at the first step
+        _steps(refused, torch.optim.AdamW(refused.parameters(), fused=True), steps=1)
+    model = ComplexGain()
     optimizer = _optimizer(model, Hyperparameters())
     assert not optimizer.defaults.get("fused")
-    _steps(model, optimizer, steps=1)  # and it steps (fused, torch refuses the first step)
+    before = model.gain.detach().clone()
+    _steps(model, optimizer, steps=1)
+    assert not torch.equal(model.gain.detach(), before)  # it steps, the complex parameter too

@@ -284,7 +284,8 @@ def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
     digits job's step (the built-in MLP, 256 x 256) took 3.7 ms fused against 4.5 ms on 2 cores
     (medians of 10 runs each). The update rule is the same; only the rounding differs. Torch's fused
     kernels take floating-point parameters on the CPU and CUDA, the devices a group trains on; any
-    other parameter (a user's model may hold one) gets torch's default for all.
+    other parameter (a user's model may hold a complex one, which fused refuses at its first step) gets
+    torch's default for all.
     """
     params = list(model.parameters())
     fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
