@@ -288,7 +288,7 @@ def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
     torch's default for all.
     """
     params = list(model.parameters())
-    fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
+    fused = all(p.is_floating_point() and p.device.type in FUSED_DEVICES for p in params)
     options = {"lr": hp.learning_rate, "weight_decay": hp.weight_decay} | ({"fused": True} if fused else {})
     if hp.optimizer == "sgd":
         return torch.optim.SGD(params, momentum=hp.momentum, **options)
