@@ -101,7 +101,7 @@ def report(name: str, results: list[SeedResult], online: Setting, combination: S
         within = "-" if key in ("short", "noise") else miss  # runs never extended past the budget
         row = (
             title,
-            setting.label(),
+            f"{setting.label()}, lr {results[0].arms[key].run.lr:g}",  # one rate per arm and dataset
             cell(f["flops_x"], ".2f", within),
             cell(f["wall_x"], ".2f", within),
             "-" if key == "short" else f"{median(f['acc']):.4f}",
