@@ -103,7 +103,7 @@ COMBINATIONS = (
     # sifting.prune (InfoBatch, and the hardest 10% left out from a quarter of the epochs on), no keep rule
     Setting(0.0, None, prune=(0.7, 0.1, 1.0)),
     Setting(0.0, None, prune=(0.7, 0.1, 2.0)),  # half the steps in the pruning epochs, about batch_size rows each
-    Setting(0.0, None, prune=(0.7, 0.1, 3.0)),  # a third of the steps (the pick at stops 28 to 31: the default)
+    Setting(0.0, None, prune=(0.7, 0.1, 3.0)),  # a third of the steps (the pick at stops 28 to 32: the default)
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),  # the keep rule with the hardest rows left out
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),  # the keep rule, then pruning, half the steps
 )
@@ -243,7 +243,8 @@ def tune_arm_lrs(args, pool, settings, base, runs) -> tuple[dict[tuple[str, Sett
             )
             for seed in seeds:
                 b = base[name, seed]
-                print(f"  {name:8} {seed:>3} lr {best:<6g} {tuning_line(runs[name, seed, c, best], b, b.accuracy[-1])}")
+                line = tuning_line(runs[name, seed, c, best], b, b.accuracy[-1])
+                print(f"  {name:8} {seed:>3} {c.label()}, lr {best:g}: {line}")
     return picked, runs
 
 
