@@ -15,12 +15,13 @@ Arms, per dataset and seed:
 
 - **baseline**: no filtering, its learning rate tuned, ``Dataset.epochs`` epochs. Its final
   validation accuracy is the target; its budget is its training FLOPs.
-- **online sifting alone** (smart sifting's keep rule, ``sifting.enabled``), its beta tuned.
+- **online sifting alone** (smart sifting's keep rule, ``sifting.enabled``), its beta tuned, then its schedule.
 - **best combination**: the prefilter (``sifting.prefilter``) and online sifting, ranking by loss
   or by reducible loss (``sifting.score: reducible_loss``, RHO-LOSS, from the prefilter's reference
   losses), scoring every candidate or reusing remembered losses (``sifting.reuse_loss_epochs``), and
   epoch-level pruning by each row's last loss (``sifting.prune``: InfoBatch's rule and the hardest
-  rows left out, with the keep rule or alone, ``beta: 0``), the setting that did best in the search.
+  rows left out, with the keep rule or alone, ``beta: 0``), the setting that did best in the search, then
+  its schedule.
 - **baseline tuned for the short run**: no filtering, a schedule as long as the combination's FLOPs
   to the target (or, when the combination saved nothing, 65% of the baseline's: what the FLOPs
   target asks for), its learning rate tuned for that length. Published gains often vanish against it.
@@ -28,19 +29,20 @@ Arms, per dataset and seed:
   initialisation and batch order, the same data): what FLOPs and wall "to the target" and accuracy at
   equal FLOPs read for no change at all. A target met by no more than this is not told from chance.
 
-Filtering arms run as many epochs as fit in the baseline's budget (cosine over those epochs), so
-their final accuracy is their accuracy at equal FLOPs; a setting may instead fix its schedule at a
-multiple of the baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering
-turned on), and its final accuracy is then at fewer FLOPs than the baseline's (the run stops within
-budget). FLOPs and wall time to the target are read at the first epoch whose validation accuracy
-reaches it (what ``stopping.target_metric`` does); an arm that has not reached it within the
-baseline's budget is run again with twice the budget and the target as its stopping condition.
-Training FLOPs are forward + backward + sifting's scoring passes + the prefilter's reference
-models, exact (``torch.utils.flop_counter``), per epoch from the group's own count in the history
-(an arm that reuses losses is first fitted to the budget at online sifting's cost per epoch, then
-once more at its measured cost, as its cost is known only once run); validation FLOPs are the same
-per epoch for every arm and left out of every comparison. Wall time is the training time from the
-step log (plus the prefilter's), without process start-up and torchft's first quorum.
+Filtering arms run as many epochs as fit in the baseline's budget (cosine over those epochs), so their final
+accuracy is their accuracy at equal FLOPs; a setting may instead fix its schedule at a multiple of the
+baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering turned on), and its final
+accuracy is then at fewer FLOPs than the baseline's (the run stops within budget). The search's candidates
+fill the budget; since stop 32 the picked online sifting and combination may each run on the baseline's epochs
+instead, per dataset (tuning, below). FLOPs and wall time to the target are read at the first epoch whose
+validation accuracy reaches it (what ``stopping.target_metric`` does); an arm that has not reached it within
+the baseline's budget is run again with twice the budget and the target as its stopping condition. Training
+FLOPs are forward + backward + sifting's scoring passes + the prefilter's reference models, exact
+(``torch.utils.flop_counter``), per epoch from the group's own count in the history (an arm that reuses losses
+is first fitted to the budget at online sifting's cost per epoch, then once more at its measured cost, as its
+cost is known only once run); validation FLOPs are the same per epoch for every arm and left out of every
+comparison. Wall time is the training time from the step log (plus the prefilter's), without process start-up
+and torchft's first quorum.
 
 Reported seeds: 0, 1, 2 on tabular and 0 to 6 on digits (``SEEDS``; ``--seeds`` sets both). Digits'
 validation set is 540 rows, one row 0.19 points, and its baseline reaches its own final accuracy
@@ -53,9 +55,11 @@ accuracy), then online sifting's beta and the combination, one setting over both
 can become the default: the most of the three numeric targets (FLOPs, wall, accuracy) met by its
 medians over the tuning seeds per dataset, then the fewest FLOPs to the target, then accuracy at
 equal FLOPs (until stop 27: the fewest FLOPs averaged over both datasets and two seeds, which a
-digits seed that crossed the target an epoch late could swing); then the learning rate of online sifting
-alone and of the combination per dataset, by the baseline's rule (best mean accuracy at equal FLOPs; until
-stop 32 both ran at the baseline's rate), and the short run's. Tuning runs two at a time
+digits seed that crossed the target an epoch late could swing); then the schedule of online sifting alone
+and of the combination per dataset: for each length (filling the budget, or the baseline's epochs) the
+learning rate by the baseline's rule (best mean accuracy at equal FLOPs), then the length by the rule
+that picked the setting (until stop 32 both ran at the baseline's rate, filling its budget; ``--fill-budget``
+keeps the budget); and last the short run's learning rate. Tuning runs two at a time
 (``--jobs``), each arm against a baseline run the same way. Measured runs go one at a time, each
 done three times (``--repeats``): the same run, its wall time the median of the three.
 Benchmarks print; they never assert. The runs are ``_sifting_data.py``; the tables and targets ``_sifting_report.py``.
@@ -119,11 +123,15 @@ NOISE_INIT = 1000  # the noise floor's model seed: the reported seed + this
 
 @dataclass
 class Tuned:
+    """One dataset's tuned arms."""
+
     lr: float  # the baseline's
     short_lr: float  # the short-run baseline's
     target: float  # the tuned baseline's final accuracy on the tuning seed
-    online_lr: float  # online sifting alone's
-    combination_lr: float  # the best combination's
+    online: Setting  # online sifting alone, with its schedule's length (``Setting.epochs``)
+    online_lr: float
+    combination: Setting  # the best combination, with its schedule's length
+    combination_lr: float
 
 
 def short_budget(combination: int | None, baseline: int) -> tuple[float, bool]:
@@ -137,8 +145,9 @@ def short_budget(combination: int | None, baseline: int) -> tuple[float, bool]:
 # --- tuning ---------------------------------------------------------------------------------------
 
 
-def tune(args, pool) -> tuple[dict[str, Tuned], Setting, Setting]:
-    """Learning rates per dataset, then the online beta and the combination, on the tuning seeds."""
+def tune(args, pool) -> tuple[dict[str, Tuned], Setting]:
+    """Learning rates per dataset, then the online beta and the combination, their schedules per dataset, and the
+    short run's learning rate, on the tuning seeds. Returns each dataset's arms and the combination picked."""
     seeds, quick = args.tuning_seeds, args.quick
     print(f"\nTuning on seeds {', '.join(map(str, seeds))} ({args.jobs} runs at a time)", flush=True)
     calls = {
@@ -182,13 +191,13 @@ def tune(args, pool) -> tuple[dict[str, Tuned], Setting, Setting]:
         "     (the most targets met by the medians over the tuning seeds, per dataset: FLOPs and wall to the target "
         f"as multiples of the baseline's, {CAP:g} when not reached, and points at equal FLOPs; then the fewest FLOPs)"
     )
-    arm_lr, runs = tune_arm_lrs(args, pool, (online, combination), base, runs)
+    schedule, runs = tune_schedules(args, pool, (online, combination), base, runs)
 
     first = seeds[0]  # the short-run baseline's learning rate is tuned on the first tuning seed
     calls = {}
     for name in args.datasets:
         b = base[name, first]
-        at = runs[name, first, combination, arm_lr[name, combination]]  # the combination at its own learning rate
+        at = runs[(name, first, *schedule[name, combination])]  # the combination on its own schedule
         short, _ = short_budget(at.flops_to(b.accuracy[-1]), b.flops_to(b.accuracy[-1]))
         for lr in args.lrs:
             calls[name, lr] = ((name, first, quick, Setting(), lr), {"budget": short})
@@ -198,53 +207,72 @@ def tune(args, pool) -> tuple[dict[str, Tuned], Setting, Setting]:
         row = {lr: grid[name, lr].accuracy[-1] for lr in args.lrs}
         best = max(args.lrs, key=lambda lr: (row[lr], -lr))
         target = base[name, first].accuracy[-1]
-        tuned[name] = Tuned(base[name, first].lr, best, target, arm_lr[name, online], arm_lr[name, combination])
+        tuned[name] = Tuned(base[name, first].lr, best, target, *schedule[name, online], *schedule[name, combination])
         cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
         length = grid[name, best].epochs
         print(f"  {name} short-run baseline ({length} epochs) learning rate: {cells} -> {best:g}")
-    return tuned, online, combination
+    return tuned, combination
 
 
-def tune_arm_lrs(args, pool, settings, base, runs) -> tuple[dict[tuple[str, Setting], float], dict]:
-    """Each picked setting's learning rate per dataset, by the baseline's rule: the best mean accuracy at the
-    baseline's FLOPs over the tuning seeds (a fixed-length setting's final accuracy, at fewer FLOPs), ties to
-    the lower rate. The settings were picked at the baseline's rate; a filtering arm takes fewer steps per
-    epoch (pruning x3: a third), and at stop 31 pruning x3 did better on tabular at 0.01 than at the
-    baseline's 0.003. Until stop 32 every filtering arm ran at the baseline's rate. Returns the rates, and
-    ``runs`` keyed ``(dataset, seed, setting, lr)``."""
+def tune_schedules(args, pool, settings, base, runs) -> tuple[dict[tuple[str, Setting], tuple[Setting, float]], dict]:
+    """Each picked setting's schedule per dataset: its length, filling the baseline's FLOPs or the baseline's own
+    epochs (``Setting.epochs = 1``: the user's job with sifting turned on, at fewer FLOPs), and its learning rate.
+
+    The learning rate of each length by the baseline's rule: the best mean accuracy at the baseline's FLOPs over
+    the tuning seeds (a fixed-length run's final accuracy, at fewer FLOPs), ties to the lower rate. The length
+    by the rule that picked the setting (``score``, on that dataset alone), since the accuracy rule would always
+    favour the longer run. The short-run baseline is the check on both: it gets a schedule as long as the
+    combination's FLOPs to the target, its own rate tuned for that length. Why: the settings were picked at the
+    baseline's rate and budget; pruning x3 takes a third of the steps per epoch, and at stops 31 and 32 it did
+    better on tabular at 0.01 than at the baseline's 0.003, and on its own epochs than filling the budget (the
+    short runs at its FLOPs missed). Until stop 32 every filtering arm ran at the baseline's rate, filling its
+    budget. Returns ``(length variant, rate)`` per ``(dataset, setting)``, and ``runs`` keyed ``(dataset, seed,
+    setting, lr)``."""
     seeds, quick = args.tuning_seeds, args.quick
+    lengths = {
+        c: [c] + ([dataclasses.replace(c, epochs=1)] if c.epochs is None and args.lengths else []) for c in settings
+    }
     known = {(name, seed, c, base[name, seed].lr): runs[name, seed, c] for name, seed, c in runs}
     calls = {
-        (name, seed, c, lr): (
-            (name, seed, quick, c, lr),
-            c.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
+        (name, seed, v, lr): (
+            (name, seed, quick, v, lr),
+            v.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
         )
         for name in args.datasets
         for seed in seeds
         for c in settings
+        for v in lengths[c]
         for lr in args.lrs
-        if (name, seed, c, lr) not in known
+        if (name, seed, v, lr) not in known
     }
     runs = known | dict(zip(calls, parallel(pool, calls.values()), strict=True))
     picked = {}
     for c in settings:
         for name in args.datasets:
-            row = {
-                lr: statistics.mean(
-                    runs[name, seed, c, lr].accuracy_at(base[name, seed].cum_flops[-1]) or 0.0 for seed in seeds
+            scores = {}
+            for v in lengths[c]:
+                row = {
+                    lr: statistics.mean(
+                        runs[name, seed, v, lr].accuracy_at(base[name, seed].cum_flops[-1]) or 0.0 for seed in seeds
+                    )
+                    for lr in args.lrs
+                }
+                best = max(args.lrs, key=lambda lr: (row[lr], -lr))
+                cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
+                print(
+                    f"  {name} {v.label()} learning rate (mean accuracy at equal FLOPs): {cells} -> {best:g}"
+                    f"{edge_note(best, args.lrs)}"
                 )
-                for lr in args.lrs
-            }
-            best = picked[name, c] = max(args.lrs, key=lambda lr: (row[lr], -lr))
-            cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
-            print(
-                f"  {name} {c.label()} learning rate (mean accuracy at equal FLOPs): {cells} -> {best:g}"
-                f"{edge_note(best, args.lrs)}"
-            )
-            for seed in seeds:
-                b = base[name, seed]
-                line = tuning_line(runs[name, seed, c, best], b, b.accuracy[-1])
-                print(f"  {name:8} {seed:>3} {c.label()}, lr {best:g}: {line}")
+                for seed in seeds:
+                    b = base[name, seed]
+                    line = tuning_line(runs[name, seed, v, best], b, b.accuracy[-1])
+                    print(f"  {name:8} {seed:>3} {v.label()}, lr {best:g}: {line}")
+                at = {(name, seed, v): runs[name, seed, v, best] for seed in seeds}
+                scores[v, best] = score(v, at, base, [name], seeds)
+                print(f"  {v.label()}, lr {best:g}: {scores[v, best].line}")
+            picked[name, c] = min(scores, key=lambda vl: scores[vl].key)
+            v, lr = picked[name, c]
+            print(f"  -> {name}: {v.label()} at lr {lr:g}")
     return picked, runs
 
 
@@ -328,14 +356,17 @@ def epochs(name: str, quick: bool) -> int:
 # --- measured runs ------------------------------------------------------------------------------
 
 
-def measure(args, name: str, seed: int, tuned: Tuned, online: Setting, combination: Setting) -> SeedResult:
+def measure(args, name: str, seed: int, tuned: Tuned) -> SeedResult:
     """Every arm on one seed, one run at a time."""
     quick, r = args.quick, args.repeats
     base = timed(r, name, seed, quick, Setting(), tuned.lr, epochs=epochs(name, quick))
     target, budget = base.accuracy[-1], base.cum_flops[-1]
     arms = {"baseline": Arm(base)}
     say(name, seed, "baseline", base, target)
-    for key, setting, lr in (("online", online, tuned.online_lr), ("combination", combination, tuned.combination_lr)):
+    for key, setting, lr in (
+        ("online", tuned.online, tuned.online_lr),
+        ("combination", tuned.combination, tuned.combination_lr),
+    ):
         arm = Arm(timed(r, name, seed, quick, setting, lr, **setting.length(epochs(name, quick), budget)))
         if arm.run.first_reaching(target) is None and args.extend:
             arm.extended = timed(r, name, seed, quick, setting, lr, budget=CAP * budget, target=target)
@@ -400,6 +431,12 @@ def main() -> None:
         + ")",
     )
     parser.add_argument("--jobs", type=int, default=2, help="tuning runs at a time")
+    parser.add_argument(
+        "--fill-budget",
+        dest="lengths",
+        action="store_false",
+        help="filtering arms always fill the baseline's FLOPs (until stop 32), never run on the baseline's own epochs",
+    )
     parser.add_argument("--no-extend", dest="extend", action="store_false", help=f"skip the {CAP:g}x runs")
     parser.add_argument(
         "--repeats", type=int, default=3, help="each measured run done this many times, its wall time the median"
@@ -439,17 +476,23 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=torch_threads, initargs=(threads,)) as pool:
-        tuned, online, combination = tune(args, pool)
+        tuned, combination = tune(args, pool)
     results: dict[str, list[SeedResult]] = {}
     for name in args.datasets:
         print(f"\n{name}: measured runs, one at a time, each {args.repeats} times (wall: the median)", flush=True)
         seeds = range(args.seeds or SEEDS[name])
-        results[name] = [measure(args, name, seed, tuned[name], online, combination) for seed in seeds]
+        results[name] = [measure(args, name, seed, tuned[name]) for seed in seeds]
     print()
     for name in args.datasets:
-        report(name, results[name], online, combination)
+        report(name, results[name], tuned[name].online, tuned[name].combination)
         print()
     print_best(combination)
+    for name in args.datasets:
+        t = tuned[name]
+        print(
+            f"  on {name}: {t.combination.label()} at lr {t.combination_lr:g} "
+            f"(the baseline's: {t.lr:g} on {epochs(name, args.quick)} epochs)"
+        )
     print(
         f"\nTotal {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.1f} at the end "
         "(other processes share these cores: wall times move by tens of percent between runs)."
