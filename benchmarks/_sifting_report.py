@@ -82,7 +82,8 @@ def figures(results: list[SeedResult], key: str) -> dict[str, list]:
     return f
 
 
-def report(name: str, results: list[SeedResult], online: Setting, combination: Setting) -> None:
+def report(name: str, results: list[SeedResult]) -> None:
+    """One dataset's table, each arm's settings and learning rate read from its runs, and its targets."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -97,11 +98,11 @@ def report(name: str, results: list[SeedResult], online: Setting, combination: S
     out = {}
     for key, title in ROWS:
         f = out[key] = figures(results, key)
-        setting = {"online": online, "combination": combination}.get(key, Setting())
+        run = results[0].arms[key].run  # one setting and rate per arm and dataset
         within = "-" if key in ("short", "noise") else miss  # runs never extended past the budget
         row = (
             title,
-            f"{setting.label()}, lr {results[0].arms[key].run.lr:g}",  # one rate per arm and dataset
+            f"{run.setting.label()}, lr {run.lr:g}",
             cell(f["flops_x"], ".2f", within),
             cell(f["wall_x"], ".2f", within),
             "-" if key == "short" else f"{median(f['acc']):.4f}",

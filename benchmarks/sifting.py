@@ -127,7 +127,6 @@ class Tuned:
 
     lr: float  # the baseline's
     short_lr: float  # the short-run baseline's
-    target: float  # the tuned baseline's final accuracy on the tuning seed
     online: Setting  # online sifting alone, with its schedule's length (``Setting.epochs``)
     online_lr: float
     combination: Setting  # the best combination, with its schedule's length
@@ -160,9 +159,8 @@ def tune(args, pool) -> tuple[dict[str, Tuned], Setting]:
     base: dict[tuple[str, int], Run] = {}
     for name in args.datasets:
         row = {lr: statistics.mean(grid[name, seed, lr].accuracy[-1] for seed in seeds) for lr in args.lrs}
-        best = max(args.lrs, key=lambda lr: (row[lr], -lr))
+        best, cells = best_rate(row)
         base |= {(name, seed): grid[name, seed, best] for seed in seeds}
-        cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
         print(f"  {name} baseline learning rate (mean final accuracy): {cells} -> {best:g}{edge_note(best, args.lrs)}")
 
     candidates = [Setting(beta) for beta in args.betas] + list(args.combinations)
@@ -205,10 +203,8 @@ def tune(args, pool) -> tuple[dict[str, Tuned], Setting]:
     tuned = {}
     for name in args.datasets:
         row = {lr: grid[name, lr].accuracy[-1] for lr in args.lrs}
-        best = max(args.lrs, key=lambda lr: (row[lr], -lr))
-        target = base[name, first].accuracy[-1]
-        tuned[name] = Tuned(base[name, first].lr, best, target, *schedule[name, online], *schedule[name, combination])
-        cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
+        best, cells = best_rate(row)
+        tuned[name] = Tuned(base[name, first].lr, best, *schedule[name, online], *schedule[name, combination])
         length = grid[name, best].epochs
         print(f"  {name} short-run baseline ({length} epochs) learning rate: {cells} -> {best:g}")
     return tuned, combination
@@ -257,8 +253,7 @@ def tune_schedules(args, pool, settings, base, runs) -> tuple[dict[tuple[str, Se
                     )
                     for lr in args.lrs
                 }
-                best = max(args.lrs, key=lambda lr: (row[lr], -lr))
-                cells = ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in row.items())
+                best, cells = best_rate(row)
                 print(
                     f"  {name} {v.label()} learning rate (mean accuracy at equal FLOPs): {cells} -> {best:g}"
                     f"{edge_note(best, args.lrs)}"
@@ -324,6 +319,12 @@ def tuning_line(run: Run, base: Run, target: float) -> str:
             p = run.prefilter
             line += f" (flipped labels removed {p['flipped_removed']}/{p['flipped']}, clean rows {p['clean_removed']})"
     return line
+
+
+def best_rate(accuracy: dict[float, float]) -> tuple[float, str]:
+    """The learning rate with the best accuracy (ties to the lower rate), and the row as printed."""
+    best = max(accuracy, key=lambda lr: (accuracy[lr], -lr))
+    return best, ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in accuracy.items())
 
 
 def edge_note(best: float, grid) -> str:
@@ -484,7 +485,7 @@ def main() -> None:
         results[name] = [measure(args, name, seed, tuned[name]) for seed in seeds]
     print()
     for name in args.datasets:
-        report(name, results[name], tuned[name].online, tuned[name].combination)
+        report(name, results[name])
         print()
     print_best(combination)
     for name in args.datasets:
