@@ -62,7 +62,8 @@ that picked the setting (until stop 32 both ran at the baseline's rate, filling 
 keeps the budget); and last the short run's learning rate. Tuning runs two at a time
 (``--jobs``), each arm against a baseline run the same way. Measured runs go one at a time, each
 done three times (``--repeats``): the same run, its wall time the median of the three.
-Benchmarks print; they never assert. The runs are ``_sifting_data.py``; the tables and targets ``_sifting_report.py``.
+Benchmarks print; they never assert. The runs are ``_sifting_data.py``; the tuning ``_sifting_tuning.py``; the
+tables and targets ``_sifting_report.py``.
 """
 
 from __future__ import annotations
@@ -77,25 +78,14 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in sys.path]
 
 import _sifting_data as sd  # noqa: E402
 from _sifting_data import Run, Setting  # noqa: E402
-from _sifting_report import (  # noqa: E402
-    ACCURACY_POINTS,
-    CAP,
-    FLOPS_RATIO_MAX,
-    WALL_RATIO_MAX,
-    Arm,
-    SeedResult,
-    print_best,
-    report,
-)
-
-from trainyard.training.replica import THREADS_ENV  # noqa: E402  (TRAINYARD_TORCH_THREADS)
+from _sifting_report import CAP, Arm, SeedResult, print_best, report  # noqa: E402
+from _sifting_tuning import Tuned, epochs, short_budget, torch_threads, tune  # noqa: E402
 
 LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 BETAS = (0.5, 1.0, 2.0)
@@ -121,221 +111,6 @@ SEEDS = {"tabular": 3, "digits": 7}
 NOISE_INIT = 1000  # the noise floor's model seed: the reported seed + this
 
 
-@dataclass
-class Tuned:
-    """One dataset's tuned arms."""
-
-    lr: float  # the baseline's
-    short_lr: float  # the short-run baseline's
-    online: Setting  # online sifting alone, with its schedule's length (``Setting.epochs``)
-    online_lr: float
-    combination: Setting  # the best combination, with its schedule's length
-    combination_lr: float
-
-
-def short_budget(combination: int | None, baseline: int) -> tuple[float, bool]:
-    """The short run's FLOPs: the combination's to the target when fewer than the baseline's, else the
-    budget the FLOPs target asks for (so the row still says whether a plain short run would meet it)."""
-    if combination is not None and combination < baseline:
-        return combination, True
-    return FLOPS_RATIO_MAX * baseline, False
-
-
-# --- tuning ---------------------------------------------------------------------------------------
-
-
-def tune(args, pool) -> tuple[dict[str, Tuned], Setting]:
-    """Learning rates per dataset, then the online beta and the combination, their schedules per dataset, and the
-    short run's learning rate, on the tuning seeds. Returns each dataset's arms and the combination picked."""
-    seeds, quick = args.tuning_seeds, args.quick
-    print(f"\nTuning on seeds {', '.join(map(str, seeds))} ({args.jobs} runs at a time)", flush=True)
-    calls = {
-        (name, seed, lr): ((name, seed, quick, Setting(), lr), {"epochs": epochs(name, quick)})
-        for name in args.datasets
-        for seed in seeds
-        for lr in args.lrs
-    }
-    grid = dict(zip(calls, parallel(pool, calls.values()), strict=True))
-    base: dict[tuple[str, int], Run] = {}
-    for name in args.datasets:
-        row = {lr: statistics.mean(grid[name, seed, lr].accuracy[-1] for seed in seeds) for lr in args.lrs}
-        best, cells = best_rate(row)
-        base |= {(name, seed): grid[name, seed, best] for seed in seeds}
-        print(f"  {name} baseline learning rate (mean final accuracy): {cells} -> {best:g}{edge_note(best, args.lrs)}")
-
-    candidates = [Setting(beta) for beta in args.betas] + list(args.combinations)
-    calls = {
-        (name, seed, c): (
-            (name, seed, quick, c, base[name, seed].lr),
-            c.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
-        )
-        for name in args.datasets
-        for seed in seeds
-        for c in candidates
-    }
-    runs = dict(zip(calls, parallel(pool, calls.values()), strict=True))
-    for c in candidates:
-        for name in args.datasets:
-            for seed in seeds:
-                b = base[name, seed]
-                print(f"  {name:8} {seed:>3} {c.label():38} {tuning_line(runs[name, seed, c], b, b.accuracy[-1])}")
-    scores = {c: score(c, runs, base, args.datasets, seeds) for c in candidates}
-    for c in candidates:
-        print(f"  {c.label()}: {scores[c].line}")
-    online = min((Setting(beta) for beta in args.betas), key=lambda c: scores[c].key)
-    combination = min(args.combinations, key=lambda c: scores[c].key)
-    print(f"  -> online sifting alone: {online.label()}; best combination: {combination.label()}")
-    print(
-        "     (the most targets met by the medians over the tuning seeds, per dataset: FLOPs and wall to the target "
-        f"as multiples of the baseline's, {CAP:g} when not reached, and points at equal FLOPs; then the fewest FLOPs)"
-    )
-    schedule, runs = tune_schedules(args, pool, (online, combination), base, runs)
-
-    first = seeds[0]  # the short-run baseline's learning rate is tuned on the first tuning seed
-    calls = {}
-    for name in args.datasets:
-        b = base[name, first]
-        at = runs[(name, first, *schedule[name, combination])]  # the combination on its own schedule
-        short, _ = short_budget(at.flops_to(b.accuracy[-1]), b.flops_to(b.accuracy[-1]))
-        for lr in args.lrs:
-            calls[name, lr] = ((name, first, quick, Setting(), lr), {"budget": short})
-    grid = dict(zip(calls, parallel(pool, calls.values()), strict=True))
-    tuned = {}
-    for name in args.datasets:
-        row = {lr: grid[name, lr].accuracy[-1] for lr in args.lrs}
-        best, cells = best_rate(row)
-        tuned[name] = Tuned(base[name, first].lr, best, *schedule[name, online], *schedule[name, combination])
-        length = grid[name, best].epochs
-        print(f"  {name} short-run baseline ({length} epochs) learning rate: {cells} -> {best:g}")
-    return tuned, combination
-
-
-def tune_schedules(args, pool, settings, base, runs) -> tuple[dict[tuple[str, Setting], tuple[Setting, float]], dict]:
-    """Each picked setting's schedule per dataset: its length, filling the baseline's FLOPs or the baseline's own
-    epochs (``Setting.epochs = 1``: the user's job with sifting turned on, at fewer FLOPs), and its learning rate.
-
-    The learning rate of each length by the baseline's rule: the best mean accuracy at the baseline's FLOPs over
-    the tuning seeds (a fixed-length run's final accuracy, at fewer FLOPs), ties to the lower rate. The length
-    by the rule that picked the setting (``score``, on that dataset alone), since the accuracy rule would always
-    favour the longer run. The short-run baseline is the check on both: it gets a schedule as long as the
-    combination's FLOPs to the target, its own rate tuned for that length. Why: the settings were picked at the
-    baseline's rate and budget; pruning x3 takes a third of the steps per epoch, and at stops 31 and 32 it did
-    better on tabular at 0.01 than at the baseline's 0.003, and on its own epochs than filling the budget (the
-    short runs at its FLOPs missed). Until stop 32 every filtering arm ran at the baseline's rate, filling its
-    budget. Returns ``(length variant, rate)`` per ``(dataset, setting)``, and ``runs`` keyed ``(dataset, seed,
-    setting, lr)``."""
-    seeds, quick = args.tuning_seeds, args.quick
-    lengths = {
-        c: [c] + ([dataclasses.replace(c, epochs=1)] if c.epochs is None and args.lengths else []) for c in settings
-    }
-    known = {(name, seed, c, base[name, seed].lr): runs[name, seed, c] for name, seed, c in runs}
-    calls = {
-        (name, seed, v, lr): (
-            (name, seed, quick, v, lr),
-            v.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
-        )
-        for name in args.datasets
-        for seed in seeds
-        for c in settings
-        for v in lengths[c]
-        for lr in args.lrs
-        if (name, seed, v, lr) not in known
-    }
-    runs = known | dict(zip(calls, parallel(pool, calls.values()), strict=True))
-    picked = {}
-    for c in settings:
-        for name in args.datasets:
-            scores = {}
-            for v in lengths[c]:
-                row = {
-                    lr: statistics.mean(
-                        runs[name, seed, v, lr].accuracy_at(base[name, seed].cum_flops[-1]) or 0.0 for seed in seeds
-                    )
-                    for lr in args.lrs
-                }
-                best, cells = best_rate(row)
-                print(
-                    f"  {name} {v.label()} learning rate (mean accuracy at equal FLOPs): {cells} -> {best:g}"
-                    f"{edge_note(best, args.lrs)}"
-                )
-                for seed in seeds:
-                    b = base[name, seed]
-                    line = tuning_line(runs[name, seed, v, best], b, b.accuracy[-1])
-                    print(f"  {name:8} {seed:>3} {v.label()}, lr {best:g}: {line}")
-                at = {(name, seed, v): runs[name, seed, v, best] for seed in seeds}
-                scores[v, best] = score(v, at, base, [name], seeds)
-                print(f"  {v.label()}, lr {best:g}: {scores[v, best].line}")
-            picked[name, c] = min(scores, key=lambda vl: scores[vl].key)
-            v, lr = picked[name, c]
-            print(f"  -> {name}: {v.label()} at lr {lr:g}")
-    return picked, runs
-
-
-@dataclass
-class Score:
-    """How one setting did on the tuning seeds: its sort key (lower is better) and a line saying why."""
-
-    key: tuple[int, float, float]
-    line: str
-
-
-def score(setting: Setting, runs: dict, base: dict, datasets, seeds) -> Score:
-    """Per dataset, the medians over the tuning seeds of FLOPs and wall time to the target (as multiples of
-    the baseline's, ``CAP`` when not reached) and of points at equal FLOPs; which of the three targets
-    those meet. Ranked by the targets met over both datasets, then by the FLOPs ratio averaged over them,
-    then by the points. Medians per dataset, so that one seed that misses on one dataset does not outweigh
-    the rest (a mean over both datasets and two seeds let digits' epoch-sized swings pick); the wall time is
-    that of runs done two at a time, each against its baseline run alike."""
-    met, flops, points, parts = 0, [], [], []
-    for name in datasets:
-        fx, wx, dx = [], [], []
-        for seed in seeds:
-            b, run = base[name, seed], runs[name, seed, setting]
-            target = b.accuracy[-1]
-            reached, wall = run.flops_to(target), run.wall_to(target)
-            fx.append(reached / b.flops_to(target) if reached is not None else CAP)
-            wx.append(wall / b.wall_to(target) if wall is not None else CAP)
-            dx.append(100 * ((run.accuracy_at(b.cum_flops[-1]) or 0.0) - target))
-        f, w, d = statistics.median(fx), statistics.median(wx), statistics.median(dx)
-        hits = (f <= FLOPS_RATIO_MAX) + (w <= WALL_RATIO_MAX) + (d >= -ACCURACY_POINTS - 1e-9)
-        met += hits
-        flops.append(f)
-        points.append(d)
-        parts.append(f"{name} {f:.2f}x / {w:.2f}x / {d:+.2f} pts ({hits} met)")
-    key = (-met, statistics.mean(flops), -statistics.mean(points))
-    return Score(key, f"{', '.join(parts)}: {met} of {3 * len(datasets)} targets")
-
-
-def tuning_line(run: Run, base: Run, target: float) -> str:
-    reached = run.flops_to(target)
-    to = f"{reached / base.flops_to(target):.2f}x" if reached is not None else "not reached"
-    acc = run.accuracy_at(base.cum_flops[-1])
-    steps = run.steps_to(target)
-    to += f" in {steps / base.steps_to(target):.2f}x the steps" if steps is not None else ""
-    line = f"to target {to:>11}, acc at equal FLOPs {acc:.4f} ({100 * (acc - target):+.1f} pts), {run.epochs} ep"
-    if run.prefilter:
-        line += f", kept {run.prefilter['kept_fraction']:.0%}"
-        if "flipped" in run.prefilter:
-            p = run.prefilter
-            line += f" (flipped labels removed {p['flipped_removed']}/{p['flipped']}, clean rows {p['clean_removed']})"
-    return line
-
-
-def best_rate(accuracy: dict[float, float]) -> tuple[float, str]:
-    """The learning rate with the best accuracy (ties to the lower rate), and the row as printed."""
-    best = max(accuracy, key=lambda lr: (accuracy[lr], -lr))
-    return best, ", ".join(f"{lr:g}: {acc:.4f}" for lr, acc in accuracy.items())
-
-
-def edge_note(best: float, grid) -> str:
-    return " (at the edge of the grid)" if len(grid) > 1 and best in (min(grid), max(grid)) else ""
-
-
-def parallel(pool, calls) -> list[Run]:
-    futures = [pool.submit(sd.train, *a, **k) for a, k in calls]
-    return [f.result() for f in futures]
-
-
 def cpu_model() -> str:
     """The CPU's model name, as Linux reports it ("unknown" elsewhere)."""
     try:
@@ -343,15 +118,6 @@ def cpu_model() -> str:
             return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "unknown")
     except OSError:
         return "unknown"
-
-
-def torch_threads(count: int) -> None:
-    """A tuning worker's start: the groups it launches use ``count`` CPU threads each."""
-    os.environ[THREADS_ENV] = str(count)
-
-
-def epochs(name: str, quick: bool) -> int:
-    return sd.load(name, 0, quick).epochs
 
 
 # --- measured runs ------------------------------------------------------------------------------
