@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU (the NCCL path of issue 4), for a machine that has one: the tests
-# that skip without CUDA, and a two-group CPU job as a check of the machine's torch and torchft.
+# that skip without CUDA, codecarbon's tests (with a GPU, it reads NVML too), and a two-group CPU job as a
+# check of the machine's torch and torchft.
 #
 # Run from anywhere: `bash tests/gpu_check.sh`. Python packages the machine lacks may come as wheels in
 # .whl/ at the repository's root; they are installed into /tmp/site, not into the machine's Python.
@@ -22,9 +23,9 @@ nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
 print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count(), "nccl", nccl)
 PY
 "$python" -m pytest -q -rs -p no:cacheprovider --durations=5 --junitxml "$out/junit.xml" \
-    tests/unit/test_device.py tests/unit/test_ddp.py \
+    tests/unit/test_device.py tests/unit/test_ddp.py tests/unit/test_carbon.py tests/unit/test_carbon_probe.py \
     "tests/unit/test_training.py::test_two_groups_train_in_lockstep_and_agree" 2>&1 | tee "$out/pytest.log"
 status=${PIPESTATUS[0]}
-# The groups' and lighthouses' logs, for a failure that happened inside a group.
-find /tmp/pytest-of-* -name '*.log' -print0 2>/dev/null | tar czf "$out/group-logs.tgz" --null -T - 2>/dev/null
+# The groups' and lighthouses' logs (for a failure inside a group) and the groups' energy records.
+find /tmp/pytest-of-* \( -name '*.log' -o -name energy.json \) -print0 2>/dev/null | tar czf "$out/group-logs.tgz" --null -T - 2>/dev/null
 exit "$status"

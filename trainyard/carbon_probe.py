@@ -44,6 +44,10 @@ def seed(tracker) -> bool:
             {**spec, "tracking_mode": key.tracking_mode} if "tracking_mode" in spec else spec
             for spec in saved["hardware_specs"]
         ]
+        if tracker._gpu_ids == []:
+            # A process that sees no GPU tracks none; codecarbon's cache keys that as "every GPU", and the
+            # GPU it would rebuild from the plan would count them all.
+            specs = [spec for spec in specs if spec.get("kind") != "gpu"]
         plan = hardware_cache._HardwarePlan(**{**saved, "hardware_specs": specs})
         with hardware_cache._cache_lock:
             hardware_cache._plans.setdefault(key, plan)

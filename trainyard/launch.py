@@ -195,8 +195,8 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
     out = attempt_dir(Path(handle.job_dir), replica, attempt)
     log_path = out / "replica.log"
     env = {**os.environ, THREADS_ENV: str(handle.num_threads), "OMP_NUM_THREADS": str(handle.num_threads)}
-    if handle.gpus_per_replica > 0:
-        env["CUDA_VISIBLE_DEVICES"] = _local_gpus(handle, replica)
+    # A CPU group sees no GPU: it cannot take one by accident, and its carbon share counts none.
+    env["CUDA_VISIBLE_DEVICES"] = _local_gpus(handle, replica) if handle.gpus_per_replica > 0 else ""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [

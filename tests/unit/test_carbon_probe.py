@@ -22,12 +22,12 @@ from trainyard import carbon
 from trainyard.spec import Carbon
 with carbon.meter("m", Carbon(), tracking_mode=sys.argv[1]) as record:
     sum(range(10**6))
-print(json.dumps({"mode": record.measurement_mode, "kwh": record.energy_kwh}))
+print(json.dumps({"mode": record.measurement_mode, "kwh": record.energy_kwh, "gpu_kwh": record.gpu_energy_kwh}))
 """
 
 
-def meter_in_fresh_process(home, mode: str, forbid_probe: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRAINYARD_HOME": str(home)}
+def meter_in_fresh_process(home, mode: str, forbid_probe: bool = False, **env_vars) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRAINYARD_HOME": str(home), **env_vars}
     if forbid_probe:
         env["FORBID_PROBE"] = "1"
     return subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True, timeout=120)

@@ -3,6 +3,7 @@ see, a group fails with the field and the fix rather than training on the CPU un
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from datetime import timedelta
@@ -109,6 +110,25 @@ def test_each_live_local_group_gets_its_own_gpus(monkeypatch):
         assert started[-2:] == ["0,1", "2,3"]
 
 
+def test_a_local_cpu_group_sees_no_gpu(monkeypatch):
+    # It cannot take one by accident, and its carbon meter counts none (tested on a GPU below).
+    from trainyard import launch
+
+    envs = []
+
+    class FakePopen:
+        def __init__(self, cmd, env, **kwargs):
+            self.pid = 2000
+            envs.append(env)
+
+    monkeypatch.setattr(launch.subprocess, "Popen", FakePopen)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the worker's own GPUs
+    with TemporaryDirectory() as folder:
+        handle = launch.LaunchHandle("j", folder, "local", "", 0, 1)
+        launch._start_process(handle, 0, 0, resume=False)
+    assert envs[0]["CUDA_VISIBLE_DEVICES"] == ""
+
+
 def test_a_scale_up_the_machine_has_no_gpus_for_is_refused_and_the_job_goes_on(monkeypatch):
     from trainyard import launch
     from trainyard.spec import parse_job
@@ -164,6 +184,28 @@ def test_a_one_group_gpu_job_trains_on_its_gpu_and_saves_on_the_cpu(trainyard_ho
         assert "TCPStore" not in log and "frame #" not in log, log[-2000:]
     for key in states[0]:
         torch.testing.assert_close(states[0][key], states[-1][key], rtol=0, atol=0)
+    for r in range(groups):  # each group's carbon share counts its GPU, read through NVML
+        energy = json.loads((folder / f"replicas/{r}/attempt-0/energy.json").read_text())
+        assert "gpu:nvml" in energy["measurement_mode"] and energy["gpu_energy_kwh"] > 0, energy
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_stage_meter_on_a_gpu_machine_counts_the_gpus_energy():
+    from trainyard import carbon
+    from trainyard.spec import Carbon
+
+    settings = Carbon(country_iso_code="IRL", measure_power_secs=0.5)
+    with carbon.meter("training", settings) as record:
+        x = torch.randn(4096, 4096, device="cuda")
+        for _ in range(200):
+            x = torch.tanh(x @ x)
+        torch.cuda.synchronize()
+    assert "gpu:nvml" in record.measurement_mode, record
+    assert record.gpu_energy_kwh > 0 and record.energy_kwh == pytest.approx(
+        record.cpu_energy_kwh + record.gpu_energy_kwh + record.ram_energy_kwh
+    )
+    report = carbon.rollup([record], settings)
+    assert report["by_device_kwh"]["gpu"] == record.gpu_energy_kwh and report["emissions_kg"] > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -190,3 +232,31 @@ def test_a_lost_gpu_group_resumes_on_its_gpu_from_the_checkpoint_and_loses_nothi
     assert all(t.device.type == "cpu" for t in finals[0].values())
     for key in finals[0]:
         torch.testing.assert_close(finals[0][key], finals[1][key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_machine_a_meter_that_sees_no_gpu_counts_none(tmp_path):
+    # A CPU group's share (process mode, CUDA_VISIBLE_DEVICES empty) counts no GPU, whether it probes the
+    # hardware itself or is seeded from the probe an earlier group saved. (A GPU group's share counting its
+    # GPU is checked on a real job above: this meter lasts milliseconds, too short for NVML's energy counter.)
+    from tests.unit.test_carbon_probe import meter_in_fresh_process
+
+    runs = [meter_in_fresh_process(tmp_path, "process", CUDA_VISIBLE_DEVICES="")]
+    runs.append(meter_in_fresh_process(tmp_path, "process", forbid_probe=True, CUDA_VISIBLE_DEVICES=""))
+    for done in runs:
+        assert done.returncode == 0, done.stderr
+        cpu_group = json.loads(done.stdout)
+        assert cpu_group["gpu_kwh"] == 0 and "gpu" not in cpu_group["mode"] and cpu_group["kwh"] > 0, cpu_group
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cpu_jobs_groups_on_a_gpu_machine_count_no_gpu_energy(trainyard_home):
+    from tests.unit.test_training import make_job, run
+
+    job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 2})
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    for r in range(2):
+        energy = json.loads((folder / f"replicas/{r}/attempt-0/energy.json").read_text())
+        assert energy["gpu_energy_kwh"] == 0 and "gpu" not in energy["measurement_mode"], energy
+        assert energy["energy_kwh"] > 0
