@@ -97,8 +97,8 @@ def tune(args, pool) -> tuple[dict[str, Tuned], Setting]:
         row = {lr: grid[name, lr].accuracy[-1] for lr in args.lrs}
         best, cells = best_rate(row)
         tuned[name] = Tuned(base[name, first].lr, best, *schedule[name, online], *schedule[name, combination])
-        length = grid[name, best].epochs
-        print(f"  {name} short-run baseline ({length} epochs) learning rate: {cells} -> {best:g}")
+        length, edge = grid[name, best].epochs, edge_note(best, args.lrs)
+        print(f"  {name} short-run baseline ({length} epochs) learning rate: {cells} -> {best:g}{edge}")
     return tuned, combination
 
 
