@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 30 min on 2 cores)
+    .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 40 min on 2 cores)
     .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
 
 Datasets (``_sifting_data.py``): synthetic tabular data with redundancy (near-duplicates, exact
@@ -13,7 +13,7 @@ group, no Prefect), AdamW with a cosine learning-rate schedule.
 
 Arms, per dataset and seed:
 
-- **baseline**: no filtering, its learning rate tuned, ``Dataset.epochs`` epochs. Its final
+- **baseline**: no filtering, its learning rate tuned (``LEARNING_RATES``), ``Dataset.epochs`` epochs. Its final
   validation accuracy is the target; its budget is its training FLOPs.
 - **online sifting alone** (smart sifting's keep rule, ``sifting.enabled``), its beta tuned, then its schedule.
 - **best combination**: the prefilter (``sifting.prefilter``) and online sifting, ranking by loss
