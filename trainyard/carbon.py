@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -64,7 +63,7 @@ def meter(
     else:
         kwargs = {"country_iso_code": settings.country_iso_code}
         kwargs |= {"region": settings.region} if settings.region else {}
-    if tracking_mode == "process" and sees_no_gpu():
+    if tracking_mode == "process" and carbon_probe.sees_no_gpu():
         # A CPU group's share. Left to itself codecarbon would count every GPU that NVML sees (it reads an
         # empty CUDA_VISIBLE_DEVICES as unset): on a GPU machine, the GPUs once per group of a CPU job.
         kwargs["gpu_ids"] = []
@@ -103,13 +102,6 @@ def meter(
             record.cpu_energy_kwh = float(data.cpu_energy or 0.0)
             record.gpu_energy_kwh = float(data.gpu_energy or 0.0)
             record.ram_energy_kwh = float(data.ram_energy or 0.0)
-
-
-def sees_no_gpu() -> bool:
-    """Whether this process was given no GPU: ``CUDA_VISIBLE_DEVICES`` set and naming none, as the
-    launch stage sets it for a CPU group."""
-    names = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return names is not None and not [n for n in names.split(",") if n.strip() not in ("", "-1")]
 
 
 @functools.cache  # one class per process, not one per meter

@@ -45,8 +45,8 @@ def seed(tracker) -> bool:
             for spec in saved["hardware_specs"]
         ]
         if tracker._gpu_ids == []:
-            # A process that sees no GPU tracks none; codecarbon's cache keys that as "every GPU", and the
-            # GPU it would rebuild from the plan would count them all.
+            # This process sees no GPU (a CPU group) and tracks none; the machine's probe lists its GPUs,
+            # which codecarbon would rebuild from the plan and count.
             specs = [spec for spec in specs if spec.get("kind") != "gpu"]
         plan = hardware_cache._HardwarePlan(**{**saved, "hardware_specs": specs})
         with hardware_cache._cache_lock:
@@ -62,6 +62,8 @@ def save(tracker) -> None:
     try:
         from codecarbon.core import hardware_cache
 
+        if tracker._gpu_ids == []:
+            return  # a CPU group's probe leaves out the GPUs the machine's must list
         key = hardware_cache.make_key(tracker)
         plan = hardware_cache._plans.get(key)
         path = _path(key)
@@ -69,6 +71,13 @@ def save(tracker) -> None:
             write_json_atomic(path, dataclasses.asdict(plan))
     except Exception:  # noqa: BLE001 - metering goes on without the shortcut
         log.debug("codecarbon hardware probe not saved", exc_info=True)
+
+
+def sees_no_gpu() -> bool:
+    """Whether this process was given no GPU: ``CUDA_VISIBLE_DEVICES`` set and naming none, as the
+    launch stage sets it for a CPU group."""
+    names = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return names is not None and not [n for n in names.split(",") if n.strip() not in ("", "-1")]
 
 
 def _path(key) -> Path:
@@ -79,7 +88,8 @@ def _path(key) -> Path:
     identity = {
         "machine": _machine_id(),
         "codecarbon": __version__,
-        "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # A process that sees no GPU shares the machine's probe (seed() drops its GPUs).
+        "visible_gpus": None if sees_no_gpu() else os.environ.get("CUDA_VISIBLE_DEVICES"),
         "settings": fields,
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]

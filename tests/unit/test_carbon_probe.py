@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from trainyard import carbon_probe
+
 # One meter in a fresh process. With FORBID_PROBE, asking py-cpuinfo (the probe's costly part: it
 # runs in a subprocess) fails the meter, so "it started" means "it used the saved probe".
 SCRIPT = """
@@ -59,3 +61,26 @@ def test_a_corrupt_saved_probe_falls_back_to_probing(tmp_path):
     again = meter_in_fresh_process(tmp_path, "process")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["kwh"] > 0
+
+
+def test_a_process_given_no_gpu_is_told_apart_from_one_given_all(monkeypatch):
+    # Launch gives a CPU group CUDA_VISIBLE_DEVICES="", and its meter then tracks no GPU; unset means
+    # every GPU the machine has (the stages' machine-wide meters), and a list is codecarbon's own to read.
+    for value, none in (("", True), ("-1", True), (" , ", True), ("0", False), ("GPU-aa,GPU-bb", False)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert carbon_probe.sees_no_gpu() is none, value
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert not carbon_probe.sees_no_gpu()
+
+
+def test_a_cpu_group_uses_the_machines_probe_and_never_writes_it(tmp_path):
+    # A CPU group (CUDA_VISIBLE_DEVICES empty) is seeded from the probe the stage's machine-wide meter
+    # saved, as every group was before CPU groups were hidden from the GPUs; its own probe, which leaves
+    # the GPUs out, is never saved as the machine's.
+    alone = meter_in_fresh_process(tmp_path, "process", CUDA_VISIBLE_DEVICES="")
+    assert alone.returncode == 0, alone.stderr
+    assert not (tmp_path / "hardware").exists()
+    assert meter_in_fresh_process(tmp_path, "machine").returncode == 0
+    group = meter_in_fresh_process(tmp_path, "process", forbid_probe=True, CUDA_VISIBLE_DEVICES="")
+    assert group.returncode == 0, group.stderr
+    assert json.loads(group.stdout)["kwh"] > 0

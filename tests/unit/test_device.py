@@ -237,11 +237,13 @@ def test_a_lost_gpu_group_resumes_on_its_gpu_from_the_checkpoint_and_loses_nothi
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_machine_a_meter_that_sees_no_gpu_counts_none(tmp_path):
     # A CPU group's share (process mode, CUDA_VISIBLE_DEVICES empty) counts no GPU, whether it probes the
-    # hardware itself or is seeded from the probe an earlier group saved. (A GPU group's share counting its
-    # GPU is checked on a real job above: this meter lasts milliseconds, too short for NVML's energy counter.)
+    # hardware itself or is seeded from the machine's probe, which lists the GPU. (A GPU group's share counting
+    # its GPU is checked on a real job above: this meter lasts milliseconds, too short for NVML's counter.)
     from tests.unit.test_carbon_probe import meter_in_fresh_process
 
     runs = [meter_in_fresh_process(tmp_path, "process", CUDA_VISIBLE_DEVICES="")]
+    machine = meter_in_fresh_process(tmp_path, "machine")  # the stage's meter: it saves the machine's probe
+    assert machine.returncode == 0 and "gpu:nvml" in json.loads(machine.stdout)["mode"], machine.stderr
     runs.append(meter_in_fresh_process(tmp_path, "process", forbid_probe=True, CUDA_VISIBLE_DEVICES=""))
     for done in runs:
         assert done.returncode == 0, done.stderr
