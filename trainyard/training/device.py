@@ -3,7 +3,7 @@
 A group is one process. Its launcher pins the group's GPUs with ``CUDA_VISIBLE_DEVICES``, so the
 group trains on the first one it sees, ``cuda:0``: the GPU pool's worker on a GPU pool, and for local
 groups the launch stage, which gives each live group its own slice of this machine's GPUs (NCCL
-refuses two ranks on one GPU). More GPUs a group (torchrun inside it) is not built yet.
+refuses two ranks on one GPU) and a local CPU group none. More GPUs a group (torchrun inside it) is not built yet.
 """
 
 from __future__ import annotations
