@@ -62,10 +62,11 @@ def save(tracker) -> None:
     try:
         from codecarbon.core import hardware_cache
 
-        if tracker._gpu_ids == []:
-            return  # a CPU group's probe leaves out the GPUs the machine's must list
         key = hardware_cache.make_key(tracker)
         plan = hardware_cache._plans.get(key)
+        lists_gpus = plan is not None and any(spec.get("kind") == "gpu" for spec in plan.hardware_specs)
+        if tracker._gpu_ids == [] and lists_gpus:
+            return  # a CPU group on a GPU machine: its probe leaves out GPUs that the machine's must list
         path = _path(key)
         if plan is not None and not path.is_file():
             write_json_atomic(path, dataclasses.asdict(plan))

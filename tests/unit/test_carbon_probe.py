@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from trainyard import carbon_probe
 
@@ -73,14 +76,21 @@ def test_a_process_given_no_gpu_is_told_apart_from_one_given_all(monkeypatch):
     assert not carbon_probe.sees_no_gpu()
 
 
-def test_a_cpu_group_uses_the_machines_probe_and_never_writes_it(tmp_path):
-    # A CPU group (CUDA_VISIBLE_DEVICES empty) is seeded from the probe the stage's machine-wide meter
-    # saved, as every group was before CPU groups were hidden from the GPUs; its own probe, which leaves
-    # the GPUs out, is never saved as the machine's.
-    alone = meter_in_fresh_process(tmp_path, "process", CUDA_VISIBLE_DEVICES="")
-    assert alone.returncode == 0, alone.stderr
-    assert not (tmp_path / "hardware").exists()
+def test_a_cpu_group_is_seeded_from_the_machines_probe(tmp_path):
+    # A CPU group (CUDA_VISIBLE_DEVICES empty) shares the probe the stage's machine-wide meter saved, as
+    # every group did before CPU groups were hidden from the GPUs.
     assert meter_in_fresh_process(tmp_path, "machine").returncode == 0
     group = meter_in_fresh_process(tmp_path, "process", forbid_probe=True, CUDA_VISIBLE_DEVICES="")
     assert group.returncode == 0, group.stderr
     assert json.loads(group.stdout)["kwh"] > 0
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: tests/unit/test_device.py")
+def test_without_gpus_a_cpu_groups_probe_is_the_machines_and_is_saved(tmp_path):
+    # With no stage meter before it (a worker's first group, the tests, the benchmarks), the first group's
+    # probe serves the ones after it. On a GPU machine a CPU group's probe leaves the GPUs out and is not saved.
+    first = meter_in_fresh_process(tmp_path, "process", CUDA_VISIBLE_DEVICES="")
+    assert first.returncode == 0, first.stderr
+    later = meter_in_fresh_process(tmp_path, "process", forbid_probe=True, CUDA_VISIBLE_DEVICES="")
+    assert later.returncode == 0, later.stderr
+    assert json.loads(later.stdout)["kwh"] > 0

@@ -242,6 +242,7 @@ def test_on_a_gpu_machine_a_meter_that_sees_no_gpu_counts_none(tmp_path):
     from tests.unit.test_carbon_probe import meter_in_fresh_process
 
     runs = [meter_in_fresh_process(tmp_path, "process", CUDA_VISIBLE_DEVICES="")]
+    assert not (tmp_path / "hardware").exists()  # its probe, without the GPU, is not saved as the machine's
     machine = meter_in_fresh_process(tmp_path, "machine")  # the stage's meter: it saves the machine's probe
     assert machine.returncode == 0 and "gpu:nvml" in json.loads(machine.stdout)["mode"], machine.stderr
     runs.append(meter_in_fresh_process(tmp_path, "process", forbid_probe=True, CUDA_VISIBLE_DEVICES=""))
