@@ -22,6 +22,7 @@ import os
 import socket
 from pathlib import Path
 
+from trainyard import env_settings
 from trainyard.home import home, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,7 @@ def save(tracker) -> None:
 def sees_no_gpu() -> bool:
     """Whether this process was given no GPU: ``CUDA_VISIBLE_DEVICES`` set and naming none, as the
     launch stage sets it for a CPU group."""
-    names = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return names is not None and not [n for n in names.split(",") if n.strip() not in ("", "-1")]
+    return env_settings.cuda_visible_devices() == []
 
 
 def _path(key) -> Path:

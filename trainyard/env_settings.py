@@ -33,3 +33,12 @@ def count(name: str, default: int) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise TrainyardError(f"{name}={text!r} is not a whole number of at least 1; set one, such as {default}")
     return int(text)
+
+
+def cuda_visible_devices() -> list[str] | None:
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` names (indices, or UUIDs), in its order; ``[]`` where it is set and
+    names none (as launch sets it for a CPU group), None where it is unset (every GPU of the machine)."""
+    names = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if names is None:
+        return None
+    return [name.strip() for name in names.split(",") if name.strip() and name.strip() != "-1"]

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import torch
 
+from trainyard import env_settings
 from trainyard.errors import TrainingError
 
 CPU = torch.device("cpu")
@@ -42,10 +43,8 @@ def check(gpus_per_replica: int, replica: int) -> None:
 
 def visible_gpus() -> list[str]:
     """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (indices, or UUIDs), in its order."""
-    names = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if names is not None:
-        return [name.strip() for name in names.split(",") if name.strip() and name.strip() != "-1"]
-    return [str(i) for i in range(torch.cuda.device_count())]
+    names = env_settings.cuda_visible_devices()
+    return names if names is not None else [str(i) for i in range(torch.cuda.device_count())]
 
 
 def check_fits(replicas: int, gpus_per_replica: int, visible: list[str]) -> None:
