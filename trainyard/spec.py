@@ -376,7 +376,7 @@ class Sifting(_Model):
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
-    # Left unset, beta and prune are the combination benchmarks/sifting.py found best (stops 28 to 32: pruning alone,
+    # Left unset, beta and prune are the combination benchmarks/sifting.py found best (stops 28 to 33: pruning alone,
     # batch_factor 3, chosen by the most targets met on four tuning seeds); resolved by the job, which knows
     # whether its train channel streams (pruning needs every row's loss in memory). README: Sifting.
     beta: float | None = Field(
