@@ -5,7 +5,9 @@ it; the train stage's supervisor reads the group's heartbeat, progress and resul
 folder as it does for a local group, and resubmits a crashed or failed run (the elastic retry:
 Prefect's own flow retries never cover a Crashed run). Inside, it is the same entrypoint a local
 group runs (``trainyard.training.replica``): it waits for the plan, trains under torchft, and heals
-from a live peer when it is a restart. SIGTERM (a cancelled run, a scale-down) is a graceful leave
+from a live peer when it is a restart. A group of a CPU job (``gpus_per_replica`` 0) sees no GPU, as a
+local one does (``launch._start_process``): on a GPU pool's worker it cannot take one by accident, and
+its carbon share counts none of the worker's GPUs. SIGTERM (a cancelled run, a scale-down) is a graceful leave
 at a step boundary once the group is in its first quorum, and ends it at once before.
 
 The job's folder must be reachable from the worker at the same path (a process pool on the train
@@ -24,9 +26,20 @@ from trainyard.training.trainer import LIGHTHOUSE_ENV
 
 
 @flow(name="train-replica", log_prints=True)
-def train_replica(job_dir: str, replica: int, attempt: int = 0, resume: bool = False, lighthouse_addr: str = "") -> int:
-    """Run replica group ``replica`` (attempt ``attempt``) of the job in ``job_dir``; fail if it does."""
+def train_replica(
+    job_dir: str,
+    replica: int,
+    attempt: int = 0,
+    resume: bool = False,
+    lighthouse_addr: str = "",
+    gpus_per_replica: int | None = None,
+) -> int:
+    """Run replica group ``replica`` (attempt ``attempt``) of the job in ``job_dir``; fail if it does.
+    ``gpus_per_replica`` 0 hides the worker's GPUs from the group; None leaves them as the pool gives them."""
     logger = get_run_logger()
+    if gpus_per_replica == 0:
+        # Before the group's meter and torch start: codecarbon and CUDA read it when they first look.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if lighthouse_addr:
         os.environ[LIGHTHOUSE_ENV] = lighthouse_addr  # the trainer's torchft Manager finds its peers there
     logger.info("replica group %d, attempt %d, lighthouse %s", replica, attempt, lighthouse_addr or "from the plan")

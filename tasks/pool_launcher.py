@@ -67,6 +67,7 @@ class WorkPoolLauncher:
                 "attempt": attempt,
                 "resume": resume,
                 "lighthouse_addr": handle.lighthouse_addr,
+                "gpus_per_replica": self.resources.gpus_per_replica,
             },
             job_variables=job_variables(self.resources, replica),
             timeout=0,  # submit and return: the supervisor watches

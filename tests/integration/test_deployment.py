@@ -133,6 +133,8 @@ def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deplo
     assert sorted((r.parameters["replica"], r.parameters["attempt"]) for r in runs) == [(0, 0), (1, 0), (1, 1)]
     states = {(r.parameters["replica"], r.parameters["attempt"]): r.state.type.value for r in runs}
     assert states[(1, 0)] == "CRASHED" and states[(1, 1)] == "COMPLETED" and states[(0, 0)] == "COMPLETED"
+    # a CPU job (gpus_per_replica 0): each run is told to hide the GPU worker's GPUs (test_train_replica.py)
+    assert {r.parameters["gpus_per_replica"] for r in runs} == {0}
     (recovery,) = summary["elastic"]["recoveries"]
     assert recovery["source"] == "peer" and recovery["failed_at_step"] == 30
     assert summary["training"]["replicas_finished"] == [0, 1]
