@@ -11,6 +11,7 @@ has picked 0.003 for both datasets at every stop since 16).
     .venv/bin/python benchmarks/sifting_arms.py                          # the stop 26 table, about 18 minutes
     .venv/bin/python benchmarks/sifting_arms.py --settings prune-x3 prune-x2             # stop 27 (about 9 minutes)
     .venv/bin/python benchmarks/sifting_arms.py --datasets digits --seeds 0 1 2 3 --settings prune-x2 keep
+    .venv/bin/python benchmarks/sifting_arms.py --datasets digits --baseline-lr 0.003 --lr 0.005 --settings prune-x3
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds (sifting.py reports 0 1 2)")
     parser.add_argument("--lr", type=float, default=0.003, help="learning rate of every arm")
     parser.add_argument(
+        "--baseline-lr", type=float, default=None, help="the baseline's learning rate, if not --lr (its target)"
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="each run done this many times, its wall time the median (sifting.py's)"
     )
     parser.add_argument(
@@ -76,7 +80,7 @@ def main() -> None:
     for name in args.datasets:
         epochs = sd.load(name, 0).epochs
         for seed in args.seeds:
-            base = timed(args.repeats, name, seed, False, Setting(), args.lr, epochs=epochs)
+            base = timed(args.repeats, name, seed, False, Setting(), args.baseline_lr or args.lr, epochs=epochs)
             target, budget = base.accuracy[-1], base.cum_flops[-1]
             print(f"{name} seed {seed}: baseline final accuracy {target:.4f}, {base.median_step_ms:.1f} ms/step")
             for key in args.settings:
