@@ -176,6 +176,9 @@ def say(name: str, seed: int, key: str, run: Run, target: float, extended: Run |
         if i is not None
         else "target not reached"
     )
+    own = run.first_reaching(target, every_epoch=True)
+    if own is not None and own != i:  # read at every epoch, as until stop 33
+        to += f" (at epoch {own + 1}, {run.cum_flops[own] / 1e9:.2f} GFLOP, read at every epoch)"
     if extended is not None:
         j = extended.first_reaching(target)
         to += f"; with {CAP:g}x the budget: " + (
