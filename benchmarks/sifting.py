@@ -34,8 +34,11 @@ accuracy is their accuracy at equal FLOPs; a setting may instead fix its schedul
 baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering turned on), and its final
 accuracy is then at fewer FLOPs than the baseline's (the run stops within budget). The search's candidates
 fill the budget; since stop 32 the picked online sifting and combination may each run on the baseline's epochs
-instead, per dataset (tuning, below). FLOPs and wall time to the target are read at the first epoch whose
-validation accuracy reaches it (what ``stopping.target_metric`` does); an arm that has not reached it within
+instead, per dataset (tuning, below). FLOPs and wall time to the target are read at the first validation that
+reaches it (what ``stopping.target_metric`` does), every arm at the baseline's cadence since stop 34: an arm's
+first epoch end past each multiple of the baseline's epoch FLOPs counts, and its last (``Run.readings``). Read
+at every epoch, as until stop 33, a filtering arm's cheaper epochs gave it more validations per FLOP, and the
+first of more readings to cross a target comes earlier by chance alone. An arm that has not reached it within
 the baseline's budget is run again with twice the budget and the target as its stopping condition. Training
 FLOPs are forward + backward + sifting's scoring passes + the prefilter's reference models, exact
 (``torch.utils.flop_counter``), per epoch from the group's own count in the history (an arm that reuses losses
