@@ -214,7 +214,7 @@ class Run:
         stopped by the target stopped there). Every arm is so read about as often per FLOP as the baseline,
         whose epochs are the cadence. Read at every epoch, an arm whose epochs cost less is validated more
         often, and the first of more readings to cross a target comes earlier by chance alone: on digits,
-        where the accuracy wanders about the target by a row or two, pruning x3 read 0.81x the baseline's
+        where the accuracy wanders about the target by a row or two, pruning x3 read 0.80x the baseline's
         FLOPs to the target on its own epochs and 1.02x at the baseline's cadence (medians over twelve
         tuning seeds, stop 34; tabular's three reported seeds 0.40x and 0.46x)."""
         if not self.cadence:
