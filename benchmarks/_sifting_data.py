@@ -210,13 +210,13 @@ class Run:
 
     def readings(self) -> list[int]:
         """The epochs whose validation counts toward reaching a target: the first epoch end at or past each
-        multiple of ``cadence`` training FLOPs, and the last (a job always validates its final model; a run
-        stopped by the target stopped there). Every arm is so read about as often per FLOP as the baseline,
-        whose epochs are the cadence. Read at every epoch, an arm whose epochs cost less is validated more
-        often, and the first of more readings to cross a target comes earlier by chance alone: on digits,
-        where the accuracy wanders about the target by a row or two, pruning x3 read 0.80x the baseline's
-        FLOPs to the target on its own epochs and 1.02x at the baseline's cadence (medians over twelve
-        tuning seeds, stop 34; tabular's three reported seeds 0.40x and 0.46x)."""
+        multiple of ``cadence`` training FLOPs, and the last (a job always validates its final model). Every
+        arm is so read about as often per FLOP as the baseline, whose epochs are the cadence. Read at every
+        epoch, an arm whose epochs cost less is validated more often, and the first of more readings to cross
+        a target comes earlier by chance alone: on digits, where the accuracy wanders about the target by a
+        row or two, pruning x3 read 0.80x the baseline's FLOPs to the target on its own epochs and 1.02x at
+        the baseline's cadence (medians over twelve tuning seeds, stop 34; tabular's three reported seeds
+        0.40x and 0.46x)."""
         if not self.cadence:
             return list(range(len(self.cum_flops)))
         kept, mark = [], self.cadence
@@ -350,7 +350,6 @@ def train(
     *,
     epochs: int | None = None,
     budget: float | None = None,
-    target: float | None = None,
     init: int = 0,
 ) -> Run:
     """Train one arm as a Trainyard job: ``epochs`` epochs, or as many as fit in ``budget`` training FLOPs.
@@ -368,12 +367,12 @@ def train(
         # run: its count is first fitted as online sifting's (an upper bound on the cost), then once
         # more from the run's own per-epoch FLOPs.
         epochs = epochs_within(cost, len(x), data.batch_size, setting.beta, budget, pre_flops)
-    outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed + init, reference)
-    if fit and setting.measured_cost and target is None:
+    outcome, commits = _job(data, x, y, setting, lr, epochs, seed + init, reference)
+    if fit and setting.measured_cost:
         more = _refit_epochs(outcome.history, epochs, budget - pre_flops)
         if more > epochs:
             epochs = more
-            outcome, commits = _job(data, x, y, setting, lr, epochs, target, seed + init, reference)
+            outcome, commits = _job(data, x, y, setting, lr, epochs, seed + init, reference)
     done = len(outcome.history)
     # Measured per epoch by the group itself (its FLOP meter, in the history).
     cum_flops = [pre_flops + entry["group_train_flops"] for entry in outcome.history]
@@ -422,7 +421,7 @@ def _refit_epochs(history: list[dict], epochs: int, budget: float) -> int:
     return max(epochs, 1 + int((budget * (1 + 1e-9) - first) // max(later, 1)))
 
 
-def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: float | None, seed: int, reference):
+def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, seed: int, reference):
     """One Trainyard job without Prefect, one replica group: ``(outcome, commit times)``."""
     from trainyard.home import job_dir, new_job_id
     from trainyard.spec import parse_job
@@ -451,8 +450,6 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, target: 
             ),
         },
     }
-    if target is not None:
-        spec["stopping"] = {"target_metric": {"name": "val_accuracy", "value": target}}
     job = parse_job(spec)
     job_id = new_job_id(job.name)
     folder = job_dir(job_id)

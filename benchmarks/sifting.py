@@ -35,11 +35,12 @@ baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering tu
 accuracy is then at fewer FLOPs than the baseline's (the run stops within budget). The search's candidates
 fill the budget; since stop 32 the picked online sifting and combination may each run on the baseline's epochs
 instead, per dataset (tuning, below). FLOPs and wall time to the target are read at the first validation that
-reaches it (what ``stopping.target_metric`` does), every arm at the baseline's cadence since stop 34: an arm's
+reaches it (what ``stopping.target_metric`` would stop at), every arm at the baseline's cadence since stop 34: an arm's
 first epoch end past each multiple of the baseline's epoch FLOPs counts, and its last (``Run.readings``). Read
 at every epoch, as until stop 33, a filtering arm's cheaper epochs gave it more validations per FLOP, and the
 first of more readings to cross a target comes earlier by chance alone. An arm that has not reached it within
-the baseline's budget is run again with twice the budget and the target as its stopping condition. Training
+the baseline's budget is run again with twice the budget, read the same way (until stop 34 that run stopped at
+its own first epoch past the target, read at every epoch). Training
 FLOPs are forward + backward + sifting's scoring passes + the prefilter's reference models, exact
 (``torch.utils.flop_counter``), per epoch from the group's own count in the history (an arm that reuses losses
 is first fitted to the budget at online sifting's cost per epoch, then once more at its measured cost, as its
@@ -141,7 +142,9 @@ def measure(args, name: str, seed: int, tuned: Tuned) -> SeedResult:
     ):
         arm = Arm(timed(r, name, seed, quick, setting, lr, **setting.length(epochs(name, quick), budget)))
         if arm.run.first_reaching(target) is None and args.extend:
-            arm.extended = timed(r, name, seed, quick, setting, lr, budget=CAP * budget, target=target)
+            # Its whole schedule, read at the baseline's cadence: stopped at the target, it would stop at its own
+            # first epoch past it, read at every epoch (until stop 34 it did).
+            arm.extended = timed(r, name, seed, quick, setting, lr, budget=CAP * budget)
         arms[key] = arm
         say(name, seed, key, arm.run, target, arm.extended)
     short, from_combination = short_budget(arms["combination"].to_target(target)[0], base.flops_to(target))
