@@ -122,8 +122,8 @@ def report(name: str, results: list[SeedResult]) -> None:
     print(
         f"  FLOPs and wall are to the target (each seed's baseline final accuracy: "
         f"{' '.join(f'{r.target:.4f}' for r in results)}), as multiples of the baseline's: "
-        f"{gflop} GFLOP, {wall} s; read at the baseline's validation cadence (an arm's first epoch end past each "
-        f"baseline epoch's FLOPs, and its last), not at every cheaper epoch of a filtering arm.\n"
+        f"{gflop} GFLOP, {wall} s; read at the baseline's validation cadence (for each baseline epoch's FLOPs "
+        f"the arm's epoch ending nearest, and its last), not at every cheaper epoch of a filtering arm.\n"
         f"  {miss}: not reached with {CAP:g}x the baseline's budget; '-' not reached within the run. "
         f"Short budget, x the baseline's FLOPs to target: {shorts} (* the combination saved nothing: "
         f"{FLOPS_RATIO_MAX:.2f}x). Validation, left out of every count: "

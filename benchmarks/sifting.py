@@ -35,8 +35,8 @@ baseline's epochs (``Setting.epochs``; 1 is the baseline's job with filtering tu
 accuracy is then at fewer FLOPs than the baseline's (the run stops within budget). The search's candidates
 fill the budget; since stop 32 the picked online sifting and combination may each run on the baseline's epochs
 instead, per dataset (tuning, below). FLOPs and wall time to the target are read at the first validation that
-reaches it (what ``stopping.target_metric`` would stop at), every arm at the baseline's cadence since stop 34: an arm's
-first epoch end past each multiple of the baseline's epoch FLOPs counts, and its last (``Run.readings``). Read
+reaches it (what ``stopping.target_metric`` would stop at), every arm at the baseline's cadence since stop 34: for each
+multiple of the baseline's epoch FLOPs the arm's epoch ending nearest counts, and its last (``Run.readings``). Read
 at every epoch, as until stop 33, a filtering arm's cheaper epochs gave it more validations per FLOP, and the
 first of more readings to cross a target comes earlier by chance alone. An arm that has not reached it within
 the baseline's budget is run again with twice the budget, read the same way (until stop 34 that run stopped at
