@@ -103,8 +103,8 @@ COMBINATIONS = (
     # sifting.prune (InfoBatch, and the hardest 10% left out from a quarter of the epochs on), no keep rule
     Setting(0.0, None, prune=(0.7, 0.1, 1.0)),
     Setting(0.0, None, prune=(0.7, 0.1, 2.0)),  # half the steps in the pruning epochs, about batch_size rows each
-    Setting(0.0, None, prune=(0.7, 0.1, 3.0)),  # a third of the steps (the pick at stops 28 to 33: the default)
-    Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),  # the keep rule with the hardest rows left out
+    Setting(0.0, None, prune=(0.7, 0.1, 3.0)),  # a third of the steps (the pick at stops 28 to 33, the default)
+    Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),  # the keep rule, the hardest left out (stop 34's pick)
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),  # the keep rule, then pruning, half the steps
 )
 # Out since stop 28, to pay for twice the tuning seeds: online sifting after the duplicates prefilter scoring
