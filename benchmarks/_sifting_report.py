@@ -168,9 +168,12 @@ def fmt_x(v: float | None) -> str:
     return "not reached" if v is None else f"{v:.2f}x"
 
 
-def print_best(setting: Setting) -> None:
+def print_best(setting: Setting, named: bool = False) -> None:
     learnt, unlearnable = setting.prefilter or (0.0, 0.0)
-    print(f"Best combination found (for the defaults of `sifting.enabled: true`): {setting.label()}")
+    if named:
+        print(f"Combination measured (named by --combination, not searched): {setting.label()}")
+    else:
+        print(f"Best combination found (for the defaults of `sifting.enabled: true`): {setting.label()}")
     print("  sifting:")
     print(f"    enabled: {str(setting.beta is not None).lower()}")  # beta 0: pruning alone, no keep rule
     print(f"    beta: {setting.beta}")

@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 40 min on 2 cores)
     .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
+    .venv/bin/python benchmarks/sifting.py --combination 'pruning 0.7/0.1 x3'   # measure the default, no search
 
 Datasets (``_sifting_data.py``): synthetic tabular data with redundancy (near-duplicates, exact
 duplicates, dense clusters of easy rows) and 10% flipped training labels, validated on clean labels;
@@ -219,14 +220,23 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="each measured run done this many times, its wall time the median"
     )
+    parser.add_argument(
+        "--combination",
+        choices=[c.label() for c in COMBINATIONS],
+        help="measure this combination instead of searching for one (its schedule, the short run and the noise "
+        "floor as usual), e.g. the default of sifting.enabled: true, 'pruning 0.7/0.1 x3'",
+    )
     args = parser.parse_args()
     args.datasets = ("tabular", "digits")
     args.lrs, args.betas, args.combinations = LEARNING_RATES, BETAS, COMBINATIONS
+    if args.combination:
+        args.combinations = tuple(c for c in COMBINATIONS if c.label() == args.combination)
     args.tuning_seeds = TUNING_SEEDS
     if args.quick:
         args.seeds, args.datasets, args.lrs, args.betas, args.repeats = 1, ("tabular",), (3e-3,), (1.0,), 2
         args.tuning_seeds = TUNING_SEEDS[:1]
-        args.combinations = (COMBINATIONS[0], COMBINATIONS[4])  # the keep rule's defaults; pruning alone x1
+        if not args.combination:
+            args.combinations = (COMBINATIONS[0], COMBINATIONS[4])  # the keep rule's defaults; pruning alone x1
     home = tempfile.TemporaryDirectory(prefix="sifting-bench-")
     os.environ["TRAINYARD_HOME"] = home.name
     os.environ["TRAINYARD_STEP_LOG"] = "1"
@@ -264,7 +274,7 @@ def main() -> None:
     for name in args.datasets:
         report(name, results[name])
         print()
-    print_best(combination)
+    print_best(combination, named=bool(args.combination))
     for name in args.datasets:
         t = tuned[name]
         print(
