@@ -3,11 +3,14 @@ targets met or not, and the best combination as ``sifting`` settings (``benchmar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
 
 from _sifting_data import Run, Setting
+
+from trainyard.spec import DEFAULT_PRUNING
 
 CAP = 2.0  # an arm short of the target at the baseline's budget gets this many times it
 # The issue's targets: FLOPs and wall to the target as multiples of the baseline's, points below it at equal FLOPs
@@ -168,12 +171,27 @@ def fmt_x(v: float | None) -> str:
     return "not reached" if v is None else f"{v:.2f}x"
 
 
+# What `sifting.enabled: true` with nothing else set turns on for a classifier's file-mode channel (trainyard/spec.py)
+DEFAULT = Setting(
+    0.0, None, prune=tuple(DEFAULT_PRUNING[k] for k in ("learnt_fraction", "hardest_fraction", "batch_factor"))
+)
+
+
 def print_best(setting: Setting, named: bool = False) -> None:
+    """The combination picked (or named by ``--combination``), whether it is the default of ``sifting.enabled:
+    true``, and the settings that turn it on."""
     learnt, unlearnable = setting.prefilter or (0.0, 0.0)
     if named:
         print(f"Combination measured (named by --combination, not searched): {setting.label()}")
     else:
-        print(f"Best combination found (for the defaults of `sifting.enabled: true`): {setting.label()}")
+        print(f"Best combination found: {setting.label()}")
+    if dataclasses.replace(setting, epochs=None) == DEFAULT:
+        print("  It is the default of `sifting.enabled: true` (trainyard/spec.py); as settings:")
+    else:
+        print(
+            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec.py's "
+            "DEFAULT_PRUNING); to turn it on:"
+        )
     print("  sifting:")
     print(f"    enabled: {str(setting.beta is not None).lower()}")  # beta 0: pruning alone, no keep rule
     print(f"    beta: {setting.beta}")
