@@ -58,17 +58,18 @@ single seeds of digits, so seven seeds there.
 Tuning uses its own seeds (100 to 103), never the reported ones: the baseline's learning rate (best mean final
 accuracy), then online sifting's beta and the combination, one setting over both datasets so that it
 can become the default: the most of the three numeric targets (FLOPs, wall, accuracy) met by its
-medians over the tuning seeds per dataset, then the fewest FLOPs to the target, then accuracy at
-equal FLOPs (until stop 27: the fewest FLOPs averaged over both datasets and two seeds, which a
-digits seed that crossed the target an epoch late could swing); the ``FINALISTS`` best combinations go on.
+medians over the tuning seeds per dataset, then the lowest mean of the FLOPs and wall ratios to the target (until
+stop 34 the FLOPs alone), then accuracy at equal FLOPs (until stop 27: the fewest FLOPs averaged over both
+datasets and two seeds, which a digits seed that crossed the target an epoch late could swing); the
+``FINALISTS`` best combinations go on.
 Then the schedule of online sifting alone and of each finalist per dataset: for each length (filling the budget,
 or the baseline's epochs) the learning rate by the baseline's rule (best mean accuracy at equal FLOPs), then the
 length by the rule that picked the setting (until stop 32 both ran at the baseline's rate, filling its budget;
 ``--fill-budget`` keeps the budget). The finalists on their schedules then run on ``CONFIRMATION_SEEDS`` too, and
 the combination is the finalist the same rule ranks first over all eight seeds (until stop 34 the first round's
-winner, at the baseline's rate and budget on four seeds, was the pick). Last, the short run's learning rate. Tuning runs two at a time
-(``--jobs``), each arm against a baseline run the same way. Measured runs go one at a time, each
-done three times (``--repeats``): the same run, its wall time the median of the three.
+winner, at the baseline's rate and budget on four seeds, was the pick). Last, the short run's learning rate.
+Tuning runs two at a time (``--jobs``), each arm against a baseline run the same way. Measured runs go one at a
+time, each done three times (``--repeats``): the same run, its wall time the median of the three.
 Benchmarks print; they never assert. The runs are ``_sifting_data.py``; the tuning ``_sifting_tuning.py``; the
 tables and targets ``_sifting_report.py``.
 """
