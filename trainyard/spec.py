@@ -367,7 +367,7 @@ class Pruning(_Model):
         return max(batch_size, round(batch_size * self.batch_factor))
 
 
-# sifting.prune left unset with no keep rule, on a file-mode train channel: benchmarks/sifting.py's pick (stops 28-35)
+# sifting.prune left unset with no keep rule, on a file-mode channel: benchmarks/sifting.py's pick (stops 28-33, 35)
 DEFAULT_PRUNING = {"learnt_fraction": 0.7, "hardest_fraction": 0.1, "batch_factor": 3.0}
 
 
