@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 40 min on 2 cores)
+    .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 45 min on 2 cores)
     .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
     .venv/bin/python benchmarks/sifting.py --combination 'pruning 0.7/0.1 x3'   # measure the default, no search
 
