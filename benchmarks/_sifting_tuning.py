@@ -1,6 +1,7 @@
-"""The sifting benchmark's tuning (``benchmarks/sifting.py`` runs it first, on the tuning seeds, never on a
-reported one): the baseline's learning rate, online sifting's beta and the combination picked by their
-targets met, then each picked arm's schedule per dataset and the short run's learning rate."""
+"""The sifting benchmark's tuning (``benchmarks/sifting.py`` runs it first, on the tuning and confirmation seeds,
+never on a reported one): the baseline's learning rate, online sifting's beta and the combination's finalists by
+their targets met, then each one's schedule per dataset, the pick among the finalists over more seeds, and the short
+run's learning rate."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ def short_budget(combination: int | None, baseline: int) -> tuple[float, bool]:
 
 
 def tune(args, pool) -> tuple[dict[str, Tuned], Setting]:
-    """Learning rates per dataset, then the online beta and the combination, their schedules per dataset, and the
-    short run's learning rate, on the tuning seeds. Returns each dataset's arms and the combination picked."""
+    """Learning rates per dataset, then the online beta and the combination's finalists, their schedules per
+    dataset, on the tuning seeds; the combination among the finalists, on the confirmation seeds too (``confirm``);
+    and the short run's learning rate. Returns each dataset's arms and the combination picked."""
     seeds, quick = args.tuning_seeds, args.quick
     print(f"\nTuning on seeds {', '.join(map(str, seeds))} ({args.jobs} runs at a time)", flush=True)
     calls = {
@@ -173,6 +175,8 @@ def confirm(args, pool, finalists, schedule, base, runs) -> tuple[Setting, dict]
     on the reported seeds where pruning x3, which it outscored there, met 7 (three of its digits tuning seeds had
     read exactly 0.59x). The finalists are now compared on the schedules the report runs them on, on twice the
     seeds. Returns the pick and the baselines, with the confirmation seeds'."""
+    if len(finalists) == 1:  # --combination: nothing to choose between
+        return finalists[0], base
     extra, quick = args.confirmation_seeds, args.quick
     first = args.tuning_seeds[0]
     calls = {
@@ -214,23 +218,23 @@ def confirm(args, pool, finalists, schedule, base, runs) -> tuple[Setting, dict]
 
 @dataclass
 class Score:
-    """How one setting did on the tuning seeds: its sort key (lower is better) and a line saying why."""
+    """How one setting did on the seeds it was run on: its sort key (lower is better) and a line saying why."""
 
     key: tuple[int, float, float]  # (-targets met, mean of the FLOPs and wall ratios, -points)
     line: str
 
 
 def score(setting: Setting, runs: dict, base: dict, datasets, seeds) -> Score:
-    """Per dataset, the medians over the tuning seeds of FLOPs and wall time to the target (as multiples of
-    the baseline's, ``CAP`` when not reached) and of points at equal FLOPs; which of the three targets
-    those meet. Ranked by the targets met over both datasets, then by the FLOPs and wall ratios averaged over
-    them (the cost a user pays; until stop 34 the FLOPs ratio alone), then by the points. Medians per dataset, so
-    that one seed that misses on one dataset does not outweigh the rest (a mean over both datasets and two seeds
-    let digits' epoch-sized swings pick); the wall time is that of runs done two at a time, each against its
-    baseline run alike. Why the wall counts in the tie-break: it is one of the two cost targets, and at stop 35
-    three finalists (the keep rule with the hardest rows left out, pruning x2, pruning x3) met 4 of 6 targets each
-    over eight seeds with mean FLOPs ratios of 0.74, 0.745 and 0.755, where their wall ratios (tabular 0.64, 0.67,
-    0.56; digits 1.21, 1.35, 1.01) told them apart."""
+    """Per dataset, the medians over ``seeds`` (tuning, or tuning and confirmation) of FLOPs and wall time to the target
+    (as multiples of the baseline's, ``CAP`` when not reached) and of points at equal FLOPs; which of the three targets
+    those meet. Ranked by the targets met over both datasets, then by the FLOPs and wall ratios averaged over them (the
+    cost a user pays; until stop 34 the FLOPs ratio alone), then by the points. Medians per dataset, so that one seed
+    that misses on one dataset does not outweigh the rest (a mean over both datasets and two seeds let digits'
+    epoch-sized swings pick); the wall time is that of runs done two at a time, each against its baseline run alike. Why
+    the wall counts in the tie-break: it is one of the two cost targets, and in stop 35's first run three finalists (the
+    keep rule with the hardest rows left out, pruning x2, pruning x3) met 4 of 6 targets each over eight seeds with mean
+    FLOPs ratios of 0.74, 0.745 and 0.755, where their wall ratios (tabular 0.64, 0.67, 0.56; digits 1.21, 1.35, 1.01)
+    told them apart."""
     met, cost, points, parts = 0, [], [], []
     for name in datasets:
         fx, wx, dx = [], [], []

@@ -21,8 +21,8 @@ Arms, per dataset and seed:
   or by reducible loss (``sifting.score: reducible_loss``, RHO-LOSS, from the prefilter's reference
   losses), scoring every candidate or reusing remembered losses (``sifting.reuse_loss_epochs``), and
   epoch-level pruning by each row's last loss (``sifting.prune``: InfoBatch's rule and the hardest
-  rows left out, with the keep rule or alone, ``beta: 0``), the setting that did best in the search, then
-  its schedule.
+  rows left out, with the keep rule or alone, ``beta: 0``): of the settings that did best in the search, each on
+  its own schedule, the one that did best over more seeds (tuning, below).
 - **baseline tuned for the short run**: no filtering, a schedule as long as the combination's FLOPs
   to the target (or, when the combination saved nothing, 65% of the baseline's: what the FLOPs
   target asks for), its learning rate tuned for that length. Published gains often vanish against it.
@@ -55,13 +55,13 @@ epochs before its end, so one seed's ratio to the target swings with a row or tw
 noise floor (seeds 0-2 and 100-103, three inits each, stop 29) read from 0.4x to not reached on
 single seeds of digits, so seven seeds there.
 
-Tuning uses its own seeds (100 to 103), never the reported ones: the baseline's learning rate (best mean final
-accuracy), then online sifting's beta and the combination, one setting over both datasets so that it
-can become the default: the most of the three numeric targets (FLOPs, wall, accuracy) met by its
+Tuning uses its own seeds (100 to 103, and 104 to 107 for the finalists), never the reported ones: the baseline's
+learning rate (best mean final accuracy), then online sifting's beta and the combination, one setting over both
+datasets so that it can become the default: the most of the three numeric targets (FLOPs, wall, accuracy) met by its
 medians over the tuning seeds per dataset, then the lowest mean of the FLOPs and wall ratios to the target (until
-stop 34 the FLOPs alone), then accuracy at equal FLOPs (until stop 27: the fewest FLOPs averaged over both
-datasets and two seeds, which a digits seed that crossed the target an epoch late could swing); the
-``FINALISTS`` best combinations go on.
+stop 34 the FLOPs alone), then accuracy at equal FLOPs (until stop 27: the fewest FLOPs averaged over both datasets
+and two seeds, which a digits seed that crossed the target an epoch late could swing); the ``FINALISTS`` best
+combinations go on.
 Then the schedule of online sifting alone and of each finalist per dataset: for each length (filling the budget,
 or the baseline's epochs) the learning rate by the baseline's rule (best mean accuracy at equal FLOPs), then the
 length by the rule that picked the setting (until stop 32 both ran at the baseline's rate, filling its budget;
