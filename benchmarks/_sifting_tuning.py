@@ -59,10 +59,7 @@ def tune(args, pool) -> tuple[dict[str, Tuned], Setting]:
 
     candidates = [Setting(beta) for beta in args.betas] + list(args.combinations)
     calls = {
-        (name, seed, c): (
-            (name, seed, quick, c, base[name, seed].lr),
-            c.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
-        )
+        (name, seed, c): on_schedule(name, seed, quick, c, base[name, seed].lr, base[name, seed])
         for name in args.datasets
         for seed in seeds
         for c in candidates
@@ -126,10 +123,7 @@ def tune_schedules(args, pool, settings, base, runs) -> tuple[dict[tuple[str, Se
     }
     known = {(name, seed, c, base[name, seed].lr): runs[name, seed, c] for name, seed, c in runs}
     calls = {
-        (name, seed, v, lr): (
-            (name, seed, quick, v, lr),
-            v.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
-        )
+        (name, seed, v, lr): on_schedule(name, seed, quick, v, lr, base[name, seed])
         for name in args.datasets
         for seed in seeds
         for c in settings
@@ -190,10 +184,7 @@ def confirm(args, pool, finalists, schedule, base, runs) -> tuple[Setting, dict]
         for c in finalists:
             v, lr = schedule[name, c]
             for seed in extra:
-                calls[name, seed, c] = (
-                    (name, seed, quick, v, lr),
-                    v.length(epochs(name, quick), base[name, seed].cum_flops[-1]),
-                )
+                calls[name, seed, c] = on_schedule(name, seed, quick, v, lr, base[name, seed])
     fresh = dict(zip(calls, parallel(pool, calls.values()), strict=True))
     at = {}
     for name in args.datasets:
@@ -278,6 +269,12 @@ def best_rate(accuracy: dict[float, float]) -> tuple[float, str]:
 
 def edge_note(best: float, grid) -> str:
     return " (at the edge of the grid)" if len(grid) > 1 and best in (min(grid), max(grid)) else ""
+
+
+def on_schedule(name: str, seed: int, quick: bool, setting: Setting, lr: float, baseline: Run) -> tuple[tuple, dict]:
+    """``sd.train``'s arguments for ``setting`` at ``lr`` on its schedule (``Setting.length``): its epochs, or the
+    FLOPs of ``baseline``, the same seed's baseline run, that it fills."""
+    return (name, seed, quick, setting, lr), setting.length(epochs(name, quick), baseline.cum_flops[-1])
 
 
 def parallel(pool, calls) -> list[Run]:
