@@ -51,6 +51,11 @@ SETTINGS = {
     "prune-x3-no-hardest": Setting(0.0, None, prune=(0.7, 0.0, 3.0)),
     # the keep rule with the hardest rows left out: sifting.py's tuning on digits (clean labels) at stop 30
     "keep-hardest": Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),
+    # stop 36 probes on digits, seeds 100-107: InfoBatch as published (half the learnt rows out, none as the hardest,
+    # the unpruned job's steps, every row back from 0.875 of the epochs on: fewer FLOPs than x3, more wall), and its
+    # rate with x3's steps
+    "infobatch": Setting(0.0, None, prune=(0.5, 0.0, 1.0)),
+    "prune-0.5-x3": Setting(0.0, None, prune=(0.5, 0.0, 3.0)),
 }
 
 
