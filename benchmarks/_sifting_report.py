@@ -171,7 +171,8 @@ def fmt_x(v: float | None) -> str:
     return "not reached" if v is None else f"{v:.2f}x"
 
 
-# What `sifting.enabled: true` with nothing else set turns on for a classifier's file-mode channel (trainyard/spec.py)
+# What `sifting.enabled: true` with nothing else set turns on for a classifier's file-mode channel
+# (trainyard/spec/sifting.py)
 DEFAULT = Setting(
     0.0, None, prune=tuple(DEFAULT_PRUNING[k] for k in ("learnt_fraction", "hardest_fraction", "batch_factor"))
 )
@@ -186,10 +187,10 @@ def print_best(setting: Setting, named: bool = False) -> None:
     else:
         print(f"Best combination found: {setting.label()}")
     if dataclasses.replace(setting, epochs=None) == DEFAULT:
-        print("  It is the default of `sifting.enabled: true` (trainyard/spec.py); as settings:")
+        print("  It is the default of `sifting.enabled: true` (trainyard/spec/sifting.py); as settings:")
     else:
         print(
-            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec.py's "
+            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec/sifting.py's "
             "DEFAULT_PRUNING); to turn it on:"
         )
     print("  sifting:")

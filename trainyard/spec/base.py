@@ -1,0 +1,39 @@
+"""What the spec's sections share: the strict base model, the metric table and the field checks."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+BUILTIN_ALGORITHMS = ("mlp-classifier", "linear-regression")
+# Metric name -> whether bigger is better. Stopping and promotion use this table.
+METRICS: dict[str, bool] = {"val_accuracy": True, "val_loss": False, "val_rmse": False, "train_loss": False}
+_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Model(BaseModel):
+    # allow_inf_nan: a beta or learning rate of .inf or .nan passes gt=0 checks, and fails only in training
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def _known_metric(v: str) -> str:
+    if v not in METRICS:
+        raise ValueError(f"unknown metric {v!r}; use one of {', '.join(METRICS)}")
+    return v
+
+
+def _check_widths(v: list[int]) -> list[int]:
+    if any(w < 1 for w in v):
+        raise ValueError("every hidden size must be a positive integer, e.g. [128, 128]")
+    return v
+
+
+def _check_s3_uri(v: str) -> str:
+    if not v.startswith("s3://"):
+        raise ValueError(f"{v!r} is not an S3 URI; write it as s3://bucket/prefix/")
+    bucket = v[5:].split("/", 1)[0]
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+        raise ValueError(f"{bucket!r} is not a valid bucket name (3-63 lowercase letters, digits, dots, hyphens)")
+    return v

@@ -1,0 +1,237 @@
+"""``TrainingJob``, the whole spec, with its checks across sections, and the settings it would ignore."""
+
+from __future__ import annotations
+
+import difflib
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from trainyard.spec.base import _NAME_RE, _Model
+from trainyard.spec.data import Channel, Inputs, Output
+from trainyard.spec.sections import (
+    Algorithm,
+    Carbon,
+    Elastic,
+    Hyperparameters,
+    PromoteIf,
+    Registry,
+    Resources,
+    Retries,
+    Stopping,
+)
+from trainyard.spec.sifting import Sifting
+
+
+class TrainingJob(_Model):
+    """One training job: data in, a registered model out."""
+
+    name: str = Field(description="Letters, digits and hyphens; 1-63 characters.")
+    algorithm: Algorithm = Field(description="The model to train.")
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters, description="Training settings.")
+    inputs: Inputs = Field(description="Input channels: train, and optionally validation.")
+    output: Output = Field(description="Where the model and summary go.")
+    resources: Resources = Field(default_factory=Resources, description="Replica groups and work pool.")
+    sifting: Sifting = Field(default_factory=Sifting, description="Online smart sifting.")
+    elastic: Elastic = Field(default_factory=Elastic, description="Elastic training and failure drills.")
+    stopping: Stopping = Field(default_factory=Stopping, description="Stopping conditions.")
+    carbon: Carbon = Field(default_factory=Carbon, description="Carbon accounting.")
+    registry: Registry = Field(default_factory=Registry, description="Model registration.")
+    retries: Retries = Field(default_factory=Retries, description="Retries of failed replica groups.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"{v!r}: use 1-63 letters, digits or hyphens, not starting or ending with a hyphen")
+        return v
+
+    @model_validator(mode="after")
+    def _sifting_defaults(self) -> TrainingJob:
+        """Sifting's unset defaults, which depend on the train channel and the task (left unset when it is
+        off). Runs before ``_consistent`` (pydantic runs after-validators in the order defined), whose
+        checks read the resolved values."""
+        if self.sifting.enabled:
+            resolved = self.sifting.resolved(self.inputs.train.mode == "stream", self.algorithm.task == "regression")
+            object.__setattr__(self, "sifting", resolved)
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingJob:
+        problems = []
+        for name, channel in self.channels().items():
+            if name not in ("train", "validation") and self.algorithm.builtin is not None:
+                # Extra channels are side files for an entrypoint: a built-in reads none, so one is a typo
+                # (inputs.validaton) or a leftover, and would be downloaded for nothing.
+                close = difflib.get_close_matches(name, ["validation", "train"], n=1, cutoff=0.6)
+                hint = f"did you mean inputs.{close[0]}? " if close else ""
+                problems.append(
+                    f"inputs.{name}: built-in algorithms read only inputs.train and inputs.validation; {hint}"
+                    "remove it, or rename it"
+                )
+            if name not in ("train", "validation") and channel.mode == "stream":
+                problems.append(f"inputs.{name}.mode: only a parquet train channel can stream; use file")
+            if name not in ("train", "validation") and channel.distribution == "sharded":
+                # Laid out whole in TRAINYARD_CHANNEL_<NAME> for every group; accepting "sharded" would
+                # silently give each group everything.
+                problems.append(
+                    f"inputs.{name}.distribution: an extra channel's files are given whole to every group (side "
+                    "files for an entrypoint); use replicated. Only the train channel is sharded"
+                )
+        for name, channel in self.table_channels().items():
+            if self.algorithm.builtin is not None and channel.label is None:
+                problems.append(f"inputs.{name}.label: required for builtin algorithms; name the label column")
+            if channel.format == "raw":
+                problems.append(f"inputs.{name}.format: raw files cannot be {name} data; use parquet, csv or jsonl")
+            if channel.mode == "stream" and (name != "train" or channel.format != "parquet"):
+                problems.append(f"inputs.{name}.mode: only a parquet train channel can stream; use file")
+            if name == "validation" and channel.distribution == "sharded":
+                problems.append(
+                    "inputs.validation.distribution: every group validates on the whole channel; use replicated"
+                )
+        target = self.stopping.target_metric
+        if target is not None:
+            problems += self._metric_problems("stopping.target_metric.name", target.name)
+        if self.gate is not None:
+            problems += self._metric_problems("registry.promote_if.metric", self.gate.metric)
+        if target is not None and target.name == "train_loss" and self.resources.max_replicas > 1:
+            # Each group's train_loss is over its own share of the batches: the groups would reach the
+            # target at different epochs and stop apart. Validation metrics are of the shared parameters.
+            problems.append(
+                "stopping.target_metric.name: train_loss is each replica group's own, so groups would stop at "
+                "different epochs; use val_loss (with inputs.validation), or one replica group (max_replicas: 1)"
+            )
+        if self.stopping.patience_epochs is not None and self.inputs.validation is None:
+            problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
+        if self.sifting.by_reducible_loss:
+            if self.inputs.train.mode == "stream":
+                problems.append(
+                    "sifting.score: reducible_loss needs the prefilter's reference losses, which a streamed channel "
+                    "does not get: use loss, or inputs.train.mode: file"
+                )
+            if self.sifting.prefilter.enabled is False:
+                problems.append(
+                    "sifting.score: reducible_loss needs the prefilter's reference losses: "
+                    "remove sifting.prefilter.enabled: false"
+                )
+        pre = self.sifting.prefilter
+        if self.inputs.train.mode == "stream" and (
+            pre.enabled or pre.drop_learnt_fraction or pre.drop_unlearnable_fraction
+        ):
+            # Left unset, the prefilter is simply not run on a streamed channel (sifting.enabled's default must
+            # not turn a valid streamed job into an error); asked for, it would silently drop nothing.
+            problems.append(
+                "sifting.prefilter: a streamed channel is never read whole before training, so it cannot be "
+                "prefiltered: remove sifting.prefilter, or inputs.train.mode: file"
+            )
+        if self.sifting.prunes and self.inputs.train.mode == "stream":
+            problems.append(
+                "sifting.prune: a streamed channel's rows are not all in memory to remember their losses: "
+                "set learnt_fraction and hardest_fraction to 0, or inputs.train.mode: file"
+            )
+        if self.sifting.enabled and self.sifting.reuse_loss_epochs and self.inputs.train.mode == "stream":
+            problems.append(
+                "sifting.reuse_loss_epochs: a streamed channel's rows are not all in memory to remember their losses: "
+                "set it to 0, or inputs.train.mode: file"
+            )
+        drills: set[tuple[int, int]] = set()
+        for i, fault in enumerate(self.elastic.fault_injection):
+            if fault.replica >= self.resources.replicas:
+                problems.append(
+                    f"elastic.fault_injection.{i}.replica: {fault.replica} is not a replica group "
+                    f"(there are {self.resources.replicas}: 0..{self.resources.replicas - 1})"
+                )
+            if (fault.replica, fault.at_step) in drills:  # the second could never fire
+                problems.append(
+                    f"elastic.fault_injection.{i}.at_step: group {fault.replica} already has a drill at step "
+                    f"{fault.at_step}; give each of its drills its own step"
+                )
+            drills.add((fault.replica, fault.at_step))
+        if problems:
+            # A ValueError raised here carries no location, so the field names are in the text; one problem a
+            # line (the messages themselves use "; " between a problem and its fix).
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def gate(self) -> PromoteIf | None:
+        """``registry.promote_if`` with its metric filled in for the task (val_accuracy or val_rmse)."""
+        rule = self.registry.promote_if
+        if rule is None or rule.metric is not None:
+            return rule
+        default = "val_rmse" if self.algorithm.task == "regression" else "val_accuracy"
+        return rule.model_copy(update={"metric": default})
+
+    def _metric_problems(self, field: str, metric: str) -> list[str]:
+        """Why ``metric`` cannot be read in this job: a validation metric without validation data, or
+        another task's metric."""
+        problems = []
+        if metric.startswith("val_") and self.inputs.validation is None:
+            problems.append(f"{field}: {metric} needs a validation channel; add inputs.validation")
+        if metric == "val_accuracy" and self.algorithm.task == "regression":
+            problems.append(f"{field}: val_accuracy is for classifiers; use val_rmse")
+        if metric == "val_rmse" and self.algorithm.task == "classification":
+            problems.append(f"{field}: val_rmse is for regression; use val_accuracy")
+        return problems
+
+    def channels(self) -> dict[str, Channel]:
+        """The configured channels by name (``train`` first)."""
+        chans = {"train": self.inputs.train}
+        if self.inputs.validation is not None:
+            chans["validation"] = self.inputs.validation
+        return chans | dict(self.inputs.__pydantic_extra__ or {})
+
+    def table_channels(self) -> dict[str, Channel]:
+        """The channels read as tables for training and validation."""
+        return {k: v for k, v in self.channels().items() if k in ("train", "validation")}
+
+    @property
+    def model_name(self) -> str:
+        """The registered model name."""
+        return self.registry.model_name or self.name
+
+
+def ignored_settings(job: TrainingJob) -> list[str]:
+    """Settings the job gives that will not do what they seem to (ignored, or read as something else),
+    each worded for a warning.
+
+    Settings under a switched-off stage are warned about, not refused: turning a stage off with
+    ``enabled: false`` while keeping its tuning in the file is how such a stage is paused.
+    """
+    ignored = []
+    for name in job.channels():
+        close = difflib.get_close_matches(name, ["validation"], n=1, cutoff=0.75)
+        if name not in ("train", "validation") and close:
+            ignored.append(
+                f"inputs.{name}: as spelt, an extra channel for the entrypoint, not the validation set; "
+                f"rename it inputs.{close[0]} if that is what it is"
+            )
+    sifting = job.sifting
+    if not sifting.enabled:
+        tuned = _tuned(sifting, {"enabled", "prefilter"})
+        if tuned:
+            ignored.append(
+                f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
+            )
+    if not sifting.prefilter_on:
+        tuned = _tuned(sifting.prefilter, {"enabled"})
+        if tuned:
+            switch = (
+                "sifting.prefilter.enabled"
+                if sifting.prefilter.enabled is False or sifting.enabled
+                else "sifting.enabled"
+            )
+            ignored.append(
+                f"sifting.prefilter.{', sifting.prefilter.'.join(tuned)}: the prefilter is off; "
+                f"set {switch}: true to use them"
+            )
+    return ignored
+
+
+def _tuned(model: BaseModel, leave_out: set[str]) -> list[str]:
+    """The fields of ``model`` that differ from their defaults. Not ``model_fields_set``: a spec that went
+    through ``model_dump`` (a job submitted to a deployment) has every field set."""
+    return sorted(
+        name
+        for name, info in type(model).model_fields.items()
+        if name not in leave_out and getattr(model, name) != info.get_default(call_default_factory=True)
+    )

@@ -1,0 +1,236 @@
+"""The job's sections other than its data and its sifting: the algorithm and its hyperparameters, resources,
+elastic training, stopping, carbon accounting, registration and retries."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, _check_widths, _known_metric, _Model
+
+
+class Algorithm(_Model):
+    """Which model to train: a built-in, or your own factory."""
+
+    builtin: Literal["mlp-classifier", "linear-regression"] | None = Field(
+        default=None, description="A built-in algorithm: mlp-classifier or linear-regression."
+    )
+    entrypoint: str | None = Field(
+        default=None,
+        description='"pkg.module:build": build(num_features, num_outputs, hyperparameters) returns '
+        "(model, loss_fn) where loss_fn(outputs, labels) gives one loss per sample.",
+    )
+    task: Literal["classification", "regression"] = Field(
+        default="classification",
+        description="For an entrypoint: whether labels are classes or numbers (built-ins imply it).",
+    )
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, v: str | None) -> str | None:
+        if v is not None and not _ENTRYPOINT_RE.match(v):
+            raise ValueError(f"{v!r} is not of the form 'package.module:function'")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Algorithm:
+        if (self.builtin is None) == (self.entrypoint is None):
+            raise ValueError("set exactly one of 'builtin' (mlp-classifier, linear-regression) or 'entrypoint'")
+        if self.builtin == "linear-regression":
+            object.__setattr__(self, "task", "regression")
+        elif self.builtin == "mlp-classifier":
+            object.__setattr__(self, "task", "classification")
+        return self
+
+
+class Hyperparameters(BaseModel):
+    """Training settings. Unknown keys are kept and passed to an entrypoint algorithm."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+
+    epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the training channel.")
+    batch_size: int = Field(default=256, ge=1, description="Samples per optimizer step, over all replica groups.")
+    learning_rate: float = Field(default=1e-3, gt=0, le=10, description="Optimizer step size.")
+    optimizer: Literal["adam", "sgd"] = Field(default="adam", description="adam or sgd (with momentum).")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="Momentum, for sgd only.")
+    weight_decay: float = Field(default=0.0, ge=0, description="L2 penalty (decoupled for adam: AdamW).")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="Learning-rate decay over the epochs: constant, cosine or linear."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear learning-rate warm-up from zero.")
+    min_lr_fraction: float = Field(
+        default=0.0, ge=0, le=1, description="Where cosine or linear decay ends, as a fraction of learning_rate."
+    )
+    hidden_sizes: list[int] = Field(default=[128, 128], description="Hidden layer widths of mlp-classifier.")
+    seed: int = Field(default=0, ge=0, description="Seed for initialisation and shuffling.")
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, v: list[int]) -> list[int]:
+        return _check_widths(v)
+
+
+class Resources(_Model):
+    """Replica groups and where they run."""
+
+    replicas: int = Field(default=1, ge=1, le=64, description="Replica groups to start with.")
+    min_replicas: int = Field(default=1, ge=1, description="Fewest live groups the job trains with.")
+    max_replicas: int | None = Field(
+        default=None,
+        description="Most groups the job may grow to (`trainyard scale`; on a work pool, as the pool has room);"
+        " default: replicas.",
+    )
+    work_pool: str = Field(
+        default="local",
+        description="Where the groups run: 'local' (processes beside the pipeline) or the name of a Prefect work "
+        "pool, whose 'train-replica' deployment of the same name runs each group as a flow run.",
+    )
+    gpus_per_replica: int = Field(default=0, ge=0, description="GPUs each group asks for (0 on CPU machines).")
+    job_variables: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Work-pool job variables for each group's flow run: image, cpu, memory, node_selector, "
+        "tolerations, shm_size, env (see infra/).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Resources:
+        if self.max_replicas is None:
+            object.__setattr__(self, "max_replicas", self.replicas)
+        if not self.min_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(
+                f"need min_replicas <= replicas <= max_replicas, got {self.min_replicas} <= "
+                f"{self.replicas} <= {self.max_replicas}; raise max_replicas or lower min_replicas"
+            )
+        return self
+
+
+class FaultInjection(_Model):
+    """A failure drill: what to do to which replica group at which step.
+
+    A group may have several: each fires once, at the first step the group is at or past its own (the
+    restart after one drill plays the next).
+    """
+
+    replica: int = Field(ge=0, description="Replica group index.")
+    at_step: int = Field(ge=1, description="Step at which the fault fires.")
+    kind: Literal["kill", "hang", "term"] = Field(default="kill", description="kill, hang or term.")
+
+
+class Elastic(_Model):
+    """Elastic training settings."""
+
+    fault_injection: list[FaultInjection] = Field(default_factory=list, description="Failure drills.")
+    checkpoint_every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Write the training state to output.s3_uri every N committed steps: the fallback used only "
+        "when every replica group is lost (groups otherwise heal from a live peer). Off by default.",
+    )
+
+
+class TargetMetric(_Model):
+    """Stop as soon as a metric reaches a value."""
+
+    name: str = Field(description="val_accuracy, val_loss, val_rmse or train_loss.")
+    value: float = Field(description="The value to reach (>= for accuracy, <= for losses).")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _known_metric(v)
+
+
+class Stopping(_Model):
+    """When training stops before its last epoch."""
+
+    max_runtime_seconds: int = Field(default=86_400, ge=1, description="Wall-clock limit of the training stage.")
+    target_metric: TargetMetric | None = Field(default=None, description="Stop once this metric reaches its value.")
+    patience_epochs: int | None = Field(
+        default=None, ge=1, description="Stop after this many epochs without improvement of the watched metric."
+    )
+
+
+class Carbon(_Model):
+    """Carbon accounting settings (codecarbon's offline tracker)."""
+
+    country_iso_code: str = Field(default="USA", description="ISO 3166-1 alpha-3 code of the grid, e.g. IRL.")
+    region: str | None = Field(default=None, description="Grid region within the country, where codecarbon knows it.")
+    pue: float = Field(default=1.0, ge=1.0, le=3.0, description="Data-centre power usage effectiveness.")
+    budget_kg: float | None = Field(
+        default=None, gt=0, description="Emissions budget of the job, kgCO2e: training stops (Stopped) past it."
+    )
+    measure_power_secs: float = Field(default=1.0, ge=0.1, le=60, description="Seconds between power readings.")
+    supplier_g_per_kwh: float | None = Field(
+        default=None, ge=0, description="Market-based Scope 2: the electricity supplier's emission factor, gCO2e/kWh."
+    )
+    renewable_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Market-based Scope 2: share of the energy covered by renewable contracts (used without a "
+        "supplier factor).",
+    )
+
+    @field_validator("country_iso_code")
+    @classmethod
+    def _iso3(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z]{3}", v):
+            raise ValueError(f"{v!r} is not a 3-letter ISO 3166-1 alpha-3 code such as IRL or USA")
+        return v.upper()
+
+
+class PromoteIf(_Model):
+    """The promotion gate: when a new version becomes the champion."""
+
+    metric: str | None = Field(
+        default=None,
+        description="Metric compared against the champion's: val_accuracy, val_loss, val_rmse or train_loss "
+        "(default: val_accuracy for a classifier, val_rmse for regression).",
+    )
+    mode: Literal["max", "min"] | None = Field(
+        default=None,
+        description="max: bigger wins; min: smaller wins. Default: the metric's own direction (max for "
+        "val_accuracy, min for the losses and val_rmse).",
+    )
+    min_gain: float = Field(default=0.0, ge=0, description="How much better than the champion it must be.")
+    max_emissions_kg: float | None = Field(
+        default=None,
+        gt=0,
+        description="Carbon ceiling: a version whose job emitted more kgCO2e never becomes the champion.",
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        return v if v is None else _known_metric(v)
+
+    @model_validator(mode="after")
+    def _direction(self) -> PromoteIf:
+        # A gate that calls a bigger loss better would crown every worse model.
+        if self.metric is not None and self.mode is not None and self.mode != self.direction:
+            natural = self.direction
+            raise ValueError(
+                f"mode {self.mode} would promote a worse model: {self.metric} is better "
+                f"{'bigger' if natural == 'max' else 'smaller'}; use {natural}, or leave mode out"
+            )
+        return self
+
+    @property
+    def direction(self) -> Literal["max", "min"]:
+        """``max`` or ``min``: the metric's own direction (``mode`` may only agree with it)."""
+        return "max" if METRICS[self.metric or "val_accuracy"] else "min"
+
+
+class Registry(_Model):
+    """Where the model is registered."""
+
+    model_name: str | None = Field(default=None, description="Registered model name (default: the job name).")
+    promote_if: PromoteIf | None = Field(default=None, description="Gate for moving the champion alias.")
+
+
+class Retries(_Model):
+    """Retries of a failed replica group."""
+
+    max_attempts: int = Field(default=3, ge=1, le=100, description="Attempts per replica group, the first included.")
