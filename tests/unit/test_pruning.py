@@ -12,7 +12,7 @@ from tests.conftest import rejoined, slow_until
 from tests.unit.test_spec import minimal
 from tests.unit.test_training import make_job, run
 from trainyard.errors import SpecError
-from trainyard.sifting import LossMemory, Pruner
+from trainyard.pruning import LossMemory, Pruner
 from trainyard.spec import Pruning, parse_job
 from trainyard.status import compute_section, sifting_section
 

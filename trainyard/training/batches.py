@@ -11,9 +11,9 @@ With ``sifting.score: reducible_loss`` the score is the loss minus the row's ref
 (RHO-LOSS), which the filtering stage wrote next to the rows; it rides through the sampler as one
 more feature column, cut off before the model sees it.
 With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (two columns, exact to
-2**32 rows), so the group can look up the row's last known loss (``sifting.LossMemory``) and score
+2**32 rows), so the group can look up the row's last known loss (``pruning.LossMemory``) and score
 only the candidates whose loss is unknown or too old.
-With ``sifting.prune`` (``sifting.Pruner``) the rows the keep rule kept (or all the group's rows, with
+With ``sifting.prune`` (``pruning.Pruner``) the rows the keep rule kept (or all the group's rows, with
 beta 0) are pruned by those remembered losses: some sit out the step, the kept learnt ones get a loss
 weight (``StepData.weights``), and the step's normaliser stays the rows dealt (over ``batch_factor``,
 whose epochs are dealt that many times the rows a step).
@@ -28,7 +28,8 @@ import torch
 
 from trainyard import algorithms
 from trainyard.errors import TrainingError
-from trainyard.sifting import LossMemory, Pruner, Sifter, fractions_by_class
+from trainyard.pruning import LossMemory, Pruner
+from trainyard.sifting import Sifter, fractions_by_class
 from trainyard.spec import TrainingJob
 from trainyard.status import pruned_fraction
 from trainyard.training.flops import FlopMeter

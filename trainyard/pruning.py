@@ -1,0 +1,167 @@
+"""Remembered losses, and epoch-level pruning by them (``sifting.prune``, InfoBatch).
+
+``LossMemory`` keeps each training row's last known loss: the keep rule ranks by it instead of scoring a
+row again (``reuse_loss_epochs``), and the ``Pruner`` decides by it which rows sit out their step. Both
+are part of a replica group's torchft state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from trainyard.spec import Pruning
+
+
+class LossMemory:
+    """Each training row's last known loss and the epoch it was measured in (``reuse_loss_epochs``).
+
+    A candidate whose loss is at most ``max_age`` epochs old is ranked by that loss instead of by a
+    fresh scoring pass (Selective-Backprop's stale variant). The losses come from scoring passes and
+    from the training forward pass itself, which computes each kept row's loss anyway, so a row that
+    keeps being kept is never scored again. Rows skipped as easy are scored again once their loss is
+    too old. Part of the group's torchft state, so a healed group reuses what its peer knew.
+    """
+
+    def __init__(self, rows: int, max_age: int):
+        self.max_age = max_age
+        self.loss = np.full(rows, np.nan, dtype=np.float32)
+        self.epoch = np.full(rows, -1, dtype=np.int32)
+        self.reused = 0
+        # the step, the reused count before it and what its writes replaced: a redone step starts from it
+        self._undo: tuple[int, int, list] | None = None
+
+    def begin(self, step: int) -> None:
+        """A step that did not commit is done again (torchft), with the same parameters: undo what its
+        first try remembered and counted, so the redo scores and keeps as the first try did (the training
+        forward's losses, in training mode, are not a scoring pass's) and its reused losses count once."""
+        if self._undo is not None and self._undo[0] == step:
+            _, self.reused, replaced = self._undo
+            for rows, loss, epoch in reversed(replaced):
+                self.loss[rows], self.epoch[rows] = loss, epoch
+        self._undo = (step, self.reused, [])
+
+    def fresh(self, rows: np.ndarray, epoch: int) -> np.ndarray:
+        """Which of ``rows`` have a loss recent enough to reuse at ``epoch``."""
+        measured = self.epoch[rows]
+        return (measured >= 0) & (epoch - measured <= self.max_age)
+
+    def remember(self, rows: np.ndarray, losses: np.ndarray, epoch: int) -> None:
+        if self._undo is not None:
+            self._undo[2].append((rows, self.loss[rows], self.epoch[rows]))  # fancy indexing: copies
+        self.loss[rows] = losses
+        self.epoch[rows] = epoch
+
+    def state_dict(self) -> dict:
+        return {"memory_loss": torch.from_numpy(self.loss.copy()), "memory_epoch": torch.from_numpy(self.epoch.copy())}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "memory_loss" in state:
+            self.loss = state["memory_loss"].numpy().astype(np.float32)
+            self.epoch = state["memory_epoch"].numpy().astype(np.int32)
+            self._undo = None  # a healed group's memory is its peer's
+
+
+class Pruner:
+    """Which of a group's rows sit out their step, by their last known losses (``sifting.prune``).
+
+    InfoBatch's rule, decided row by row inside each group's own batch, so groups need not agree on
+    anything but the epoch's thresholds; the kept learnt rows' weight ``1 / (1 - r)`` keeps the
+    step's gradient an unbiased estimate of its whole batch's. With ``batch_factor`` above 1 the pruning
+    epochs are dealt larger batches, fewer of them (``Pruning.dealt_batch``, a function of the epoch
+    alone, so every group takes the same steps). The thresholds (the mean of the known
+    losses, and the loss above which a row is among the hardest) are fixed once per epoch from the
+    group's loss memory and are part of the torchft state, so a group that heals from a peer
+    mid-epoch prunes as its peer does. Which learnt rows sit out is a hash of (seed, epoch, row): the
+    same in every group and on a redone step. Rows with no known loss yet always train.
+    """
+
+    def __init__(self, config: Pruning, epochs: int, seed: int, classes: int | None = None):
+        self.config, self.epochs, self.seed = config, epochs, seed
+        # the loss a row must also exceed to count among the hardest (hardest_min_loss)
+        floor = config.hardest_min_loss
+        self.hardest_floor = (math.log(classes) if classes and classes > 1 else 0.0) if floor == "chance" else floor
+        self.thresholds: tuple[int, float, float] | None = None  # (epoch, mean, hardest cut) of the epoch
+        self.dealt = 0  # rows that came to the pruner (those with no known loss included)
+        self.pruned = 0  # learnt rows left out
+        self.hardest = 0  # rows left out as among the hardest
+        self._undo: tuple[int, tuple[int, int, int]] | None = None
+
+    def phase(self, epoch: int) -> tuple[bool, bool]:
+        """``(learnt rows pruned, hardest rows left out)`` in ``epoch`` (0-based)."""
+        hardest = self.config.hardest_fraction > 0 and epoch / max(self.epochs, 1) >= self.config.hardest_after
+        return self.config.prunes_learnt(epoch, self.epochs), hardest
+
+    def decide(self, rows: np.ndarray, memory: LossMemory, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(kept, weights)``: the positions in ``rows`` that train this step, and each one's loss weight."""
+        self._begin(step)
+        self.dealt += len(rows)
+        learnt_on, hardest_on = self.phase(epoch)
+        weights = np.ones(len(rows), dtype=np.float32)
+        if not (learnt_on or hardest_on) or not len(rows):
+            return np.arange(len(rows)), weights
+        _, mean, cut = self._epoch_thresholds(memory, epoch)
+        loss = memory.loss[rows]
+        known = memory.epoch[rows] >= 0
+        out = np.zeros(len(rows), dtype=bool)
+        if hardest_on:
+            hard = known & (loss > cut) & (loss > self.hardest_floor)
+            out |= hard
+            self.hardest += int(hard.sum())
+        if learnt_on:
+            r = self.config.learnt_fraction
+            learnt = known & (loss < mean) & ~out
+            drawn = learnt & (_uniform(self.seed, epoch, rows) < r)
+            out |= drawn
+            weights[learnt & ~drawn] = 1.0 / (1.0 - r)
+            self.pruned += int(drawn.sum())
+        kept = np.flatnonzero(~out)
+        return kept, weights[kept]
+
+    def _epoch_thresholds(self, memory: LossMemory, epoch: int) -> tuple[int, float, float]:
+        if self.thresholds is None or self.thresholds[0] != epoch:
+            known = memory.loss[memory.epoch >= 0]
+            if len(known):
+                cut = (
+                    float(np.quantile(known, 1.0 - self.config.hardest_fraction))
+                    if self.config.hardest_fraction
+                    else np.inf
+                )
+                self.thresholds = (epoch, float(known.mean()), cut)
+            else:
+                self.thresholds = (epoch, -np.inf, np.inf)  # nothing known yet: every row trains
+        return self.thresholds
+
+    def _begin(self, step: int) -> None:
+        """A redone step (torchft) counts once."""
+        if self._undo is not None and self._undo[0] == step:
+            self.dealt, self.pruned, self.hardest = self._undo[1]
+        self._undo = (step, (self.dealt, self.pruned, self.hardest))
+
+    def counts(self) -> dict:
+        """Rows dealt to the pruner, and those it left out: learnt, and among the hardest."""
+        return {"prune_dealt": self.dealt, "pruned_learnt": self.pruned, "pruned_hardest": self.hardest}
+
+    def state_dict(self) -> dict:
+        epoch, mean, cut = self.thresholds or (-1, 0.0, 0.0)
+        return {"prune_thresholds": torch.tensor([epoch, mean, cut], dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "prune_thresholds" in state:
+            epoch, mean, cut = state["prune_thresholds"].tolist()
+            self.thresholds = (int(epoch), mean, cut) if epoch >= 0 else None
+            self._undo = None
+
+
+def _uniform(seed: int, epoch: int, rows: np.ndarray) -> np.ndarray:
+    """A uniform number in [0, 1) for each row, a function of (seed, epoch, row) alone (splitmix64)."""
+    with np.errstate(over="ignore"):
+        z = rows.astype(np.uint64) + np.uint64((seed * 1_000_003 + epoch * 7919) % 2**63) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / float(2**53)
