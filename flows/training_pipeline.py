@@ -33,7 +33,7 @@ from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
 from trainyard.redaction import redact_exception
 from trainyard.spec import TrainingJob, ignored_settings
-from trainyard.training import supervisor
+from trainyard.training import accounting, supervisor
 from trainyard.training.plan import TrainingPlan
 
 
@@ -183,7 +183,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
     """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome)."""
     report = stages.get("filtering", {}).get("report")
     energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
-    done = None if outcome else supervisor.work_done(make_job_dir(job_id))  # a stage that gave up: its compute
+    done = None if outcome else accounting.work_done(make_job_dir(job_id))  # a stage that gave up: its compute
     summary = {
         "job_id": job_id,
         "job_name": job.name,

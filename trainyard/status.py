@@ -60,7 +60,7 @@ def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None)
     prefilter's (its reference models' training and scoring, or the champion's forward pass).
     ``samples_seen`` counts the candidates drawn: trained, ranked by the sifter and passed over, or left
     out unscored before sifting started. Without an outcome (a training stage that gave up or was
-    stopped by a signal), ``done`` (``supervisor.work_done``) gives what the groups computed until then.
+    stopped by a signal), ``done`` (``accounting.work_done``) gives what the groups computed until then.
     """
     if outcome is None and done is not None:
         flops, trained, steps = done["flops"], done["samples_trained"], done["steps"]
@@ -84,7 +84,7 @@ def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None)
 
 def online_totals(outcome, done: dict | None = None) -> dict | None:
     """The online sifter's totals: the outcome's, or without one what the groups sifted until the
-    training stage gave up (``done``: ``supervisor.work_done``); None without sifting."""
+    training stage gave up (``done``: ``accounting.work_done``); None without sifting."""
     if outcome is not None:
         return outcome.sifting
     return (done or {}).get("sifting_totals")

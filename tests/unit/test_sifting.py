@@ -290,7 +290,7 @@ def test_kept_fractions_per_class_are_named_by_the_classes_label_values(tmp_path
 
 
 def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
-    from trainyard.training.supervisor import _sifting_totals
+    from trainyard.training.accounting import sifting_totals
 
     def report(scored: dict, kept: dict) -> dict:
         return {"scored": sum(scored.values()), "kept": sum(kept.values()), "passed_over": 0, "score": "loss"} | {
@@ -300,7 +300,7 @@ def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
         }
 
     # a group that scored 1,000 rows of class 0 and a restarted attempt that scored 10 (and kept them all)
-    totals = _sifting_totals(
+    totals = sifting_totals(
         [report({"0": 1000}, {"0": 500}), report({"0": 10, "1": 4}, {"0": 10, "1": 1})],
         {
             "forward": 100,
@@ -312,21 +312,21 @@ def test_the_jobs_kept_fraction_per_class_weighs_each_group_by_what_it_scored():
 
 
 def test_the_jobs_mean_keep_probability_weighs_each_group_by_what_it_scored():
-    from trainyard.training.supervisor import _sifting_totals
+    from trainyard.training.accounting import sifting_totals
 
     flops = {"forward": 100, "backward": 200, "scoring": 50}
     groups = [{"scored": 1000, "kept": 500, "keep_probability_sum": 300.0}, {"scored": 10, "kept": 5}]
     groups[1] |= {"keep_probability_sum": 9.0}  # a restarted attempt: a few rows, each likely kept
-    assert _sifting_totals(groups, flops)["mean_keep_probability"] == pytest.approx(309 / 1010)
-    assert _sifting_totals([{"scored": 0, "kept": 0}], flops)["mean_keep_probability"] is None  # nothing ranked
+    assert sifting_totals(groups, flops)["mean_keep_probability"] == pytest.approx(309 / 1010)
+    assert sifting_totals([{"scored": 0, "kept": 0}], flops)["mean_keep_probability"] is None  # nothing ranked
 
 
 def test_the_jobs_rule_is_named_when_the_first_report_is_a_killed_groups_counts():
-    from trainyard.training.supervisor import _sifting_totals
+    from trainyard.training.accounting import sifting_totals
 
     killed = {"scored": 40, "kept": 20, "passed_over": 20}  # counts.json only: it never ended an epoch
     finished = killed | {"score": "reducible_loss"}
-    totals = _sifting_totals([killed, finished], {"forward": 100, "backward": 200, "scoring": 50})
+    totals = sifting_totals([killed, finished], {"forward": 100, "backward": 200, "scoring": 50})
     assert totals["score"] == "reducible_loss"
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting

@@ -13,7 +13,7 @@ from tests.conftest import blobs_table, rejoined, slow_until, slow_while
 from trainyard.errors import TrainingError
 from trainyard.home import job_dir, new_job_id
 from trainyard.spec import parse_job
-from trainyard.training import supervisor, trainer
+from trainyard.training import accounting, supervisor, trainer
 from trainyard.training.plan import TrainingPlan
 
 
@@ -738,7 +738,7 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
 
     assert "sifting cost more compute than it saved" in sifting_section(job, None, outcome)["warning"]
     # a training stage that gave up has no outcome: its summary counts what the groups did, sifting included
-    done = supervisor.work_done(folder)
+    done = accounting.work_done(folder)
     assert compute_section(None, 0, done)["samples_seen"] == compute_section(outcome)["samples_seen"]
     assert compute_section(outcome)["samples_seen"] > outcome.samples_trained
     assert sifting_section(job, None, None, done)["online"] == outcome.sifting

@@ -1,0 +1,87 @@
+"""What a job's replica groups computed, from the counts every attempt wrote: FLOPs by kind, samples
+trained, sifting's and pruning's counts added up over the groups, and energy per group. Read for a
+finished job's outcome and for one that gave up (its summary still counts the compute it spent).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainyard.sifting import fractions_by_class
+from trainyard.status import pruned_fraction, pruned_rows
+from trainyard.training.trainer import latest_counts
+
+
+def work_done(job_dir: Path) -> dict:
+    """What every group attempt of the job computed, finished or not: FLOPs by kind, samples trained,
+    the furthest step committed, each attempt's sifting counts and their totals (``sifting_totals``, as
+    an outcome's ``sifting``). A training stage that gave up has no outcome; its summary still counts
+    the compute it spent."""
+    flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
+    samples, step = 0, 0
+    sifted: list[dict] = []
+    for folder in job_dir.glob("replicas/*/attempt-*"):
+        progress = latest_counts(folder)
+        if progress is None:
+            continue
+        samples += progress["samples_trained"]
+        step = max(step, progress["step"])
+        for key in flops:
+            flops[key] += progress["flops"].get(key, 0)
+        if progress.get("sifting"):
+            sifted.append(progress["sifting"])
+    totals = sifting_totals(sifted, flops) if sifted else None
+    return {"flops": flops, "samples_trained": samples, "steps": step, "sifting": sifted, "sifting_totals": totals}
+
+
+def energy_by_replica(job_dir: Path) -> dict[str, float]:
+    """Energy (kWh) every attempt of each replica group measured, added up per group."""
+    totals: dict[str, float] = {}
+    for path in job_dir.glob("replicas/*/attempt-*/energy.json"):
+        replica = path.parent.parent.name
+        totals[replica] = totals.get(replica, 0.0) + json.loads(path.read_text())["energy_kwh"]
+    return dict(sorted(totals.items()))
+
+
+def sifting_totals(reports: list[dict], flops: dict) -> dict:
+    """Every group's sifting, added up: kept fraction overall and per class, and what scoring cost."""
+    scored = sum(r["scored"] for r in reports)
+    kept = sum(r["kept"] for r in reports)
+    # Weighted by what each group scored: a restarted attempt that scored a few rows counts for a few.
+    kept_by_class: dict[str, int] = {}
+    scored_by_class: dict[str, int] = {}
+    for report in reports:
+        for cls, n in report.get("scored_by_class", {}).items():
+            scored_by_class[cls] = scored_by_class.get(cls, 0) + n
+            kept_by_class[cls] = kept_by_class.get(cls, 0) + report["kept_by_class"].get(cls, 0)
+    unsifted = sum(r.get("unsifted", 0) for r in reports)
+    pruned = {k: sum(r.get(k, 0) for r in reports) for k in ("prune_dealt", "pruned_learnt", "pruned_hardest")}
+    # the rows the training passes' FLOPs were spent on: pruning leaves some of the kept ones out
+    trained = kept + unsifted - pruned_rows(pruned)
+    train_per_sample = (flops["forward"] + flops["backward"]) / trained if trained else 0.0
+    totals = {
+        # one job, one rule; a group killed before its first epoch ended left counts without it
+        "score": next((r["score"] for r in reports if "score" in r), "loss"),
+        "scored": scored,
+        "kept": kept,
+        "passed_over": sum(r.get("passed_over", 0) for r in reports),
+        # steps not ranked (before delay_steps, or a group's share of a short step's kept batch was 0):
+        # candidates trained on unranked, and those left out unscored
+        "unsifted": unsifted,
+        "skipped": sum(r.get("skipped", 0) for r in reports),
+        "kept_fraction": kept / scored if scored else None,  # None: sifting never started (delay_steps)
+        # what the keep rule alone would have kept (the batch keeps 1 / (1 + beta), always)
+        "mean_keep_probability": sum(r.get("keep_probability_sum", 0.0) for r in reports) / scored if scored else None,
+        "kept_fraction_by_class": fractions_by_class(kept_by_class, scored_by_class),
+        # Measured, not assumed: scoring every candidate saves compute only when this exceeds 1 / beta.
+        "backward_forward_ratio": flops["backward"] / flops["forward"] if flops["forward"] else None,
+        # What the scoring passes cost, against the training passes of the candidates the rule passed over.
+        "scoring_flops": flops["scoring"],
+        "training_flops_skipped": round(sum(r.get("passed_over", 0) for r in reports) * train_per_sample),
+    }
+    if any("prune_dealt" in r for r in reports):  # sifting.prune: rows left out of their steps by their last loss
+        totals |= pruned | {"pruned_fraction": pruned_fraction(pruned)}
+    if any("losses_reused" in r for r in reports):
+        totals["losses_reused"] = sum(r.get("losses_reused", 0) for r in reports)
+    return totals
