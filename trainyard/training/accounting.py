@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainyard.sifting import fractions_by_class
 from trainyard.status import pruned_fraction, pruned_rows
-from trainyard.training.trainer import latest_counts
+from trainyard.training.attempt_files import latest_counts
 
 
 def work_done(job_dir: Path) -> dict:

@@ -27,6 +27,16 @@ from trainyard import algorithms, cache
 from trainyard.home import write_json_atomic
 from trainyard.spec import TrainingJob
 from trainyard.training import checkpoint
+from trainyard.training.attempt_files import (
+    COUNTS_FILE,
+    STEP_LOG_ENV,
+    Heartbeat,
+    StepCounts,
+    StepLog,
+    job_step,
+    last_step,
+    write_progress,
+)
 from trainyard.training.batches import StepData
 from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate
 from trainyard.training.flops import FlopMeter
@@ -39,11 +49,8 @@ PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 LIGHTHOUSE_ENV = "TRAINYARD_LIGHTHOUSE"  # set by the train-replica flow from its parameter
-COUNTS_FILE = "counts.json"
 DRILL_FILE = "drill.json"  # the drill an attempt played: {at_step, step}
 FUSED_DEVICES = ("cpu", "cuda")  # where the optimizer takes torch's fused kernel (_optimizer)
-STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
-"""Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
 
 
 def load_arrays(path: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +129,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         _start_barrier(job_dir, replica, plan.num_replicas)
     ddp = SafeDistributedDataParallel(manager, model)
 
-    previous = _last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
+    previous = last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
     faults = drills(job, replica, played_drills(job_dir, replica, attempt))
     samples_trained, epoch_loss_sum, epoch_loss_count = 0, 0.0, 0
     first_batch_seconds = None
@@ -131,7 +138,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     recovery: dict | None = {"attempt": attempt, "joined": joining} if attempt > 0 or joining else None
     # Where this group must not start below: the job's furthest step for a restart or a group added
     # mid-job (one with nobody left to heal from would otherwise train the job alone from step 0).
-    resume_floor = max(previous, _job_step(job_dir)) if attempt > 0 or joining else 0
+    resume_floor = max(previous, job_step(job_dir)) if attempt > 0 or joining else 0
     every = job.elastic.checkpoint_every_steps
     checkpointer = checkpoint.Checkpointer(job, plan.job_id, every, out) if every else None
     if resume:
@@ -151,7 +158,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
 
     def report() -> dict:  # progress.json, read by the train stage
         step = manager.current_step()
-        return _write_progress(out, replica, attempt, step, history, meter, samples_trained, recovery, data)
+        return write_progress(out, replica, attempt, step, history, meter, samples_trained, recovery, data)
 
     counts = StepCounts(out / COUNTS_FILE)
     leave_on_sigterm = False
@@ -330,82 +337,6 @@ class NoPeerToHeal(RuntimeError):
     """A restarted or added group found nobody to take the job's state from (not the user's fault)."""
 
 
-def _last_step(out: Path) -> int:
-    """The last step an attempt reported (its heartbeat), 0 if none."""
-    try:
-        return json.loads((out / "heartbeat.json").read_text())["step"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return 0
-
-
-def _job_step(job_dir: Path) -> int:
-    """The furthest step any group of the job has reported, 0 if none."""
-    return max((_last_step(path.parent) for path in job_dir.glob("replicas/*/attempt-*/heartbeat.json")), default=0)
-
-
-class Heartbeat:
-    """The group's current step in ``heartbeat.json``, at most every ``interval`` seconds: the
-    supervisor reads it to know where a group was when it failed, and whether it has gone silent."""
-
-    def __init__(self, path: Path, interval: float = 0.2):
-        self.path, self.interval, self._last = path, interval, 0.0
-
-    def beat(self, step: int, force: bool = False) -> None:
-        now = time.time()
-        if force or now - self._last >= self.interval:
-            write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
-            self._last = now
-
-
-class StepCounts:
-    """The group's running counts (samples trained, FLOPs, sifting's), rewritten in place after every
-    committed step in one small write, which a kill cannot leave half done. progress.json is written
-    only at epoch ends: for a group killed between two, the job adds up these instead (``latest_counts``)."""
-
-    def __init__(self, path: Path):
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._size = 1024  # every write is padded with spaces to the longest yet: it covers the last one
-
-    def write(self, step: int, samples_trained: int, meter: FlopMeter, data: StepData) -> None:
-        values = {"step": step, "samples_trained": samples_trained, "flops": meter.as_dict(), "sifting": data.counts()}
-        line = json.dumps(values, separators=(",", ":")).encode()
-        self._size = max(self._size, len(line))
-        os.pwrite(self._fd, line.ljust(self._size), 0)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def latest_counts(folder: Path) -> dict | None:
-    """What an attempt (its folder) spent: its progress.json, with the counts of its last committed step
-    where those are later (a group killed mid-epoch, or before its first epoch ended); None when it
-    committed nothing."""
-    progress = _read_json(folder / "progress.json")
-    counts = _read_json(folder / COUNTS_FILE)
-    if counts is None or (progress is not None and counts["step"] <= progress["step"]):
-        return progress
-    # the counts replace the report's (its fractions are derived, and recomputed from counts by the job)
-    sifting = {**((progress or {}).get("sifting") or {}), **counts["sifting"]} if counts["sifting"] else None
-    return (progress or {}) | {key: counts[key] for key in ("step", "samples_trained", "flops")} | {"sifting": sifting}
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_bytes())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-class StepLog:
-    """``{"step", "unix"}`` per committed step, appended to a JSON-lines file."""
-
-    def __init__(self, path: Path):
-        self._file = path.open("a", buffering=1)  # noqa: SIM115 - open for the attempt's life
-
-    def add(self, step: int) -> None:
-        self._file.write(json.dumps({"step": step, "unix": time.time()}) + "\n")
-
-
 def _state_bytes(state: object) -> int:
     """Bytes of the tensors in a (nested) state dict: what a healing group receives from its peer."""
     if isinstance(state, torch.Tensor):
@@ -415,28 +346,3 @@ def _state_bytes(state: object) -> int:
     if isinstance(state, list | tuple):
         return sum(_state_bytes(v) for v in state)
     return 0
-
-
-def _write_progress(
-    out: Path,
-    replica: int,
-    attempt: int,
-    step: int,
-    history: History,
-    meter: FlopMeter,
-    samples_trained: int,
-    recovery: dict | None = None,
-    data: StepData | None = None,
-) -> dict:
-    progress = {
-        "replica": replica,
-        "attempt": attempt,
-        "step": step,
-        "epochs": history.epochs,
-        "flops": meter.as_dict(),
-        "samples_trained": samples_trained,
-        "recovery": recovery,
-        "sifting": data.report() if data else None,
-    }
-    write_json_atomic(out / "progress.json", progress)
-    return progress

@@ -1,0 +1,126 @@
+"""What a replica group's attempt writes beside itself for the supervisor and the job: its heartbeat,
+the running counts of every committed step, ``progress.json`` at epoch ends, and (for benchmarks) a
+step log; and reading them back. Small writes that a kill cannot leave half done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainyard.home import write_json_atomic
+
+if TYPE_CHECKING:
+    from trainyard.training.batches import StepData
+    from trainyard.training.epochs import History
+    from trainyard.training.flops import FlopMeter
+
+COUNTS_FILE = "counts.json"
+STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
+"""Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
+
+
+def last_step(out: Path) -> int:
+    """The last step an attempt reported (its heartbeat), 0 if none."""
+    try:
+        return json.loads((out / "heartbeat.json").read_text())["step"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return 0
+
+
+def job_step(job_dir: Path) -> int:
+    """The furthest step any group of the job has reported, 0 if none."""
+    return max((last_step(path.parent) for path in job_dir.glob("replicas/*/attempt-*/heartbeat.json")), default=0)
+
+
+class Heartbeat:
+    """The group's current step in ``heartbeat.json``, at most every ``interval`` seconds: the
+    supervisor reads it to know where a group was when it failed, and whether it has gone silent."""
+
+    def __init__(self, path: Path, interval: float = 0.2):
+        self.path, self.interval, self._last = path, interval, 0.0
+
+    def beat(self, step: int, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last >= self.interval:
+            write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
+            self._last = now
+
+
+class StepCounts:
+    """The group's running counts (samples trained, FLOPs, sifting's), rewritten in place after every
+    committed step in one small write, which a kill cannot leave half done. progress.json is written
+    only at epoch ends: for a group killed between two, the job adds up these instead (``latest_counts``)."""
+
+    def __init__(self, path: Path):
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._size = 1024  # every write is padded with spaces to the longest yet: it covers the last one
+
+    def write(self, step: int, samples_trained: int, meter: FlopMeter, data: StepData) -> None:
+        values = {"step": step, "samples_trained": samples_trained, "flops": meter.as_dict(), "sifting": data.counts()}
+        line = json.dumps(values, separators=(",", ":")).encode()
+        self._size = max(self._size, len(line))
+        os.pwrite(self._fd, line.ljust(self._size), 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def latest_counts(folder: Path) -> dict | None:
+    """What an attempt (its folder) spent: its progress.json, with the counts of its last committed step
+    where those are later (a group killed mid-epoch, or before its first epoch ended); None when it
+    committed nothing."""
+    progress = _read_json(folder / "progress.json")
+    counts = _read_json(folder / COUNTS_FILE)
+    if counts is None or (progress is not None and counts["step"] <= progress["step"]):
+        return progress
+    # the counts replace the report's (its fractions are derived, and recomputed from counts by the job)
+    sifting = {**((progress or {}).get("sifting") or {}), **counts["sifting"]} if counts["sifting"] else None
+    return (progress or {}) | {key: counts[key] for key in ("step", "samples_trained", "flops")} | {"sifting": sifting}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+class StepLog:
+    """``{"step", "unix"}`` per committed step, appended to a JSON-lines file."""
+
+    def __init__(self, path: Path):
+        self._file = path.open("a", buffering=1)  # noqa: SIM115 - open for the attempt's life
+
+    def add(self, step: int) -> None:
+        self._file.write(json.dumps({"step": step, "unix": time.time()}) + "\n")
+
+
+def write_progress(
+    out: Path,
+    replica: int,
+    attempt: int,
+    step: int,
+    history: History,
+    meter: FlopMeter,
+    samples_trained: int,
+    recovery: dict | None = None,
+    data: StepData | None = None,
+) -> dict:
+    """The attempt's ``progress.json``, rewritten at every epoch end (and on a heal): what the train stage
+    shows while the job runs and what the job adds up once it is over."""
+    progress = {
+        "replica": replica,
+        "attempt": attempt,
+        "step": step,
+        "epochs": history.epochs,
+        "flops": meter.as_dict(),
+        "samples_trained": samples_trained,
+        "recovery": recovery,
+        "sifting": data.report() if data else None,
+    }
+    write_json_atomic(out / "progress.json", progress)
+    return progress
