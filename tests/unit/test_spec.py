@@ -1,4 +1,5 @@
-"""The job spec: what it accepts, and how it names every problem with the field and the fix."""
+"""The job spec: what it accepts, and how it names every problem with the field and the fix. The ``sifting``
+section's own checks and defaults are ``test_spec_sifting.py``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.unit.specs import minimal, problems
 from trainyard.cli import app
 from trainyard.errors import SpecError
 from trainyard.spec import TrainingJob, apply_overrides, ignored_settings, load_job, parse_job
@@ -31,23 +33,6 @@ DESIGN_EXAMPLE = textwrap.dedent(
     retries: {max_attempts: 3}
     """
 )
-
-
-def minimal(**changes) -> dict:
-    job = {
-        "name": "j",
-        "algorithm": {"builtin": "mlp-classifier"},
-        "inputs": {"train": {"s3_uri": "s3://bkt/train/", "label": "y"}},
-        "output": {"s3_uri": "s3://bkt/out/"},
-    }
-    job.update(changes)
-    return job
-
-
-def problems(data) -> list[str]:
-    with pytest.raises(SpecError) as info:
-        parse_job(data)
-    return info.value.problems
 
 
 def test_design_example_parses(tmp_path):
@@ -220,38 +205,6 @@ def test_job_schema_has_descriptions_for_the_ui_form():
     assert all(prop.get("description") for prop in channel.values())
 
 
-def test_reducible_loss_sifting_needs_the_prefilters_reference_losses():
-    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
-    found = problems(minimal(inputs=streamed, sifting={"enabled": True, "score": "reducible_loss"}))
-    assert any(p.startswith("sifting.score:") and "inputs.train.mode: file" in p for p in found)
-    off = {"enabled": True, "score": "reducible_loss", "prefilter": {"enabled": False}}
-    assert any(p.startswith("sifting.score:") and "prefilter.enabled" in p for p in problems(minimal(sifting=off)))
-    assert parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss"})).sifting.score == "reducible_loss"
-    assert any(p.startswith("sifting.score") for p in problems(minimal(sifting={"enabled": True, "score": "rho"})))
-
-
-def test_reusing_losses_needs_the_rows_in_memory():
-    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
-    found = problems(minimal(inputs=streamed, sifting={"enabled": True, "reuse_loss_epochs": 2}))
-    assert any(p.startswith("sifting.reuse_loss_epochs:") and "inputs.train.mode: file" in p for p in found)
-    assert parse_job(minimal(inputs=streamed, sifting={"enabled": True, "reuse_loss_epochs": 0})).sifting.enabled
-    # Left unset: the benchmark's best (1) where the rows are in memory, 0 for a streamed channel, no error.
-    assert parse_job(minimal(sifting={"enabled": True})).sifting.loss_reuse_epochs(streamed=False) == 1
-    assert parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting.loss_reuse_epochs(streamed=True) == 0
-    assert parse_job(minimal(sifting={"enabled": True, "reuse_loss_epochs": 2})).sifting.reuse_loss_epochs == 2
-    assert any(p.startswith("sifting.reuse_loss_epochs") for p in problems(minimal(sifting={"reuse_loss_epochs": -1})))
-
-
-def test_prefilter_settings_that_cannot_work_are_refused():
-    both = {"enabled": True, "prefilter": {"drop_learnt_fraction": 0.6, "drop_unlearnable_fraction": 0.4}}
-    assert any(p.startswith("sifting.prefilter:") and "every row" in p for p in problems(minimal(sifting=both)))
-    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
-    asked = {"enabled": True, "prefilter": {"drop_unlearnable_fraction": 0.1}}
-    found = problems(minimal(inputs=streamed, sifting=asked))
-    assert any(p.startswith("sifting.prefilter:") and "inputs.train.mode: file" in p for p in found)
-    assert parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting.enabled  # unset: not run, no error
-
-
 def test_an_extra_channel_cannot_be_sharded():
     extra = {"vocab": {"s3_uri": "s3://bkt/vocab/", "format": "raw", "distribution": "sharded"}}
     inputs = {"train": {"s3_uri": "s3://bkt/train/", "label": "y"}} | extra
@@ -277,51 +230,6 @@ def test_an_extra_channel_with_a_built_in_algorithm_is_refused_and_a_near_miss_n
         "inputs.validaton: as spelt, an extra channel for the entrypoint, not the validation set; rename it "
         "inputs.validation if that is what it is"
     ]
-
-
-def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
-    sifting = parse_job(minimal(sifting={"enabled": True, "beta_value": 0.5, "sift_delay": 1000})).sifting
-    assert (sifting.beta, sifting.delay_steps) == (0.5, 1000)
-    assert parse_job(minimal(sifting={"beta": 2})).sifting.beta == 2  # our own names, as before
-    assert any(p.startswith("sifting.beta_value:") for p in problems(minimal(sifting={"beta_value": -1})))
-    both = problems(minimal(sifting={"beta": 1, "beta_value": 2}))  # one knob, given twice
-    assert any(p.startswith("sifting:") and "beta and beta_value are one setting" in p for p in both)
-
-
-def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
-    # benchmarks/sifting.py's pick at stops 28 to 33 and 35 (the most targets met by its medians on the tuning seeds):
-    # pruning alone, no keep rule and no prefilter, a third of the steps in the pruning epochs
-    job = parse_job(minimal(sifting={"enabled": True}))
-    sifting = job.sifting
-    assert sifting.beta == 0 and not sifting.prefilter_on
-    prune = sifting.prune
-    assert (prune.learnt_fraction, prune.hardest_fraction, prune.batch_factor) == (0.7, 0.1, 3.0)
-    assert (prune.hardest_after, prune.until, prune.hardest_min_loss) == (0.25, 0.875, "chance")
-    assert (sifting.loss_history_length, sifting.delay_steps, sifting.min_class_fraction) == (500, 10, 0.5)
-    assert sifting.score == "loss"
-    # what a deployment receives (the spec dumped whole) resolves to the same
-    assert parse_job(job.model_dump(mode="json")).sifting == sifting
-    # a streamed channel cannot prune: smart sifting's keep rule at beta 1, every candidate scored, no error
-    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
-    sifting = parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting
-    assert sifting.beta == 1 and not sifting.prune.active and sifting.loss_reuse_epochs(streamed=True) == 0
-    # the keep rule asked for keeps its own default (the stop 16-24 pick): duplicates prefilter, losses reused
-    # one epoch, and no pruning (the keep rule followed by pruning missed the targets at stop 27)
-    sifting = parse_job(minimal(sifting={"enabled": True, "beta": 1})).sifting
-    assert not sifting.prune.active and sifting.prefilter_on and sifting.loss_reuse_epochs(streamed=False) == 1
-    prefilter = sifting.prefilter
-    assert (prefilter.drop_learnt_fraction, prefilter.drop_unlearnable_fraction) == (0.0, 0.0)  # duplicates only
-    assert prefilter.min_class_fraction == 0.5
-    # pruning set by hand is kept as given; beta 0 set by hand gets the default pruning
-    given = parse_job(minimal(sifting={"enabled": True, "prune": {"learnt_fraction": 0.5}})).sifting
-    assert given.beta == 0 and (given.prune.learnt_fraction, given.prune.batch_factor) == (0.5, 1.0)
-    assert parse_job(minimal(sifting={"enabled": True, "beta": 0})).sifting.prune.batch_factor == 3.0
-    # a regressor has no chance-level loss to tell a wrong label by: InfoBatch's rule alone, no hardest rows out
-    regressor = parse_job(minimal(algorithm={"builtin": "linear-regression"}, sifting={"enabled": True})).sifting
-    prune = regressor.prune
-    assert (prune.learnt_fraction, prune.hardest_fraction, prune.batch_factor) == (0.7, 0.0, 3.0)
-    # sifting off: nothing resolved, nothing reported as set
-    assert parse_job(minimal()).sifting.beta is None and parse_job(minimal()).sifting.prune is None
 
 
 def test_a_manifest_channel_must_name_the_manifest_object():
@@ -351,13 +259,6 @@ def test_empty_or_repeated_features_and_classes_are_refused():
     )
     assert any("two or more classes" in p for p in problems(train(classes=["only"])))
     assert parse_job(train(classes=[0, 1], features=["a", "b"]))
-
-
-def test_the_prefilters_reference_widths_are_checked():
-    found = problems(minimal(sifting={"enabled": True, "prefilter": {"reference_hidden_sizes": [0]}}))
-    assert found == [
-        "sifting.prefilter.reference_hidden_sizes: every hidden size must be a positive integer, e.g. [128, 128]"
-    ]
 
 
 def test_settings_of_a_stage_that_is_off_are_named_as_ignored(tmp_path):
