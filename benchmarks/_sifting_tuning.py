@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import _sifting_data as sd
 from _sifting_data import Run, Setting
+from _sifting_datasets import load
 from _sifting_report import ACCURACY_POINTS, CAP, FLOPS_RATIO_MAX, WALL_RATIO_MAX
 
 from trainyard.training.replica import THREADS_ENV  # TRAINYARD_TORCH_THREADS
@@ -288,4 +289,4 @@ def torch_threads(count: int) -> None:
 
 
 def epochs(name: str, quick: bool) -> int:
-    return sd.load(name, 0, quick).epochs
+    return load(name, 0, quick).epochs

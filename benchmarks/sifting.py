@@ -6,7 +6,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
     .venv/bin/python benchmarks/sifting.py --combination 'pruning 0.7/0.1 x3'   # measure the default, no search
 
-Datasets (``_sifting_data.py``): synthetic tabular data with redundancy (near-duplicates, exact
+Datasets (``_sifting_datasets.py``): synthetic tabular data with redundancy (near-duplicates, exact
 duplicates, dense clusters of easy rows) and 10% flipped training labels, validated on clean labels;
 and scikit-learn's bundled digits. The model is the built-in ``mlp-classifier`` (two hidden layers
 of 256, backward about twice the forward), trained as real Trainyard jobs (one torchft replica
@@ -92,6 +92,7 @@ sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in 
 
 import _sifting_data as sd  # noqa: E402
 from _sifting_data import Run, Setting  # noqa: E402
+from _sifting_datasets import load  # noqa: E402
 from _sifting_report import CAP, Arm, SeedResult, print_best, report  # noqa: E402
 from _sifting_tuning import Tuned, epochs, short_budget, torch_threads, tune  # noqa: E402
 
@@ -262,7 +263,7 @@ def main() -> None:
     # printed: the runs repeat on one machine, not always across sessions' machines (the cause is not known).
     print(
         "  data (seed 0, sha256 of the training rows and labels): "
-        + ", ".join(f"{name} {sd.load(name, 0, args.quick).fingerprint()}" for name in args.datasets)
+        + ", ".join(f"{name} {load(name, 0, args.quick).fingerprint()}" for name in args.datasets)
     )
     # Each tuning run's group gets its share of the cores (THREADS_ENV): left to take them all, two
     # runs on two cores stepped about 7x slower (torch's idle OpenMP threads spin), and tuning's wall ratios,

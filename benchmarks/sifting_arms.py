@@ -25,8 +25,8 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in sys.path]
 
-import _sifting_data as sd  # noqa: E402
 from _sifting_data import Setting  # noqa: E402
+from _sifting_datasets import load  # noqa: E402
 from _sifting_report import median  # noqa: E402  (None, not reached, ranks worse than any number)
 from sifting import timed  # noqa: E402
 
@@ -83,7 +83,7 @@ def main() -> None:
     os.environ["TRAINYARD_STEP_LOG"] = "1"
     figures: dict[tuple[str, str], list[tuple[float | None, float | None, float]]] = {}
     for name in args.datasets:
-        epochs = sd.load(name, 0).epochs
+        epochs = load(name, 0).epochs
         for seed in args.seeds:
             base = timed(args.repeats, name, seed, False, Setting(), args.baseline_lr or args.lr, epochs=epochs)
             target, budget = base.accuracy[-1], base.cum_flops[-1]
