@@ -49,7 +49,7 @@ def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
 
 
 def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
-    # benchmarks/sifting.py's pick at stops 28 to 33 and 35 (the most targets met by its medians on the tuning seeds):
+    # benchmarks/sifting.py's pick at stops 28-33, 35 and 36 (the most targets met by its medians on the tuning seeds):
     # pruning alone, no keep rule and no prefilter, a third of the steps in the pruning epochs
     job = parse_job(minimal(sifting={"enabled": True}))
     sifting = job.sifting

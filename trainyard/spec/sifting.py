@@ -142,7 +142,7 @@ class Pruning(_Model):
         return max(batch_size, round(batch_size * self.batch_factor))
 
 
-# sifting.prune left unset with no keep rule, on a file-mode channel: benchmarks/sifting.py's pick (stops 28-33, 35)
+# sifting.prune left unset with no keep rule, on a file-mode channel: benchmarks/sifting.py's pick (stops 28-33, 35, 36)
 DEFAULT_PRUNING = {"learnt_fraction": 0.7, "hardest_fraction": 0.1, "batch_factor": 3.0}
 
 
@@ -152,7 +152,7 @@ class Sifting(_Model):
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
     # Left unset, beta and prune are the combination benchmarks/sifting.py found best (pruning alone, batch_factor 3:
-    # stops 28 to 33 by the most targets met on four tuning seeds; stop 35 with the finalists on their own schedules
+    # stops 28 to 33 by the most targets met on four tuning seeds; stops 35-36 with the finalists on their own schedules
     # over eight; stop 34's one-round search had picked the keep rule with the hardest rows left out, which then met
     # 3 of 10 lines on the reported seeds: benchmarks/README);
     # resolved by the job, which knows whether its train channel streams (pruning needs every row's loss in memory).
