@@ -237,7 +237,7 @@ def test_bad_data_fails_clearly_and_registers_nothing(
     elif breakage == "empty":
         spec["inputs"]["train"]["s3_uri"] = f"s3://{bucket}/nothing-here/"
     elif breakage == "mean-loss":  # found on a first batch, before the prefilter's or the groups' compute
-        spec["algorithm"] = {"entrypoint": "tests.unit.test_training:mean_loss_build"}
+        spec["algorithm"] = {"entrypoint": "tests.unit.test_entrypoints:mean_loss_build"}
         spec["sifting"] = {"enabled": True, "prefilter": {"drop_unlearnable_fraction": 0.05}}
     elif breakage == "sifting-draw":  # 150 training rows: one step an epoch, keeping 30 of them, not a batch
         spec["sifting"] = {"enabled": True, "beta": 4}
