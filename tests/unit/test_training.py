@@ -1,4 +1,6 @@
-"""Training with real torchft replica group processes and a real lighthouse (no Prefect)."""
+"""Training with real torchft replica group processes and a real lighthouse (no Prefect): lockstep, stopping,
+failures, restarts and heals. Your own entrypoints are ``test_entrypoints.py``; groups added and removed and the
+S3 checkpoint fallback ``test_elastic.py``. ``make_job``, ``run`` and ``slow_build`` here are shared by them."""
 
 from __future__ import annotations
 
