@@ -26,8 +26,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# ruff (lint and format) over everything; mypy over the package (pyproject.toml's [tool.mypy]).
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 # Trainyard staging vs aws s3 sync on a local S3 endpoint (see benchmarks/README.md); a few minutes.
 bench-staging: setup

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Annotated
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -63,7 +64,8 @@ def training_pipeline(
     for setting in ignored_settings(job):
         logger.warning("%s", setting)
     stages: dict[str, dict] = {}
-    handle, outcome, model, carbon_section, error = None, None, None, None, None
+    handle, outcome, model, carbon_section = None, None, None, None
+    error: BaseException | None = None  # a TrainyardError (the user's to fix) or a bug's, raised at the end
     failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary
     terminated: TerminationSignal | None = None
     try:
@@ -167,7 +169,7 @@ def _name_run(job_id: str) -> None:
     run_id = flow_run.get_id()
     if run_id:
         with get_client(sync_client=True) as client:
-            client.update_flow_run(run_id, name=job_id)
+            client.update_flow_run(UUID(run_id), name=job_id)
 
 
 def _emit_status(job_id: str, transition: dict) -> None:

@@ -313,6 +313,7 @@ def _apply_block_type(client, module: str, class_name: str, dry_run: bool) -> Ch
 
     block = getattr(importlib.import_module(module), class_name)
     slug = block.get_block_type_slug()
+    action: Literal["created", "updated"]
     try:
         client.read_block_type_by_slug(slug)
     except ObjectNotFound:

@@ -35,7 +35,11 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
     except BaseException as exc:  # a SIGTERM's TerminationSignal too: the stage spent what it spent
         redact_exception(exc)  # Prefect logs a failed task's exception, with what it quotes (a URL's password)
         if energy is not None:  # (None: the meter itself failed, or the signal came while it started)
-            exc.stage_record = {"stage": stage, "seconds": time.monotonic() - started, "energy": energy.to_dict()}
+            exc.stage_record = {  # type: ignore[attr-defined]  # read back with getattr where the job fails
+                "stage": stage,
+                "seconds": time.monotonic() - started,
+                "energy": energy.to_dict(),
+            }
         raise
     record["energy"] = energy.to_dict()
 

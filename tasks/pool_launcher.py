@@ -13,6 +13,7 @@ stop a run, as a pod's grace period), so the supervisor resubmits the group inst
 from __future__ import annotations
 
 import time
+from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
@@ -55,8 +56,8 @@ class WorkPoolLauncher:
     def __init__(self, deployment: str, resources: Resources):
         self.deployment, self.resources = deployment, resources
         self.cancel_confirm_seconds = env_settings.seconds(CANCEL_CONFIRM_SECONDS_ENV, CANCEL_CONFIRM_SECONDS)
-        self._states: dict[str, tuple[float, int | None]] = {}
-        self._cancelled: dict[str, float] = {}  # run id -> when we asked for the cancellation
+        self._states: dict[UUID, tuple[float, int | None]] = {}
+        self._cancelled: dict[UUID, float] = {}  # run id -> when we asked for the cancellation
 
     def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
         run = run_deployment(
@@ -75,36 +76,45 @@ class WorkPoolLauncher:
             tags=[f"trainyard-job:{handle.job_id}", "trainyard-replica"],
             as_subflow=False,
         )
-        return ReplicaProcess(replica=replica, attempt=attempt, pid=0, log="", resumed=resume, run_id=str(run.id))
+        run_id = str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)
+        return ReplicaProcess(replica=replica, attempt=attempt, pid=0, log="", resumed=resume, run_id=run_id)
 
     def exit_code(self, proc: ReplicaProcess) -> int | None:
-        seen, code = self._states.get(proc.run_id, (0.0, None))
+        run_id = _run_id(proc)
+        seen, code = self._states.get(run_id, (0.0, None))
         if time.monotonic() - seen < STATE_CACHE_SECONDS:
             return code
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(proc.run_id).state
+            state = client.read_flow_run(run_id).state
             code = _EXIT_CODES.get(state.type) if state else None
-            asked = self._cancelled.get(proc.run_id)
+            asked = self._cancelled.get(run_id)
             if code is None and asked is not None and time.monotonic() - asked > self.cancel_confirm_seconds:
                 message = (
                     f"cancelled {time.monotonic() - asked:.0f} s ago and no worker stopped it:"
                     " presumed lost with its worker"
                 )
-                client.set_flow_run_state(proc.run_id, Crashed(message=message), force=True)
+                client.set_flow_run_state(run_id, Crashed(message=message), force=True)
                 code = _EXIT_CODES[StateType.CRASHED]
-        self._states[proc.run_id] = (time.monotonic(), code)
+        self._states[run_id] = (time.monotonic(), code)
         return code
 
     def kill(self, proc: ReplicaProcess) -> None:
+        run_id = _run_id(proc)
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(proc.run_id).state
+            state = client.read_flow_run(run_id).state
             if state is None or state.is_final():
                 return
             if state.type == StateType.SCHEDULED:  # still queued: no process to stop, no worker to ask
-                client.set_flow_run_state(proc.run_id, Cancelled(message="withdrawn before it started"), force=True)
+                client.set_flow_run_state(run_id, Cancelled(message="withdrawn before it started"), force=True)
                 return
-            client.set_flow_run_state(proc.run_id, Cancelling(), force=True)
-        self._cancelled.setdefault(proc.run_id, time.monotonic())
+            client.set_flow_run_state(run_id, Cancelling(), force=True)
+        self._cancelled.setdefault(run_id, time.monotonic())
 
     def terminate(self, proc: ReplicaProcess) -> None:
         self.kill(proc)  # a cancelled run's process gets SIGTERM first: the group leaves at a step boundary
+
+
+def _run_id(proc: ReplicaProcess) -> UUID:
+    """The flow run a pool's group is (``start`` sets it on every group it starts)."""
+    assert proc.run_id is not None, f"replica group {proc.replica} was not started on a work pool"
+    return UUID(proc.run_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -27,17 +28,20 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
     """
     logger = get_run_logger()
     with stage_meter("training", job) as record, progress.bar("training epochs", job.hyperparameters.epochs) as advance:
-        artifact = create_progress_artifact(0.0, description=f"{plan.job_id}: training")
-        shown = {"percent": 0.0, "last": None}
+        created = create_progress_artifact(0.0, description=f"{plan.job_id}: training")
+        artifact: UUID = created  # type: ignore[assignment]  # called sync, it returns the id (typed: id or coroutine)
+        percent, epochs_done = 0.0, 0
+        last_sample: dict | None = None
         live = LiveRun(job, plan.job_id)
 
         def on_sample(sample: dict) -> None:
-            last, shown["last"] = shown["last"], sample
+            nonlocal last_sample
+            last, last_sample = last_sample, sample
             rate = 0.0
             if last is not None and sample["seconds"] > last["seconds"]:
                 rate = (sample["emissions_kg"] - last["emissions_kg"]) * 3.6e6 / (sample["seconds"] - last["seconds"])
             text = f"{sample['energy_kwh']:.4g} kWh, {sample['emissions_kg']:.4g} kgCO2e so far ({rate:.3g} g/h)"
-            update_progress_artifact(artifact, shown["percent"], description=f"{plan.job_id}: {text}")
+            update_progress_artifact(artifact, percent, description=f"{plan.job_id}: {text}")
             metrics = {"energy_kwh": sample["energy_kwh"], "emissions_kg": sample["emissions_kg"]}
             live.log(metrics | {"emissions_rate_g_per_h": rate}, step=round(sample["seconds"]))
 
@@ -46,13 +50,12 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             logger.warning("%s: stopping every replica group", message)
             request_stop(Path(handle.job_dir), "CarbonBudgetExceeded", message)
 
-        done = [0]
-
         def on_progress(epochs: int, metrics: dict | None) -> None:
-            advance(epochs - done[0])
-            done[0] = epochs
-            shown["percent"] = 100.0 * epochs / job.hyperparameters.epochs
-            update_progress_artifact(artifact, shown["percent"])
+            nonlocal percent, epochs_done
+            advance(epochs - epochs_done)
+            epochs_done = epochs
+            percent = 100.0 * epochs / job.hyperparameters.epochs
+            update_progress_artifact(artifact, percent)
             shown_metrics = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
             logger.info("epoch %d: %s", epochs, shown_metrics)
 

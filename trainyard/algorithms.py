@@ -25,7 +25,10 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Affine(nn.Module):
     """``(x - shift) / scale`` or, with ``inverse``, ``x * scale + shift``; fixed buffers."""
 
-    def __init__(self, shift: np.ndarray, scale: np.ndarray, inverse: bool = False):
+    shift: torch.Tensor  # registered buffers: saved with the model, moved with it
+    scale: torch.Tensor
+
+    def __init__(self, shift: np.ndarray | float, scale: np.ndarray | float, inverse: bool = False):
         super().__init__()
         self.register_buffer("shift", torch.as_tensor(shift, dtype=torch.float32))
         self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))

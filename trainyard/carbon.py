@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from trainyard import carbon_probe
 from trainyard.spec import Carbon
@@ -58,6 +59,7 @@ def meter(
     # codecarbon logs a warning per tracker about concurrent instances; they are ours and expected.
     logging.getLogger("codecarbon").setLevel(logging.ERROR)
     record = StageEnergy(stage=stage)
+    kwargs: dict[str, Any]
     if energy_only:  # no country, and a forced intensity of 0: nothing for codecarbon to look up
         kwargs = {"force_carbon_intensity_g_co2e_kwh": 0.0}
     else:
@@ -85,7 +87,7 @@ def meter(
         emissions = tracker.flush()  # measures now; with no output configured it writes nothing
         return float(tracker._total_energy.kWh), float(emissions or 0.0)  # codecarbon has no public getter
 
-    record.reading = live
+    record.reading = live  # type: ignore[method-assign]  # the live figures until the meter stops
     try:
         yield record
     finally:

@@ -43,7 +43,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
         tags=[f"trainyard-job:{job_id}"],
         as_subflow=False,
     )
-    return str(run.id)
+    return str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)
 
 
 def _read_run(api, run_id: str):

@@ -6,6 +6,7 @@ missing (NaN / null) labels, non-numeric features, a validation class never seen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +46,7 @@ class Schema:
 def read_channel(
     manifest: ChannelManifest,
     layout: list[dict] | None = None,
-    required: list[str] = (),
+    required: Sequence[str] = (),
     columns: dict[str, list[str]] | None = None,
 ) -> pa.Table:
     """Read every staged object of a channel into one table; an object without one of the ``required``
@@ -309,7 +310,7 @@ def _first_in(layout: list[dict] | None, row: int) -> str:
     return ""
 
 
-def check_objects_have(required: list[str], columns: dict[str, list[str]]) -> None:
+def check_objects_have(required: Sequence[str], columns: dict[str, list[str]]) -> None:
     """Name the first object (``columns``: each object's column names) without one of the ``required``
     columns that the channel's other objects have. A column no object has is the spec's to fix, and
     ``infer_schema`` says so (naming the field)."""
@@ -369,9 +370,9 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
     if channels["train"].mode == "stream":
         from trainyard import streaming  # streaming builds on this module
 
-        streamed = streaming.describe(manifests["train"], channels["train"], task, out_dir, cache.rowgroups_dir())
-        schema = Schema(**{k: v for k, v in streamed.schema.items() if k != "num_outputs"})
-        paths["train"], rows["train"], layout = streamed.train_data, streamed.rows["train"], streamed.train_layout
+        described = streaming.describe(manifests["train"], channels["train"], task, out_dir, cache.rowgroups_dir())
+        schema = Schema(**{k: v for k, v in described.schema.items() if k != "num_outputs"})
+        paths["train"], rows["train"], layout = described.train_data, described.rows["train"], described.train_layout
     else:
         columns: dict[str, list[str]] = {}
         train_table = read_channel(manifests["train"], layout, required_columns(channels["train"]), columns)

@@ -79,10 +79,10 @@ class Prefiltered:
     flops: int
     reference: str | None
     """What scored the rows (None when no reference model was needed)."""
+    reasons: np.ndarray
+    """Each row's fate, an index into ``REASONS`` (0: kept)."""
     losses: np.ndarray | None = None
     """Each row's reference loss (NaN for exact duplicates), when one was computed."""
-    reasons: np.ndarray | None = None
-    """Each row's fate, an index into ``REASONS`` (0: kept)."""
     kept_for_balance: int = 0
     """Rows the loss-based drops would have taken, kept by the class balance guard."""
 
@@ -135,6 +135,7 @@ def filter_samples(
     keep = result.keep
     arrays = {"x": x[keep], "y": y[keep]}
     if sifting.by_reducible_loss:  # the online sifter's RHO-LOSS score subtracts these, row by row
+        assert result.losses is not None  # asked for (with_losses)
         arrays["irreducible"] = result.losses[keep].astype(np.float32)
     path = Path(staged.train_data).with_name("train.filtered.npz")
     np.savez(path, **arrays)
@@ -162,6 +163,7 @@ def write_manifest(path: Path, report: FilterReport, staged: StagedData, reasons
         digest.update(
             f"{obj['id']}\0{obj.get('etag') or ''}\0{len(fates)}\0".encode() + np.packbits(fates == 0).tobytes() + b"\n"
         )
+    digest_text = "sha256:" + digest.hexdigest()
     manifest = {
         "train_data": report.train_data,  # this machine's arrays: the objects below say where the rows came from
         "source_arrays": staged.train_data,
@@ -169,11 +171,11 @@ def write_manifest(path: Path, report: FilterReport, staged: StagedData, reasons
         "kept": report.kept,
         "dropped": report.dropped,
         "reference": report.reference,
-        "digest": "sha256:" + digest.hexdigest(),
+        "digest": digest_text,
         "objects": entries,
     }
     write_json_atomic(path, manifest)
-    return manifest["digest"]
+    return digest_text
 
 
 def prefilter(
@@ -196,7 +198,7 @@ def prefilter(
     dropped = {"duplicate": int((~keep).sum())}
     reasons = np.where(keep, 0, REASONS.index("duplicate")).astype(np.int8)
     if not config.drop_learnt_fraction and not config.drop_unlearnable_fraction and not with_losses:
-        return Prefiltered(keep, dropped, 0, None, reasons=reasons)  # duplicates only: no reference model
+        return Prefiltered(keep, dropped, 0, None, reasons)  # duplicates only: no reference model
     losses, flops, reference = None, 0, HOLDOUT
     if config.reference == "champion":
         losses, flops, reference = champion_losses(x, y, keep, champion, task, num_outputs, loss_fn)
@@ -217,7 +219,7 @@ def prefilter(
         # the kept rows'), or reducible loss (loss - reference) would be dominated by one of them.
         losses = losses / ((float(y[keep].std()) or 1.0) ** 2)
     balanced = n_learnt + n_unlearnable - len(learnt) - len(unlearnable)
-    return Prefiltered(keep, dropped, flops, reference, losses, reasons, kept_for_balance=balanced)
+    return Prefiltered(keep, dropped, flops, reference, reasons, losses, kept_for_balance=balanced)
 
 
 def _guard_classes(

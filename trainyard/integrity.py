@@ -14,6 +14,8 @@ import hashlib
 import os
 import threading
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 from awscrt import checksums as crt
 
@@ -46,7 +48,7 @@ class _XxHash:
 
 # S3's flexible checksum algorithms (its ChecksumAlgorithm values, named as boto3 names the response
 # fields, Checksum<ALGORITHM>), each with a new running hash of it. An object has at most one.
-_NEW_HASH = {
+_NEW_HASH: dict[str, Callable[[], Any]] = {  # each has update(bytes) and digest()
     "CRC64NVME": lambda: _Crc(crt.crc64nvme, 8),
     "CRC32": lambda: _Crc(zlib.crc32, 4),
     "CRC32C": lambda: _Crc(crt.crc32c, 4),
@@ -66,7 +68,8 @@ class _Hasher:
 
     def __init__(self, algorithm: str):
         self.algorithm = algorithm
-        self._state, self._digest = _NEW_HASH[algorithm](), None
+        self._state = _NEW_HASH[algorithm]()
+        self._digest: bytes | None = None
 
     def update(self, data: bytes) -> None:
         self._state.update(data)
@@ -108,13 +111,15 @@ class Digester:
 
     def __init__(self, etag: str, checksum: dict | None, part_sizes: list[int] | None = None):
         self.etag, self.checksum, self.size = etag, checksum, 0
-        self.full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
-        self.md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) and not self.full else None
-        self.hasher = None
-        if self.full:
-            composite = checksum["type"] == "COMPOSITE"
+        full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
+        self.full = full
+        self.md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) and not full else None
+        self.hasher: _Hasher | _Composite | None = None
+        if full:
+            # a composite checksum is checked only with its part sizes (else `full` is None)
+            composite = full["type"] == "COMPOSITE"
             self.hasher = (
-                _Composite(self.full["algorithm"], part_sizes) if composite else _Hasher(self.full["algorithm"])
+                _Composite(full["algorithm"], part_sizes) if composite and part_sizes else _Hasher(full["algorithm"])
             )
 
     def update(self, data: bytes) -> None:
@@ -133,12 +138,13 @@ class Digester:
             if self.md5.hexdigest() != self.etag.lower():
                 return f"MD5 {self.md5.hexdigest()} != ETag {self.etag}", "size+md5"
             checked.append("md5")
-        if self.hasher:
-            expected = self.full["value"].split("-")[0]
+        full = self.full
+        if self.hasher and full:  # (a hasher only with a full checksum)
+            expected = full["value"].split("-")[0]
             if self.hasher.b64digest() != expected:
-                return f"{self.full['algorithm']} {self.hasher.b64digest()} != {expected}", "+".join(checked)
-            composite = "-composite" if self.full["type"] == "COMPOSITE" else ""
-            checked.append(self.full["algorithm"].lower() + composite)
+                return f"{full['algorithm']} {self.hasher.b64digest()} != {expected}", "+".join(checked)
+            composite = "-composite" if full["type"] == "COMPOSITE" else ""
+            checked.append(full["algorithm"].lower() + composite)
         return None, "+".join(checked)
 
 

@@ -252,8 +252,8 @@ def _signal(pid: int, kill: bool) -> None:
 def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
     """Stop every replica group still running, then the lighthouse."""
     if handle.work_pool != "local":
-        for proc in handle.replicas:
-            launcher_for(handle).kill(proc)
+        for replica in handle.replicas:
+            launcher_for(handle).kill(replica)
     pids = [r.pid for r in handle.replicas if r.pid] + [handle.lighthouse_pid]
     for pid in pids:
         proc = _PROCESSES.get(pid)

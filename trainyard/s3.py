@@ -145,7 +145,7 @@ def _endpoint_error(exc: ValueError) -> StorageError:
     )
 
 
-def describe_error(exc: Exception, uri: str) -> StorageError:
+def describe_error(exc: BaseException, uri: str) -> StorageError:
     """Turn a boto3 error into a ``StorageError`` that names the URI and says what to check.
 
     botocore quotes the endpoint URL in its errors; a password in it is masked (redaction.py).
@@ -154,7 +154,7 @@ def describe_error(exc: Exception, uri: str) -> StorageError:
     return StorageError(redact_text(str(error)), transient=error.transient)
 
 
-def _describe(exc: Exception, uri: str) -> StorageError:
+def _describe(exc: BaseException, uri: str) -> StorageError:
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

@@ -37,17 +37,18 @@ def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "traini
     epoch would keep ``1 / (1 + beta)`` of them, not a full batch, and most of the data would go untrained."""
     if not config.enabled:
         return
-    dealt = config.prune.dealt_batch(batch_size)
-    candidates = candidate_batch(config.beta, dealt)
+    beta, prune = config.settled()
+    dealt = prune.dealt_batch(batch_size)
+    candidates = candidate_batch(beta, dealt)
     if candidates > rows:
-        factor = f" * sifting.prune.batch_factor {config.prune.batch_factor:g}" if dealt != batch_size else ""
+        factor = f" * sifting.prune.batch_factor {prune.batch_factor:g}" if dealt != batch_size else ""
         # with beta 0 (pruning alone, sifting.enabled's default) only the batch factor makes a step draw more
-        knobs = (["sifting.beta"] if config.beta else []) + (["sifting.prune.batch_factor"] if factor else [])
+        knobs = (["sifting.beta"] if beta else []) + (["sifting.prune.batch_factor"] if factor else [])
         fixes = ", ".join(knobs) + (" or " if knobs else "") + "hyperparameters.batch_size"
         raise SpecError(
             [
                 f"{(knobs or ['hyperparameters.batch_size'])[0]}: each step draws hyperparameters.batch_size{factor} "
-                f"* (1 + beta) = {dealt} * {1 + config.beta:g} = {candidates} candidates, more than the {rows} "
+                f"* (1 + beta) = {dealt} * {1 + beta:g} = {candidates} candidates, more than the {rows} "
                 f"{whose}; lower {fixes}"
             ]
         )
@@ -62,7 +63,8 @@ class Sifter:
     """The keep rule and its loss history, for one replica group."""
 
     def __init__(self, config: Sifting, seed: int):
-        self.config, self.seed = config, seed
+        assert config.beta is not None, "sifting used before Sifting.resolved"
+        self.config, self.seed, self.beta = config, seed, config.beta
         self.history = np.empty(0, dtype=np.float32)
         self.scored = 0
         self.kept = 0
@@ -82,11 +84,11 @@ class Sifter:
     @property
     def candidates_per_kept(self) -> float:
         """Candidates drawn for each kept sample."""
-        return 1.0 + self.config.beta
+        return 1.0 + self.beta
 
     def candidate_batch(self, batch_size: int) -> int:
         """The global batch of candidates to draw for ``batch_size`` kept samples."""
-        return candidate_batch(self.config.beta, batch_size)
+        return candidate_batch(self.beta, batch_size)
 
     def keep_count(self, candidates: int) -> int:
         """How many of ``candidates`` one group alone keeps (0 only when it has none)."""
@@ -119,7 +121,7 @@ class Sifter:
     def active(self, step: int) -> bool:
         """Sifting starts after ``delay_steps``; before, the kept samples are a uniform draw. With beta 0
         there is no keep rule: every candidate trains, unscored."""
-        return self.config.beta > 0 and step >= self.config.delay_steps
+        return self.beta > 0 and step >= self.config.delay_steps
 
     def keep_probability(self, losses: np.ndarray) -> np.ndarray:
         """``percentile(loss) ** beta`` against the history (1 while the history is empty)."""
@@ -129,7 +131,7 @@ class Sifter:
         below = np.searchsorted(ranked, losses, side="left")
         through = np.searchsorted(ranked, losses, side="right")
         percentile = (below + through) / (2.0 * len(ranked))  # ties count half
-        return percentile**self.config.beta
+        return percentile**self.beta
 
     def select(self, losses: np.ndarray, labels: np.ndarray | None, keep: int, step: int, group: int) -> np.ndarray:
         """Indices of the ``keep`` candidates to train on; the losses then join the history."""

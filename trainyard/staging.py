@@ -101,7 +101,8 @@ def fetch_channel(
         obj.path = str(cache.path_for(obj.bucket, obj.key, obj.etag))
     if pin is not None:
         pin.add(obj.path for obj in manifest.objects)
-    small, large = [], []
+    small: list[StagedObject] = []
+    large: list[StagedObject] = []
     for obj in manifest.objects:
         target = Path(obj.path)
         if (known := cache.hit(target, obj.size)) is not None:
@@ -330,7 +331,8 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
     if not count:
         return None
     try:
-        parts, marker = [], {}
+        parts: list[dict] = []
+        marker: dict[str, int] = {}
         while True:  # S3 lists at most 1,000 parts an answer; an object may have 10,000
             attrs = client.get_object_attributes(
                 Bucket=obj.bucket, Key=obj.key, ObjectAttributes=["ObjectParts"], MaxParts=1000, **marker, **obj.version

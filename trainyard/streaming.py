@@ -25,6 +25,7 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -75,7 +76,7 @@ def arrow_filesystem(bucket: str | None = None) -> pafs.S3FileSystem:
 
 def _on_aws(hostname: str | None) -> bool:
     """Whether the S3 endpoint is AWS's own (pyarrow then finds it from the region)."""
-    return bool(hostname) and hostname.endswith("amazonaws.com")
+    return hostname is not None and hostname.endswith("amazonaws.com")
 
 
 def describe(
@@ -94,7 +95,10 @@ def describe(
     where = f"channel {manifest.name!r} ({manifest.uri})"
     filesystem = functools.cache(arrow_filesystem)  # one per bucket: a manifest's may be in other regions
 
-    layout, start, sample, schemas = [], 0, [], {}
+    layout: list[dict] = []
+    start = 0
+    sample: list[tuple[str, str, pa.Table]] = []  # (row group id, ETag, its rows) up to SAMPLE_ROWS
+    schemas: dict[str, pa.Schema] = {}
     for obj in manifest.objects:
         parquet, size, etag = _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}")
         _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
@@ -125,32 +129,32 @@ def describe(
     # An object without a column the spec names is named (the sample's concatenation would show it only
     # as missing values); a column in no object is the spec's, and the inferred features are checked below.
     datasets.check_objects_have(datasets.required_columns(channel), {u: s.names for u, s in schemas.items()})
-    classes = channel.classes
-    if task == "classification" and not classes and channel.label in table.column_names:
+    classes, label = channel.classes, channel.label
+    if task == "classification" and not classes and label is not None and label in table.column_names:
         # From the whole label column, not the sample: a channel written sorted by label has one class in its
         # first rows. Only the label column is read: parquet fetches just its column chunks.
-        _check_objects(schemas, [channel.label])
+        _check_objects(schemas, [label])
         # Only objects with rows, and one label type for them all: an empty pandas shard's string column is
         # typed null, and the dataset would cast every other object's labels to the first object's type.
         holding = [o for o, entry in zip(manifest.objects, layout, strict=True) if entry["end"] > entry["start"]]
         try:
             label_type = pa.unify_schemas(
-                [pa.schema([schemas[o.uri].field(channel.label)]) for o in holding], promote_options="permissive"
+                [pa.schema([schemas[o.uri].field(label)]) for o in holding], promote_options="permissive"
             )
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # (dictionary and string, bool and int): as before,
-            label_type = pa.schema([schemas[holding[0].uri].field(channel.label)])  # the first object's type
+            label_type = pa.schema([schemas[holding[0].uri].field(label)])  # the first object's type
         by_bucket: dict[str, list[str]] = {}
         for o in holding:
             by_bucket.setdefault(o.bucket, []).append(f"{o.bucket}/{o.key}")
         try:
             labels = pa.concat_tables(
-                pq.read_table(paths, columns=[channel.label], schema=label_type, filesystem=filesystem(bucket))
+                pq.read_table(paths, columns=[label], schema=label_type, filesystem=filesystem(bucket))
                 for bucket, paths in by_bucket.items()
             )
         except (OSError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise read_error(exc, where, "the label column cannot be read") from exc
-        datasets.check_labels(labels, channel.label, where)
-        classes = sorted(pc.unique(labels[channel.label]).to_pylist(), key=lambda v: (str(type(v)), v))
+        datasets.check_labels(labels, label, where)
+        classes = sorted(pc.unique(labels[label]).to_pylist(), key=lambda v: (str(type(v)), v))
     schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name)
     # Column types are checked where there are values: an empty object's columns may be typed null
     with_rows = {entry["id"]: schemas[entry["id"]] for entry in layout if entry["end"] > entry["start"]}
@@ -170,7 +174,7 @@ def describe(
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True)
 
 
-def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: list[str] = ()) -> None:
+def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: Sequence[str] = ()) -> None:
     """Each object has ``columns``, and those in ``numeric`` are numeric: else fail naming the object."""
     for uri, schema in schemas.items():
         missing = [c for c in columns if c not in schema.names]
@@ -193,7 +197,8 @@ def _read_row_group(parquet: pq.ParquetFile, index: int, uri: str, columns: list
 
 
 # The AWS SDK's error names for a request that is wrong in itself: trying again will not help.
-_PERMANENT = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "NO_SUCH_KEY", "RESOURCE_NOT_FOUND", "INVALID_ACCESS_KEY_ID")
+_PERMANENT: tuple[str, ...] = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "NO_SUCH_KEY", "RESOURCE_NOT_FOUND")
+_PERMANENT += ("INVALID_ACCESS_KEY_ID",)
 _PERMANENT += ("SIGNATURE_DOES_NOT_MATCH", "HTTP status 401", "HTTP status 403", "HTTP status 404")
 
 

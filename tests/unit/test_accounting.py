@@ -44,4 +44,5 @@ def test_the_jobs_rule_is_named_when_the_first_report_is_a_killed_groups_counts(
     totals = sifting_totals([killed, finished], {"forward": 100, "backward": 200, "scoring": 50})
     assert totals["score"] == "reducible_loss"
     # and a group's counts, all a killed attempt leaves, carry it themselves
-    assert Sifter(Sifting(enabled=True, score="reducible_loss"), seed=0).counts()["score"] == "reducible_loss"
+    config = Sifting(enabled=True, score="reducible_loss").resolved(streamed=False)  # as a job resolves it
+    assert Sifter(config, seed=0).counts()["score"] == "reducible_loss"

@@ -91,9 +91,11 @@ class TrainingJob(_Model):
         target = self.stopping.target_metric
         if target is not None:
             problems += self._metric_problems("stopping.target_metric.name", target.name)
-        if self.gate is not None:
-            problems += self._metric_problems("registry.promote_if.metric", self.gate.metric)
-        if target is not None and target.name == "train_loss" and self.resources.max_replicas > 1:
+        gate = self.gate
+        if gate is not None and gate.metric is not None:  # the gate fills the metric in: always set
+            problems += self._metric_problems("registry.promote_if.metric", gate.metric)
+        most_groups = self.resources.max_replicas or self.resources.replicas  # what Resources resolves it to
+        if target is not None and target.name == "train_loss" and most_groups > 1:
             # Each group's train_loss is over its own share of the batches: the groups would reach the
             # target at different epochs and stop apart. Validation metrics are of the shared parameters.
             problems.append(

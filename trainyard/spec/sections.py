@@ -96,9 +96,9 @@ class Resources(_Model):
 
     @model_validator(mode="after")
     def _ordered(self) -> Resources:
-        if self.max_replicas is None:
-            object.__setattr__(self, "max_replicas", self.replicas)
-        if not self.min_replicas <= self.replicas <= self.max_replicas:
+        most = self.replicas if self.max_replicas is None else self.max_replicas
+        object.__setattr__(self, "max_replicas", most)
+        if not self.min_replicas <= self.replicas <= most:
             raise ValueError(
                 f"need min_replicas <= replicas <= max_replicas, got {self.min_replicas} <= "
                 f"{self.replicas} <= {self.max_replicas}; raise max_replicas or lower min_replicas"

@@ -230,6 +230,12 @@ class Sifting(_Model):
             prune = Pruning(**default) if beta == 0 and not streamed else Pruning()
         return self.model_copy(update={"beta": beta, "prune": prune})
 
+    def settled(self) -> tuple[float, Pruning]:
+        """``(beta, prune)`` of a config that ``resolved`` returned (a job's, with sifting on), where neither
+        is unset any more."""
+        assert self.beta is not None and self.prune is not None, "sifting used before Sifting.resolved"
+        return self.beta, self.prune
+
     @property
     def prunes(self) -> bool:
         """Whether ``prune`` leaves rows out (a job resolves it when sifting is on; unset, it is off)."""

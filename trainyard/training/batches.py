@@ -46,7 +46,7 @@ class StepData:
         hp = job.hyperparameters
         self.device = device or torch.device("cpu")  # batches are cut on the CPU and moved here
         self.sifter = Sifter(job.sifting, hp.seed) if job.sifting.enabled else None
-        self.batch_size, self.epochs, self.pruning = hp.batch_size, hp.epochs, job.sifting.prune
+        self.batch_size, self.epochs = hp.batch_size, hp.epochs
         batch = self.sifter.candidate_batch(hp.batch_size) if self.sifter else hp.batch_size
         self.classification = job.algorithm.task == "classification"
         # the sifter counts class indices; reports name the classes by their label values
@@ -58,15 +58,16 @@ class StepData:
         self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
-        prune = job.sifting.prunes
+        prune = job.sifting.settled()[1] if job.sifting.prunes else None
         classes = len(plan.schema.get("classes") or []) or plan.schema.get("num_outputs")
         classes = classes if self.classification else None
-        self.pruner = Pruner(job.sifting.prune, hp.epochs, hp.seed, classes) if prune else None
+        self.pruner = Pruner(prune, hp.epochs, hp.seed, classes) if prune else None
         # the keep rule reuses losses only up to `reuse` epochs old; pruning reads any age (InfoBatch)
         self.memory = LossMemory(len(x), reuse) if reuse or prune else None
         self.weights: torch.Tensor | None = None  # the last batch's loss weights (pruning), None when all are 1
         self._trained: tuple[np.ndarray, int] | None = None  # rows of the batch handed out, and its epoch
         self._side = int(self.reducible) + (2 if self.memory else 0)  # columns riding after the features
+        self.sampler: Sampler | StreamSampler
         if plan.streamed:
             self.sampler = StreamSampler(job, plan, cache_dir, batch_size=batch)
         else:
@@ -75,12 +76,14 @@ class StepData:
             if side:
                 x = torch.cat([torch.as_tensor(x), *side], dim=1)
             # with sifting.prune.batch_factor, the pruning epochs deal more rows a step, about batch_size to train
-            epoch_batch = (lambda e: self.sifter.candidate_batch(self._dealt(e))) if self.pruner else None
+            sifter = self.sifter
+            epoch_batch = (lambda e: sifter.candidate_batch(self._dealt(e))) if sifter and self.pruner else None
             self.sampler = Sampler(x, y, job, plan.train_layout, batch_size=batch, epoch_batch=epoch_batch)
 
     def _dealt(self, epoch: int) -> int:
-        """Rows dealt (kept by the keep rule) a step of ``epoch``, across the quorum."""
-        return self.pruning.dealt_batch(self.batch_size, epoch, self.epochs)
+        """Rows dealt (kept by the keep rule) a step of ``epoch``, across the quorum (pruning jobs)."""
+        assert self.pruner is not None
+        return self.pruner.config.dealt_batch(self.batch_size, epoch, self.epochs)
 
     def steps_per_epoch(self, slots: int, epoch: int) -> int:
         return self.sampler.steps_per_epoch(slots, epoch)
@@ -114,6 +117,7 @@ class StepData:
                 scores = scores - reference
             chosen = self.sifter.select(scores, labels, keep, step, rank)
         if self.pruner is not None:
+            assert rows is not None and self.memory is not None  # pruning remembers losses by row
             # The step's normaliser stays the rows dealt (global_count): the kept learnt rows' weights make
             # up for the pruned ones, and the hardest are left out of the gradient altogether. With a
             # batch_factor, the rows dealt over the factor: InfoBatch's mean over a batch of about batch_size
@@ -135,11 +139,13 @@ class StepData:
 
     def _losses(self, model, xb: torch.Tensor, yb: torch.Tensor, rows: np.ndarray | None, epoch: int) -> np.ndarray:
         """Each candidate's loss: a no-grad forward pass over those without a recent enough known loss."""
-        scored = np.ones(len(xb), dtype=bool) if rows is None else ~self.memory.fresh(rows, epoch)
+        scored = np.ones(len(xb), dtype=bool)
         losses = np.empty(len(xb), dtype=np.float64)
-        if rows is not None:
-            losses[~scored] = self.memory.loss[rows[~scored]]
-            self.memory.reused += int((~scored).sum())
+        memory = self.memory
+        if rows is not None and memory is not None:
+            scored = ~memory.fresh(rows, epoch)
+            losses[~scored] = memory.loss[rows[~scored]]
+            memory.reused += int((~scored).sum())
         if scored.any():
             pick = torch.from_numpy(np.flatnonzero(scored)).to(xb.device)
             xs, ys = (xb, yb) if len(pick) == len(xb) else (xb[pick], yb[pick])
@@ -150,8 +156,8 @@ class StepData:
             algorithms.check_per_sample(fresh, len(xs))
             self.meter.add_scoring(xs)
             losses[scored] = fresh.cpu().numpy()
-            if rows is not None:
-                self.memory.remember(rows[scored], losses[scored], epoch)
+            if rows is not None and memory is not None:
+                memory.remember(rows[scored], losses[scored], epoch)
         return losses
 
     def epoch_metrics(self) -> dict:
@@ -202,7 +208,7 @@ class StepData:
             return None
         report = self.sifter.report()
         report["kept_fraction_by_class"] = self._named(report["kept_fraction_by_class"])
-        return report | self.counts()
+        return report | (self.counts() or {})
 
     def _named(self, by_class: dict) -> dict:
         """``{class index: value}`` keyed by the classes' label values instead."""

@@ -138,6 +138,7 @@ class Sampler:
 
     def _shares_for(self, slots: int) -> list[np.ndarray]:
         if slots not in self._shares:
+            assert self.layout is not None  # only a sharded channel is dealt in shares
             shares = [sharding.share_rows(self.layout, slots, g) for g in range(slots)]
             if any(not len(share) for share in shares):
                 raise DataError(f"the sharded train channel has too few rows for {slots} replica groups")

@@ -39,7 +39,9 @@ class Scaler:
         self._next = max(r.replica for r in handle.replicas) + 1
         self._seen = scale_requested(self.job_dir)  # a request from before this stage is not new
         # A local launcher has no queue to wait in: there, only `trainyard scale` grows a job.
-        self._fill = handle.work_pool != "local" and job.resources.max_replicas > len(handle.replicas)
+        assert job.resources.max_replicas is not None  # the spec sets it (default: replicas)
+        self.min_replicas, self.max_replicas = job.resources.min_replicas, job.resources.max_replicas
+        self._fill = handle.work_pool != "local" and self.max_replicas > len(handle.replicas)
         self.withdrawn: list[int] = []
 
     def tick(self, live: dict[int, ReplicaProcess], step: int) -> None:
@@ -49,13 +51,12 @@ class Scaler:
         # would have no peer to heal from.
         fill = self._fill and step > 0
         self._fill = self._fill and not fill
-        new = request is not None and request != self._seen
+        new = request if request is not None and request != self._seen else None
         if not (new or fill):
             return
-        asked = request[0] if new else self.job.resources.max_replicas
-        self._seen = request if new else self._seen
-        resources = self.job.resources
-        target = min(max(asked, resources.min_replicas), resources.max_replicas)
+        asked = new[0] if new else self.max_replicas
+        self._seen = new or self._seen
+        target = min(max(asked, self.min_replicas), self.max_replicas)
         active = sorted(r for r in live if r not in self.leaving)
         change = {"unix": time.time(), "at_step": step, "from": len(active), "to": target, "asked": asked}
         self.changes.append(change)

@@ -408,7 +408,9 @@ def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress
                 continue
             if best is None or len(progress["epochs"]) > len(best["epochs"]):
                 best = progress
-    done = len(best["epochs"]) if best else 0
+    if best is None:
+        return seen
+    done = len(best["epochs"])
     if on_progress is not None and done > seen:
         on_progress(done, best["epochs"][-1])
     return max(done, seen)
