@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import s3_endpoints
-from tests.unit.test_staging import stage
+from tests.unit.objects import stage
 from trainyard import cache, staging
 from trainyard.errors import TrainyardError
 from trainyard.spec import Channel

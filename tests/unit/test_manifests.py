@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import s3_endpoints
-from tests.unit.test_staging import put_big, stage
+from tests.unit.objects import put_big, stage
 from trainyard import listing, staging
 from trainyard.errors import DataError, StorageError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests import s3_endpoints
-from tests.unit.test_staging import BIG
+from tests.unit.objects import BIG
 from trainyard import outputs, s3
 from trainyard.errors import StorageError
 from trainyard.spec import parse_job
