@@ -117,7 +117,7 @@ def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deplo
     spec = job_dict(upload_dataset(bucket, rows=800), resources={"replicas": 2, "work_pool": GPU_POOL})
     # 40 ms steps, 1,200 of them: the survivor is still training when the resubmitted run is back (~15 s);
     # the steps left after that run at full speed.
-    spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
+    spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
     spec["hyperparameters"] |= {"epochs": 120, "step_sleep": 0.04}
     spec["elastic"] = {"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]}
     submitted = time.time()
@@ -211,7 +211,7 @@ def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket, tm
     Crashed and the group resubmitted. The spare worker runs it, and it heals from the live group."""
     url, _, home, gpu_workers = deployed
     spec = job_dict(upload_dataset(bucket, rows=800), resources={"replicas": 2, "work_pool": GPU_POOL})
-    spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
+    spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
     # 50 ms steps, 1,700 of them: the survivor is still training when the lost group is found silent
     # (12 s), given up on (15 s more) and back from the spare worker (~15 s); the rest at full speed.
     spec["hyperparameters"] |= {"epochs": 170, "step_sleep": 0.05}
@@ -297,7 +297,7 @@ def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket, t
     url, _, home, _ = deployed
     resources = {"replicas": 1, "max_replicas": 2, "work_pool": GPU_POOL}
     spec = job_dict(upload_dataset(bucket, rows=800), resources=resources)
-    spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
+    spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
     # 40 ms steps while the second group is away, up to 3,000 of them (~120 s): the first group is still
     # training when the second joins, however long its flow run takes to start on a busy machine (with
     # 1,300, CI once saw the first group finish before the second had committed a step: no join); the
@@ -338,7 +338,7 @@ def test_a_group_still_queued_when_the_job_ends_is_withdrawn(deployed, bucket):
     url, _, home, _ = deployed
     resources = {"replicas": 1, "max_replicas": 2, "work_pool": GPU_POOL}
     spec = job_dict(upload_dataset(bucket, rows=400), resources=resources)
-    spec["algorithm"] = {"entrypoint": "tests.unit.test_training:slow_build"}
+    spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
     spec["hyperparameters"]["epochs"] = 50  # ~5 s of training: group 1 is asked for while it runs
     _pool_room(url, 1)
     try:

@@ -53,7 +53,7 @@ def test_saved_state_is_on_the_cpu():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_a_local_gpu_job_on_a_machine_without_one_fails_before_the_groups_train(trainyard_home):
-    from tests.unit.test_training import make_job
+    from tests.unit.jobs import make_job
     from trainyard.training import supervisor
 
     job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 1, "gpus_per_replica": 1})
@@ -165,7 +165,7 @@ def test_a_scale_up_the_machine_has_no_gpus_for_is_refused_and_the_job_goes_on(m
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_one_group_gpu_job_trains_on_its_gpu_and_saves_on_the_cpu(trainyard_home):
     # The device check a GPU session runs (issue 4): a real job, sifting on, one group per GPU here.
-    from tests.unit.test_training import make_job, run
+    from tests.unit.jobs import make_job, run
 
     groups = min(2, torch.cuda.device_count())
     job, job_id, folder, plan = make_job(
@@ -212,14 +212,14 @@ def test_a_stage_meter_on_a_gpu_machine_counts_the_gpus_energy():
 def test_a_lost_gpu_group_resumes_on_its_gpu_from_the_checkpoint_and_loses_nothing(trainyard_home, bucket):
     # The checkpoint is saved from the CPU copy of the state; the restarted group loads it onto its GPU
     # (model, optimizer, data position) and ends where the same job without the failure ends.
-    from tests.unit.test_training import make_job, run
+    from tests.unit.jobs import make_job, run
 
     finals = []
     for faults in ([{"replica": 0, "at_step": 25, "kind": "kill"}], []):
         job, job_id, folder, plan = make_job(
             trainyard_home,
             output={"s3_uri": f"s3://{bucket}/out/"},
-            algorithm={"entrypoint": "tests.unit.test_training:slow_build"},  # the step-20 upload lands before 25
+            algorithm={"entrypoint": "tests.unit.jobs:slow_build"},  # the step-20 upload lands before 25
             resources={"replicas": 1, "gpus_per_replica": 1},
             elastic={"checkpoint_every_steps": 10, "fault_injection": faults},
         )
@@ -254,7 +254,7 @@ def test_on_a_gpu_machine_a_meter_that_sees_no_gpu_counts_none(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cpu_jobs_groups_on_a_gpu_machine_count_no_gpu_energy(trainyard_home):
-    from tests.unit.test_training import make_job, run
+    from tests.unit.jobs import make_job, run
 
     job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 2})
     outcome, _ = run(job, job_id, folder, plan)

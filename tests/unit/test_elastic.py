@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import rejoined, slow_until, slow_while
-from tests.unit.test_training import make_job, run
+from tests.unit.jobs import make_job, run
 from trainyard.errors import TrainingError
 
 
@@ -23,7 +23,7 @@ def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home, 
 
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters={"epochs": 150, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         resources={"replicas": 2, "max_replicas": 3},
     )
@@ -79,7 +79,7 @@ def test_a_group_scaled_away_while_it_starts_is_not_a_failure_and_not_restarted(
 
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters={"epochs": 30, "batch_size": 64, "learning_rate": 0.01},
         resources={"replicas": 2, "max_replicas": 3},
     )
@@ -150,7 +150,7 @@ def _checkpointed_job(trainyard_home, bucket, killed: list[int], **changes):
     return make_job(
         trainyard_home,
         output={"s3_uri": f"s3://{bucket}/out/"},
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},  # the step-20 upload lands before 25
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},  # the step-20 upload lands before 25
         elastic={
             "checkpoint_every_steps": 10,
             "fault_injection": [{"replica": r, "at_step": 25, "kind": "kill"} for r in killed],
@@ -213,7 +213,7 @@ def test_a_group_added_that_comes_up_after_the_job_finished_does_not_train_it_ag
     hp |= {"slow_while": str(tmp_path / "slow"), "build_waits_while": str(gate)}
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters=hp,
         resources={"replicas": 2, "max_replicas": 3},
     )

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from tests.unit.test_training import make_job, run
+from tests.unit.jobs import make_job, run
 from trainyard.errors import TrainingError
 from trainyard.training import supervisor
 

@@ -4,7 +4,7 @@ the reset of the epoch's loss sum, so train_loss became a running mean of the jo
 
 from __future__ import annotations
 
-from tests.unit.test_training import make_job
+from tests.unit.jobs import make_job
 from trainyard import launch
 from trainyard.training import supervisor
 
@@ -13,7 +13,7 @@ def test_every_epoch_is_reported_as_it_ends(trainyard_home):
     # 10 ms steps, 10 steps an epoch: epochs end ~0.1 s apart, as often as the train stage looks
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         resources={"replicas": 1},
         hyperparameters={"epochs": 6, "batch_size": 64, "learning_rate": 0.01},
     )

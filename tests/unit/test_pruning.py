@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import rejoined, slow_until
+from tests.unit.jobs import make_job, run
 from tests.unit.test_spec import minimal
-from tests.unit.test_training import make_job, run
 from trainyard.errors import SpecError
 from trainyard.pruning import LossMemory, Pruner
 from trainyard.spec import Pruning, parse_job
@@ -217,7 +217,7 @@ def test_the_spec_checks_pruning():
 def test_two_groups_prune_by_their_losses_and_agree_after_a_heal(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters={"epochs": 24, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.04}
         | {"slow_while": str(tmp_path / "slow")},
         # no keep rule: every row dealt is a candidate for pruning alone

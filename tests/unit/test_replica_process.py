@@ -37,7 +37,7 @@ def test_sigterm_before_training_starts_ends_the_group_at_once(trainyard_home):
     import signal
     import time
 
-    from tests.unit.test_training import make_job
+    from tests.unit.jobs import make_job
     from trainyard.servers import free_port
 
     job, job_id, folder, plan = make_job(trainyard_home)

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from tests.conftest import rejoined, slow_until
-from tests.unit.test_training import make_job, run
+from tests.unit.jobs import make_job, run
 from trainyard.status import sifting_section
 
 
 def test_two_groups_reuse_losses_score_a_fraction_and_agree_after_a_heal(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         # 50 ms forwards until the killed group is back: 170 steps left give it over 8 s (it takes 3-6 s),
         # where the survivor would otherwise finish first on a busy machine
         hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.05}

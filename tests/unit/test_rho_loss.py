@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.test_training import make_job, run
+from tests.unit.jobs import make_job, run
 from trainyard import filtering
 from trainyard.datasets import StagedData
 

@@ -1,6 +1,6 @@
 """Training with real torchft replica group processes and a real lighthouse (no Prefect): lockstep, stopping,
 failures, restarts and heals. Your own entrypoints are ``test_entrypoints.py``; groups added and removed and the
-S3 checkpoint fallback ``test_elastic.py``. ``make_job``, ``run`` and ``slow_build`` here are shared by them."""
+S3 checkpoint fallback ``test_elastic.py``. The jobs they run are built by ``tests/unit/jobs.py``."""
 
 from __future__ import annotations
 
@@ -11,50 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import blobs_table, rejoined, slow_until, slow_while
-from trainyard.home import job_dir, new_job_id
-from trainyard.spec import parse_job
+from tests.conftest import rejoined, slow_until, slow_while
+from tests.unit.jobs import make_job, run
 from trainyard.training import accounting, supervisor, trainer
-from trainyard.training.plan import TrainingPlan
-
-
-def make_job(trainyard_home, **changes):
-    spec = {
-        "name": "train-test",
-        "algorithm": {"builtin": "mlp-classifier"},
-        "hyperparameters": {"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
-        "inputs": {
-            "train": {"s3_uri": "s3://unused/t/", "label": "label"},
-            "validation": {"s3_uri": "s3://unused/v/", "label": "label"},
-        },
-        "output": {"s3_uri": "s3://unused/o/"},
-        "resources": {"replicas": 2},
-    }
-    spec.update(changes)
-    job = parse_job(spec)
-    job_id = new_job_id(job.name)
-    folder = job_dir(job_id)
-    table = blobs_table(800, seed=3).to_pandas()
-    x = table.drop(columns="label").to_numpy(np.float32)
-    y = table["label"].to_numpy(np.int64)
-    (folder / "data").mkdir()
-    np.savez(folder / "data" / "train.npz", x=x[200:], y=y[200:])
-    np.savez(folder / "data" / "validation.npz", x=x[:200], y=y[:200])
-    plan = TrainingPlan(
-        job_id=job_id,
-        job=job.model_dump(mode="json"),
-        train_data=str(folder / "data/train.npz"),
-        validation_data=str(folder / "data/validation.npz"),
-        schema={"num_outputs": 2, "classes": [0, 1], "task": "classification"},
-        num_replicas=job.resources.replicas,
-        lighthouse_addr="",
-    )
-    return job, job_id, folder, plan
-
-
-def run(job, job_id, folder, plan, events=None):
-    on_event = (lambda kind, payload: events.append((kind, payload.get("replica")))) if events is not None else None
-    return supervisor.launch_and_train(job, plan, folder, on_event)
 
 
 def test_two_groups_train_in_lockstep_and_agree(trainyard_home):
@@ -123,7 +82,7 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_p
     job, job_id, folder, plan = make_job(
         trainyard_home,
         # slow steps (10 ms): the survivor is still training when the restarted group comes back
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
     )
@@ -161,7 +120,7 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_p
 def test_each_drill_on_a_group_fires_once_at_the_first_step_at_or_past_its_own(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         elastic={
             "fault_injection": [
@@ -266,28 +225,6 @@ def test_sigterm_is_a_graceful_leave_and_the_others_go_on(trainyard_home):
     assert outcome.model_path.endswith("replicas/0/attempt-0/model.pt")  # the group that finished the job
 
 
-def slow_build(num_features, num_outputs, hyperparameters):
-    """A model whose steps take at least ``step_sleep`` seconds (10 ms), so a survivor is still training
-    when a restart comes back. With ``slow_while`` (a path; see ``tests.conftest.slow_until``), only
-    while that file exists; ``fast_step_sleep`` (0 s) while it does not. With ``build_waits_while`` (a
-    path), the model is built only once that file is gone."""
-    import os
-    import time
-
-    pause, hold = hyperparameters.get("step_sleep", 0.01), hyperparameters.get("slow_while")
-    fast = hyperparameters.get("fast_step_sleep", 0.0)
-    gate = hyperparameters.get("build_waits_while")
-    while gate and os.path.exists(gate):  # a test holding a group back before its first quorum
-        time.sleep(0.05)
-
-    class Slow(torch.nn.Linear):
-        def forward(self, x):
-            time.sleep(pause if hold is None or os.path.exists(hold) else fast)
-            return super().forward(x)
-
-    return Slow(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
-
-
 def test_a_stop_whose_grace_runs_out_ends_the_job_stopped_with_the_finished_groups_model(trainyard_home, monkeypatch):
     # group 1 hangs; max_runtime stops the job; group 0 leaves at its next step, group 1 never does and
     # is shut down when the grace runs out. The job is still Stopped with group 0's model, not Failed.
@@ -317,7 +254,7 @@ def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch,
     }
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters=hp,
         elastic={"fault_injection": [{"replica": 0, "at_step": 10, "kind": "hang"}]},
     )
@@ -337,7 +274,7 @@ def test_a_hung_group_is_killed_restarted_and_heals(trainyard_home, monkeypatch,
 def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_heal(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.03}
         | {"slow_while": str(tmp_path / "slow")},
         sifting={"enabled": True, "beta": 1.0, "delay_steps": 5, "reuse_loss_epochs": 0},  # score every candidate
@@ -379,7 +316,7 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
 def test_a_group_killed_while_another_is_recovering_also_heals(trainyard_home, tmp_path):
     job, job_id, folder, plan = make_job(
         trainyard_home,
-        algorithm={"entrypoint": "tests.unit.test_training:slow_build"},
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
         hyperparameters={"epochs": 100, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
         resources={"replicas": 3},
         # group 1 dies at step 15; group 2 ~1.5 s later, while group 1's restart is still coming back

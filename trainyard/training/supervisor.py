@@ -20,6 +20,7 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.accounting import energy_by_replica, sifting_totals, work_done
+from trainyard.training.failures import failure_record, recoveries, training_failed
 from trainyard.training.plan import (
     SUPERVISOR_FILE,
     TrainingPlan,
@@ -168,7 +169,7 @@ def _supervise(
                 # asked to leave (scaled down): however it ended, even before its SIGTERM handler was up,
                 # it is not a failure and is not restarted
                 continue
-            failure = _failure(out, replica, proc.attempt, code)
+            failure = failure_record(out, replica, proc.attempt, code)
             job_done = _ending(job_dir, finished, live)  # a group finished the job, its process maybe still exiting
             if job_done and failure["kind"] == "NoPeerToHeal":
                 continue  # a restart that came back after the others finished the job: nothing failed
@@ -182,7 +183,7 @@ def _supervise(
             emit("replica.failed", failure)
             if failure["user_error"]:
                 launch.shutdown(handle)
-                raise _failed(f"replica group {replica}: {failure['message']}", failures)
+                raise training_failed(f"replica group {replica}: {failure['message']}", failures)
             # A restart heals from a live group. With none left (or none ahead of a restarted group)
             # it would start over from step 0 alone; the S3 checkpoint, if the job writes them, is
             # the fallback for that.
@@ -227,7 +228,7 @@ def _supervise(
                 launch.kill(handle, proc)
         # a restart's first committed step with the others, told as it happens
         unannounced = [f for f in failures if (f["replica"], f["attempt"] + 1) not in announced]
-        for recovery in _recoveries(job_dir, unannounced):
+        for recovery in recoveries(job_dir, unannounced):
             announced.add((recovery["replica"], recovery["attempt"]))
             emit("replica.recovered", recovery)
         epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
@@ -245,7 +246,7 @@ def _supervise(
         last = failures[-1]["message"] if failures else "no group reported a result"
         # the attempts that ran: a failure no retry can mend (no live peer to heal from) is not retried
         attempts = 1 + max((f["attempt"] for f in failures), default=0)
-        raise _failed(
+        raise training_failed(
             f"every replica group failed after {attempts} attempt(s) (retries.max_attempts "
             f"{job.retries.max_attempts}): {last}",
             failures,
@@ -296,7 +297,6 @@ def _collect(
             )
     done = work_done(job_dir)
     flops, samples, sifted = done["flops"], done["samples_trained"], done["sifting"]
-    recoveries = _recoveries(job_dir, failures)
     return TrainingOutcome(
         model_path=str(model_path),
         stop_reason=result["stop_reason"],
@@ -305,7 +305,7 @@ def _collect(
         samples_trained=samples,
         flops=flops,
         failures=failures,
-        recoveries=recoveries,
+        recoveries=recoveries(job_dir, failures),
         departures=[
             {"replica": r, "left_at_step": res["step"]} for r, res in finished.items() if res["stop_reason"] == "Left"
         ],
@@ -341,60 +341,6 @@ def _silent_seconds(out: Path) -> float:
         return time.time() - json.loads((out / "heartbeat.json").read_text())["unix"]
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         return 0.0
-
-
-def _recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
-    """One record per restarted attempt (``attempt``: the restart's): from the failure to the first step
-    it committed."""
-    records = []
-    for failure in failures:
-        # (not attempt_dir: that would create the folder of a restart that never happened)
-        progress_path = job_dir / "replicas" / str(failure["replica"]) / f"attempt-{failure['attempt'] + 1}"
-        progress_path /= "progress.json"
-        recovery = json.loads(progress_path.read_text()).get("recovery") if progress_path.exists() else None
-        if not recovery or "rejoined_at_step" not in recovery:
-            continue  # the restart never committed a step (it failed again, or the job ended first)
-        records.append(
-            {
-                "replica": failure["replica"],
-                "attempt": failure["attempt"] + 1,
-                "failed_at_step": failure["step"],
-                "rejoined_at_step": recovery["rejoined_at_step"],
-                "recovery_seconds": round(recovery["first_commit_unix"] - failure["detected_unix"], 3),
-                "source": recovery["source"],
-                "bytes_moved": recovery.get("bytes_moved", 0),
-            }
-            | ({"sifter_history": recovery["sifter_history"]} if recovery.get("sifter_history") is not None else {})
-        )
-    return records
-
-
-def _failed(message: str, failures: list[dict]) -> TrainingError:
-    """The training stage's error, carrying each group failure for the job summary."""
-    error = TrainingError(message)
-    error.failures = list(failures)  # a copy per error: the class default is shared
-    return error
-
-
-def _failure(out: Path, replica: int, attempt: int, code: int) -> dict:
-    step = 0
-    for name in ("heartbeat.json", "progress.json"):
-        if (out / name).exists():
-            step = max(step, json.loads((out / name).read_text())["step"])
-    message, user_error, kind = f"exited with code {code}", False, None
-    if (out / "error.json").exists():
-        error = json.loads((out / "error.json").read_text())
-        message, user_error, kind = error["message"], error["user_error"], error.get("kind")
-    return {
-        "kind": kind,
-        "replica": replica,
-        "attempt": attempt,
-        "exit_code": code,
-        "step": step,
-        "message": message,
-        "user_error": user_error,
-        "detected_unix": time.time(),
-    }
 
 
 def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress) -> int:

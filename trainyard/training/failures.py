@@ -1,0 +1,67 @@
+"""Replica group failures and recoveries as the job records them: a failed attempt, read from its folder (its
+last step, and the error it wrote, if any); a restart's recovery, from the failure to the first step it committed;
+and the training stage's error, which carries them into the job summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trainyard.errors import TrainingError
+
+
+def recoveries(job_dir: Path, failures: list[dict]) -> list[dict]:
+    """One record per restarted attempt (``attempt``: the restart's): from the failure to the first step
+    it committed."""
+    records = []
+    for failure in failures:
+        # (not attempt_dir: that would create the folder of a restart that never happened)
+        progress_path = job_dir / "replicas" / str(failure["replica"]) / f"attempt-{failure['attempt'] + 1}"
+        progress_path /= "progress.json"
+        recovery = json.loads(progress_path.read_text()).get("recovery") if progress_path.exists() else None
+        if not recovery or "rejoined_at_step" not in recovery:
+            continue  # the restart never committed a step (it failed again, or the job ended first)
+        records.append(
+            {
+                "replica": failure["replica"],
+                "attempt": failure["attempt"] + 1,
+                "failed_at_step": failure["step"],
+                "rejoined_at_step": recovery["rejoined_at_step"],
+                "recovery_seconds": round(recovery["first_commit_unix"] - failure["detected_unix"], 3),
+                "source": recovery["source"],
+                "bytes_moved": recovery.get("bytes_moved", 0),
+            }
+            | ({"sifter_history": recovery["sifter_history"]} if recovery.get("sifter_history") is not None else {})
+        )
+    return records
+
+
+def training_failed(message: str, failures: list[dict]) -> TrainingError:
+    """The training stage's error, carrying each group failure for the job summary."""
+    error = TrainingError(message)
+    error.failures = list(failures)  # a copy per error: the class default is shared
+    return error
+
+
+def failure_record(out: Path, replica: int, attempt: int, code: int) -> dict:
+    """A failed attempt of group ``replica``, from its folder ``out``: the last step it reached, and the error
+    it wrote (``error.json``: its message, whether it is the user's to fix, its kind), else its exit code."""
+    step = 0
+    for name in ("heartbeat.json", "progress.json"):
+        if (out / name).exists():
+            step = max(step, json.loads((out / name).read_text())["step"])
+    message, user_error, kind = f"exited with code {code}", False, None
+    if (out / "error.json").exists():
+        error = json.loads((out / "error.json").read_text())
+        message, user_error, kind = error["message"], error["user_error"], error.get("kind")
+    return {
+        "kind": kind,
+        "replica": replica,
+        "attempt": attempt,
+        "exit_code": code,
+        "step": step,
+        "message": message,
+        "user_error": user_error,
+        "detected_unix": time.time(),
+    }
