@@ -56,6 +56,10 @@ SETTINGS = {
     # rate with x3's steps
     "infobatch": Setting(0.0, None, prune=(0.5, 0.0, 1.0)),
     "prune-0.5-x3": Setting(0.0, None, prune=(0.5, 0.0, 3.0)),
+    # stop 38 probes on digits, seeds 100-107: a harder keep rule (a third or a fifth kept) on losses up to two
+    # epochs old: about 1.0x the baseline's FLOPs, as sifting_bound.py's top third by remembered losses
+    "keep-2-reuse-2": Setting(2.0, (0.0, 0.0), reuse=2),
+    "keep-4-reuse-2": Setting(4.0, (0.0, 0.0), reuse=2),
 }
 
 
