@@ -166,8 +166,10 @@ def _prefilter_cost_warning(job, report, outcome) -> str | None:
     )
 
 
-# Per-epoch bookkeeping in the history, not the model's metrics: the FLOPs are in the summary's `compute`
-NOT_METRICS = ("epoch", "elapsed_seconds", "group_train_flops", "kept_fraction_by_class")
+# Per-epoch bookkeeping in the history, not the model's metrics: the FLOPs and the job's steps are in the
+# summary's `compute`, the steps of an epoch in `training.steps_per_epoch` (an epoch's own "steps" was the
+# last epoch's, which the end-of-job table printed beside the job's total under the same name)
+NOT_METRICS = ("epoch", "elapsed_seconds", "group_train_flops", "kept_fraction_by_class", "steps")
 
 
 def final_metrics(history: list[dict]) -> dict:

@@ -62,6 +62,7 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     ]
     assert summary["metrics"]["val_accuracy"] > 0.85 and summary["metrics"]["epochs"] == 3
     assert "group_train_flops" not in summary["metrics"]  # per-epoch bookkeeping: FLOPs are in "compute"
+    assert "steps" not in summary["metrics"]  # the job's steps are in "compute", an epoch's in "training"
     assert set(summary["timings"]) == set(STAGES)
     assert set(summary["carbon"]["by_stage"]) == set(STAGES)
     compute = summary["compute"]
