@@ -232,6 +232,35 @@ def test_an_extra_channel_with_a_built_in_algorithm_is_refused_and_a_near_miss_n
     ]
 
 
+def test_an_unknown_hyperparameter_of_a_built_in_is_refused_and_of_an_entrypoint_warned_of():
+    typo = {"epochs": 2, "learnin_rate": 0.1, "dropout": 0.2}
+    assert problems(minimal(hyperparameters=typo)) == [
+        "hyperparameters.dropout: not a setting of the built-in mlp-classifier (other keys are passed to an "
+        "entrypoint); remove it, or rename it",
+        "hyperparameters.learnin_rate: not a setting of the built-in mlp-classifier (other keys are passed to an "
+        "entrypoint); did you mean hyperparameters.learning_rate? remove it, or rename it",
+    ]
+    job = parse_job(minimal(hyperparameters=typo, algorithm={"entrypoint": "pkg.models:build"}))
+    assert job.hyperparameters.model_extra == {"learnin_rate": 0.1, "dropout": 0.2}  # the entrypoint gets both
+    assert ignored_settings(job) == [
+        "hyperparameters.learnin_rate: passed to the entrypoint as spelt, while Trainyard reads "
+        "hyperparameters.learning_rate (now 0.001); rename it if that is what it is"
+    ]
+
+
+def test_hyperparameters_nothing_reads_as_set_are_named_as_ignored():
+    hp = {"momentum": 0.8, "min_lr_fraction": 0.1, "hidden_sizes": [8]}
+    assert ignored_settings(parse_job(minimal(hyperparameters=hp, algorithm={"builtin": "linear-regression"}))) == [
+        "hyperparameters.momentum: read by sgd only, not adam; set optimizer: sgd to use it",
+        "hyperparameters.min_lr_fraction: the learning rate is constant; set lr_schedule: cosine or linear to "
+        "decay to it",
+        "hyperparameters.hidden_sizes: linear-regression has no hidden layers; remove it",
+    ]
+    read = hp | {"optimizer": "sgd", "lr_schedule": "cosine"}
+    assert ignored_settings(parse_job(minimal(hyperparameters=read))) == []  # the MLP has hidden layers
+    assert ignored_settings(parse_job(parse_job(minimal()).model_dump(mode="json"))) == []  # a full dump
+
+
 def test_a_manifest_channel_must_name_the_manifest_object():
     for uri in ("s3://bkt", "s3://bkt/lists/"):
         train = {"s3_uri": uri, "label": "y", "s3_data_type": "manifest"}

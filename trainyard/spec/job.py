@@ -77,6 +77,16 @@ class TrainingJob(_Model):
                     f"inputs.{name}.distribution: an extra channel's files are given whole to every group (side "
                     "files for an entrypoint); use replicated. Only the train channel is sharded"
                 )
+        if self.algorithm.builtin is not None:
+            for key in sorted(self.hyperparameters.model_extra or {}):
+                # Other keys are an entrypoint's own settings; a built-in reads none, so one is a typo
+                # (learnin_rate) that would leave the default in force without a word.
+                close = difflib.get_close_matches(key, list(Hyperparameters.model_fields), n=1, cutoff=0.6)
+                hint = f"did you mean hyperparameters.{close[0]}? " if close else ""
+                problems.append(
+                    f"hyperparameters.{key}: not a setting of the built-in {self.algorithm.builtin} (other keys "
+                    f"are passed to an entrypoint); {hint}remove it, or rename it"
+                )
         for name, channel in self.table_channels().items():
             if self.algorithm.builtin is not None and channel.label is None:
                 problems.append(f"inputs.{name}.label: required for builtin algorithms; name the label column")
@@ -207,6 +217,7 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"inputs.{name}: as spelt, an extra channel for the entrypoint, not the validation set; "
                 f"rename it inputs.{close[0]} if that is what it is"
             )
+    ignored += _ignored_hyperparameters(job)
     sifting = job.sifting
     if not sifting.enabled:
         tuned = _tuned(sifting, {"enabled", "prefilter"})
@@ -226,6 +237,29 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.prefilter.{', sifting.prefilter.'.join(tuned)}: the prefilter is off; "
                 f"set {switch}: true to use them"
             )
+    return ignored
+
+
+def _ignored_hyperparameters(job: TrainingJob) -> list[str]:
+    """Hyperparameters the job sets that nothing reads as set (``ignored_settings``)."""
+    hp, ignored = job.hyperparameters, []
+    for key in sorted(hp.model_extra or {}):  # an entrypoint's (a built-in's are refused)
+        close = difflib.get_close_matches(key, list(Hyperparameters.model_fields), n=1, cutoff=0.8)
+        if close:
+            ignored.append(
+                f"hyperparameters.{key}: passed to the entrypoint as spelt, while Trainyard reads "
+                f"hyperparameters.{close[0]} (now {getattr(hp, close[0])!r}); rename it if that is what it is"
+            )
+    tuned = set(_tuned(hp, set()))
+    if "momentum" in tuned and hp.optimizer != "sgd":
+        ignored.append("hyperparameters.momentum: read by sgd only, not adam; set optimizer: sgd to use it")
+    if "min_lr_fraction" in tuned and hp.lr_schedule == "constant":
+        ignored.append(
+            "hyperparameters.min_lr_fraction: the learning rate is constant; set lr_schedule: cosine or linear "
+            "to decay to it"
+        )
+    if "hidden_sizes" in tuned and job.algorithm.builtin == "linear-regression":
+        ignored.append("hyperparameters.hidden_sizes: linear-regression has no hidden layers; remove it")
     return ignored
 
 

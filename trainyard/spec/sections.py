@@ -46,7 +46,8 @@ class Algorithm(_Model):
 
 
 class Hyperparameters(BaseModel):
-    """Training settings. Unknown keys are kept and passed to an entrypoint algorithm."""
+    """Training settings. Unknown keys are kept and passed to an entrypoint algorithm (a job with a built-in,
+    which reads none, refuses them)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
