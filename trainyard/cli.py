@@ -24,9 +24,10 @@ from trainyard.cli_infra import infra_app
 from trainyard.cli_jobs import jobs_app
 from trainyard.cli_models import models_app
 from trainyard.cli_report import report_app
-from trainyard.errors import SpecError, TrainyardError
+from trainyard.cli_spec import SetOption, SpecArgument, entrypoint_problem, load, warn
+from trainyard.errors import TrainyardError
 from trainyard.home import home, new_job_id
-from trainyard.spec import TrainingJob, ignored_settings, load_job, parse_job
+from trainyard.spec import TrainingJob, parse_job
 
 app = typer.Typer(
     help="Trainyard: managed ML training as Prefect pipelines.",
@@ -40,36 +41,23 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(infra_app, name="infra")
 app.add_typer(report_app, name="report")
 
-SetOption = Annotated[
-    list[str] | None, typer.Option("--set", help="Override a spec field: key.path=value (YAML value).")
-]
 SummaryOption = Annotated[Path | None, typer.Option("--summary-out", help="Write the job summary JSON here.")]
 
 
 @app.command()
-def validate(
-    spec: Annotated[Path, typer.Argument(help="The job spec (YAML).")],
-    set_: SetOption = None,
-) -> None:
+def validate(spec: SpecArgument, set_: SetOption = None) -> None:
     """Check a job spec without running it: prints every problem with the field and the fix."""
-    job = _load(spec, set_)
+    job = load(spec, set_)
     console.print(f"[green]{spec}: valid[/green] job {job.name!r}, {job.resources.replicas} replica group(s)")
-    for setting in ignored_settings(job):
-        console.print(f"[yellow]warning: {setting}[/yellow]")
-    problem = _entrypoint_problem(job)
-    if problem:  # only a warning: the job may be meant for workers where the package is installed
-        console.print(f"[yellow]{problem} (it must import where the job runs, not necessarily here)[/yellow]")
+    warn(job)
 
 
 @app.command()
-def run(
-    spec: Annotated[Path, typer.Argument(help="The job spec (YAML).")],
-    set_: SetOption = None,
-    summary_out: SummaryOption = None,
-) -> None:
-    """Run one job in this process against the S3, MLflow and Prefect the environment names."""
-    job = _load(spec, set_)
-    problem = _entrypoint_problem(job)
+def run(spec: SpecArgument, set_: SetOption = None, summary_out: SummaryOption = None) -> None:
+    """Run one job in this process against the S3, MLflow and Prefect the environment names
+    (`trainyard jobs submit` queues it on a deployment instead)."""
+    job = load(spec, set_)
+    problem = entrypoint_problem(job)
     if problem:  # this process trains the job: an entrypoint it cannot import fails before any compute
         console.print(f"[red]{spec}: {problem}[/red]")
         raise typer.Exit(2)
@@ -114,27 +102,6 @@ def scale(
     except TrainyardError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-
-
-def _load(spec: Path, overrides: list[str] | None) -> TrainingJob:
-    try:
-        return load_job(spec, overrides or [])
-    except SpecError as exc:
-        console.print(f"[red]{spec}: {exc}[/red]")
-        raise typer.Exit(2) from None
-
-
-def _entrypoint_problem(job: TrainingJob) -> str | None:
-    """Why the job's entrypoint cannot be imported in this process, or None (a built-in, or it imports)."""
-    if not job.algorithm.entrypoint:
-        return None
-    from trainyard.algorithms import resolve_entrypoint  # torch: only when there is an entrypoint to check
-
-    try:
-        resolve_entrypoint(job.algorithm.entrypoint)
-    except SpecError as exc:
-        return exc.problems[0]
-    return None
 
 
 def _embedded_defaults(job_id: str) -> None:

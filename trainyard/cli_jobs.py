@@ -1,4 +1,4 @@
-"""``trainyard jobs list|describe|stop``: jobs submitted to a Prefect API (``PREFECT_API_URL``)."""
+"""``trainyard jobs submit|list|describe|stop``: jobs on a Prefect API (``PREFECT_API_URL``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,46 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainyard.cli_spec import SetOption, SpecArgument, load, warn
+from trainyard.client import DEFAULT_DEPLOYMENT  # the client imports Prefect only when it is called
 from trainyard.errors import TrainyardError
 
 jobs_app = typer.Typer(help="Jobs on the Prefect API named by PREFECT_API_URL.", no_args_is_help=True)
 console = Console(stderr=True)
 RunId = Annotated[str, typer.Argument(help="The job's flow run id (trainyard jobs list shows it).")]
+WaitOption = Annotated[bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it completed.")]
+
+
+@jobs_app.command()
+def submit(
+    spec: SpecArgument,
+    set_: SetOption = None,
+    deployment: Annotated[
+        str, typer.Option(help="The training-pipeline deployment to run it (prefect.yaml's, or your own).")
+    ] = DEFAULT_DEPLOYMENT,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Submitting twice with the same key queues one job (safe to retry).")
+    ] = None,
+    wait: WaitOption = False,
+) -> None:
+    """Queue a job on a deployment, validated here first (a bad spec queues nothing); prints its flow run id.
+
+    The pipeline runs where the deployment's work pool has a worker. Without --wait this returns at once:
+    `trainyard jobs describe RUN_ID` follows the job, `trainyard jobs stop RUN_ID` stops it.
+    """
+    from trainyard import client
+
+    job = load(spec, set_)
+    warn(job)
+    run_id = _call(client.submit, job, deployment, idempotency_key)
+    print(run_id)  # stdout, alone: RUN_ID=$(trainyard jobs submit job.yaml)
+    if not wait:
+        return
+    console.print(f"job {job.name!r} queued on {deployment}, flow run {run_id}: waiting for it to end")
+    final = _call(client.wait, run_id)
+    colour = "green" if final["status"] == "Completed" else "red"
+    console.print(f"[{colour}]job {final['job_id']}: {final['status']} ({final['secondary_status']})[/{colour}]")
+    raise typer.Exit(0 if final["status"] == "Completed" else 1)
 
 
 @jobs_app.command("list")

@@ -31,18 +31,25 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     """Validate the job here (a bad spec fails before anything is queued) and start it; returns the
     flow run id. The same ``idempotency_key`` twice starts one run."""
     from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
 
     spec = job if isinstance(job, TrainingJob) else parse_job(job)
     job_id = new_job_id(spec.name)
-    run = run_deployment(
-        deployment,
-        parameters={"job": spec.model_dump(mode="json"), "job_id": job_id},
-        timeout=0,
-        idempotency_key=idempotency_key,
-        flow_run_name=job_id,
-        tags=[f"trainyard-job:{job_id}"],
-        as_subflow=False,
-    )
+    try:
+        run = run_deployment(
+            deployment,
+            parameters={"job": spec.model_dump(mode="json"), "job_id": job_id},
+            timeout=0,
+            idempotency_key=idempotency_key,
+            flow_run_name=job_id,
+            tags=[f"trainyard-job:{job_id}"],
+            as_subflow=False,
+        )
+    except ObjectNotFound:
+        raise TrainyardError(
+            f"no deployment {deployment!r} on the Prefect API at PREFECT_API_URL; `prefect deployment ls` lists "
+            "them, and `prefect deploy --all` in Trainyard's folder makes prefect.yaml's"
+        ) from None
     return str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)
 
 

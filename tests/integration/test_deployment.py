@@ -18,6 +18,7 @@ from pathlib import Path
 import mlflow
 import psutil
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from tests.conftest import job_dict, rejoined, slow_until, upload_dataset
@@ -110,6 +111,25 @@ def test_run_deployment_runs_the_pipeline(deployed, bucket):
     assert summary["status"] == "Completed"
     assert summary["prefect_flow_run_id"] == str(run.id)
     assert mlflow.MlflowClient(mlflow_uri).get_registered_model("deployed-job").name == "deployed-job"
+
+
+def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, bucket, tmp_path):
+    _, _, home, _ = deployed
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_dict(upload_dataset(bucket, rows=400))))
+    submit = ["jobs", "submit", str(path)]
+    bad = CliRunner().invoke(app, [*submit, "--set", "hyperparameters.epochs=0"])
+    assert bad.exit_code == 2 and "hyperparameters.epochs" in bad.stderr and not bad.stdout, bad.output
+    nowhere = CliRunner().invoke(app, [*submit, "--deployment", "training-pipeline/nope"])
+    assert nowhere.exit_code == 2 and "no deployment 'training-pipeline/nope'" in nowhere.stderr, nowhere.output
+    result = CliRunner().invoke(app, [*submit, "--set", "name=cli-job", "--idempotency-key", "k1", "--wait"])
+    assert result.exit_code == 0, (result.output, _logs(home))
+    run_id = result.stdout.strip()  # the run id alone on stdout, for scripts
+    assert "cli-job-" in result.stderr and ": Completed (Completed)" in result.stderr, result.stderr
+    assert client.status(run_id)["status"] == "Completed"
+    assert _summary(client.status(run_id)["job_id"])["status"] == "Completed"
+    again = CliRunner().invoke(app, [*submit, "--set", "name=cli-job", "--idempotency-key", "k1"])
+    assert again.exit_code == 0 and again.stdout.strip() == run_id  # the same key: the same job, not a second
 
 
 def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deployed, bucket, tmp_path):
