@@ -259,6 +259,8 @@ def test_hyperparameters_nothing_reads_as_set_are_named_as_ignored():
     read = hp | {"optimizer": "sgd", "lr_schedule": "cosine"}
     assert ignored_settings(parse_job(minimal(hyperparameters=read))) == []  # the MLP has hidden layers
     assert ignored_settings(parse_job(parse_job(minimal()).model_dump(mode="json"))) == []  # a full dump
+    entrypoint = {"entrypoint": "pkg.models:build"}  # it gets every hyperparameter: momentum may be its own
+    assert ignored_settings(parse_job(minimal(hyperparameters={"momentum": 0.8}, algorithm=entrypoint))) == []
 
 
 def test_a_manifest_channel_must_name_the_manifest_object():

@@ -251,7 +251,8 @@ def _ignored_hyperparameters(job: TrainingJob) -> list[str]:
                 f"hyperparameters.{close[0]} (now {getattr(hp, close[0])!r}); rename it if that is what it is"
             )
     tuned = set(_tuned(hp, set()))
-    if "momentum" in tuned and hp.optimizer != "sgd":
+    # An entrypoint gets every hyperparameter and may read momentum for its own layers; a built-in does not
+    if "momentum" in tuned and hp.optimizer != "sgd" and job.algorithm.builtin is not None:
         ignored.append("hyperparameters.momentum: read by sgd only, not adam; set optimizer: sgd to use it")
     if "min_lr_fraction" in tuned and hp.lr_schedule == "constant":
         ignored.append(
