@@ -232,6 +232,24 @@ def test_an_extra_channel_with_a_built_in_algorithm_is_refused_and_a_near_miss_n
     ]
 
 
+def test_problems_across_sections_are_named_with_a_failing_field_not_after_it_is_fixed():
+    # pydantic skips the whole-job checks once a field fails; they run again without the failing fields
+    no_label = {"train": {"s3_uri": "s3://bkt/train/"}}
+    found = problems(minimal(name="Bad_Name", inputs=no_label, hyperparameters={"epochs": 0}))
+    assert [p.split(":")[0] for p in found] == ["name", "hyperparameters.epochs", "inputs.train.label"], found
+    # a failing field is named once: not again by a whole-job check that misses it once it is dropped
+    found = problems(minimal(inputs={"train": {"s3_uri": "s3://bkt/train/", "label": ["y"]}}))
+    assert [p.split(":")[0] for p in found] == ["inputs.train.label"], found
+    # a whole-job problem alone is named once
+    assert problems(minimal(stopping={"patience_epochs": 3})) == [
+        "stopping.patience_epochs: needs a validation channel; add inputs.validation"
+    ]
+    # a required section missing: no default stands in for it, so nothing more is said
+    assert problems({k: v for k, v in minimal(inputs=no_label).items() if k != "output"}) == [
+        "output: required; add it"
+    ]
+
+
 def test_an_unknown_hyperparameter_of_a_built_in_is_refused_and_of_an_entrypoint_warned_of():
     typo = {"epochs": 2, "learnin_rate": 0.1, "dropout": 0.2}
     assert problems(minimal(hyperparameters=typo)) == [

@@ -3,6 +3,7 @@ with one line per problem."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +16,21 @@ from trainyard.spec.job import TrainingJob
 
 def problems_of(exc: ValidationError) -> list[str]:
     """One ``"field: message"`` line per pydantic error, worded to say what to do."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
-        if kind == "missing":
-            msg = "required; add it"
-        elif kind == "extra_forbidden":
-            msg = "unknown field; remove it or fix its spelling"
-        elif not isinstance(err.get("input"), dict | list) and "input" in err and not kind.startswith("value_error"):
-            msg = f"{msg} (got {err['input']!r})"
-        if loc:
-            lines.append(f"{loc}: {msg}")
-        else:
-            # Whole-job checks already name their fields, one problem a line.
-            lines.extend(msg.split("\n"))
-    return lines
+    return [line for err in exc.errors() for line in problems_of_error(err)]
+
+
+def problems_of_error(err: Any) -> list[str]:
+    """The lines of one pydantic error: a field's one, or a whole-job check's, which name their fields."""
+    loc = ".".join(str(p) for p in err["loc"])
+    kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
+    if kind == "missing":
+        msg = "required; add it"
+    elif kind == "extra_forbidden":
+        msg = "unknown field; remove it or fix its spelling"
+    elif not isinstance(err.get("input"), dict | list) and "input" in err and not kind.startswith("value_error"):
+        msg = f"{msg} (got {err['input']!r})"
+    # Whole-job checks already name their fields, one problem a line.
+    return [f"{loc}: {msg}"] if loc else msg.split("\n")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -69,8 +69,48 @@ def parse_job(data: Any) -> TrainingJob:
     try:
         return TrainingJob.model_validate(data)
     except ValidationError as exc:
-        problems = problems_of(exc)
+        problems = problems_of(exc) + _skipped_job_problems(exc, data)
     raise SpecError(problems)
+
+
+def _skipped_job_problems(exc: ValidationError, data: dict) -> list[str]:
+    """The whole-job checks (``TrainingJob._consistent``) that pydantic skipped because a field failed.
+
+    They run again on a copy without the failing fields (an optional one falls back to its default), so
+    one ``validate`` names a bad epoch count and a missing label at once, not one per try. Lines about a
+    failing field itself, which the first pass named, are left out; with a required field other than the
+    name failing, nothing is added (no default stands in for it).
+    """
+    failing = [tuple(str(p) for p in err["loc"]) for err in exc.errors() if err["loc"]]
+    if len(failing) < len(exc.errors()) or not failing:
+        return []  # the whole-job checks ran: they are among the errors already
+    trimmed = copy.deepcopy(data)
+    for loc in failing:
+        _drop(trimmed, loc)
+    if ("name",) in failing:
+        trimmed["name"] = "job"  # required, and read by no whole-job check: any valid name will do
+    try:
+        TrainingJob.model_validate(trimmed)
+    except ValidationError as again:
+        whole = [line for err in again.errors() if not err["loc"] for line in problems_of_error(err)]
+        named = tuple(f"{'.'.join(loc)}{end}" for loc in failing for end in (":", "."))  # a field, or inside it
+        return [line for line in whole if not line.startswith(named)]
+    return []
+
+
+def _drop(data: object, loc: tuple[str, ...]) -> None:
+    """Remove the value at ``loc`` (keys, or list indices as text) from nested dicts and lists, if there."""
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(data, dict) and part in data:
+            if last:
+                del data[part]
+                return
+            data = data[part]
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data) and not last:
+            data = data[int(part)]
+        else:
+            return
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> TrainingJob:
