@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -45,10 +47,16 @@ def submit(
     if not wait:
         return
     console.print(f"job {job.name!r} queued on {deployment}, flow run {run_id}: waiting for it to end")
-    final = _call(client.wait, run_id)
+    final = _call(functools.partial(client.wait, on_transition=_print_transition), run_id)
     colour = "green" if final["status"] == "Completed" else "red"
     console.print(f"[{colour}]job {final['job_id']}: {final['status']} ({final['secondary_status']})[/{colour}]")
     raise typer.Exit(0 if final["status"] == "Completed" else 1)
+
+
+def _print_transition(transition: dict) -> None:
+    """``07:17:32  Training  Training the model``: one line per secondary status, as the job enters it."""
+    started = datetime.fromisoformat(transition["start_time"]).astimezone().strftime("%H:%M:%S")  # local time
+    console.print(f"{started}  {transition['status']:<12} {transition.get('message', '')}")
 
 
 @jobs_app.command("list")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from trainyard.errors import TrainyardError
@@ -91,17 +92,35 @@ def status(run_id: str) -> dict[str, Any]:
     }
 
 
-def wait(run_id: str, timeout_seconds: float | None = None, poll_seconds: float = 2.0) -> dict[str, Any]:
-    """Block until the job ends (or ``timeout_seconds`` pass: ``TrainyardError``); returns ``status``."""
+def wait(
+    run_id: str,
+    timeout_seconds: float | None = None,
+    poll_seconds: float = 2.0,
+    on_transition: Callable[[dict], None] | None = None,
+) -> dict[str, Any]:
+    """Block until the job ends (or ``timeout_seconds`` pass: ``TrainyardError``); returns ``status``.
+    ``on_transition`` is called with each secondary status transition once, in order, as it is seen."""
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
-    while True:
+    seen = 0
+
+    def read() -> dict[str, Any]:
+        nonlocal seen
         current = status(run_id)
+        transitions = current["secondary_status_transitions"]
+        if on_transition is not None:
+            for transition in transitions[seen:]:
+                on_transition(transition)
+        seen = max(seen, len(transitions))
+        return current
+
+    while True:
+        current = read()
         if current["status"] != "InProgress":
             # The run's state can land before the job's last status event: give the event a moment.
             settle = time.monotonic() + 10
             while current["secondary_status"] not in _FINAL and time.monotonic() < settle:
                 time.sleep(0.5)
-                current = status(run_id)
+                current = read()
             return current
         if deadline is not None and time.monotonic() > deadline:
             raise TrainyardError(f"job run {run_id} still {current['secondary_status']} after {timeout_seconds} s")

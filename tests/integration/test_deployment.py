@@ -126,6 +126,10 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     assert result.exit_code == 0, (result.output, _logs(home))
     run_id = result.stdout.strip()  # the run id alone on stdout, for scripts
     assert "cli-job-" in result.stderr and ": Completed (Completed)" in result.stderr, result.stderr
+    # each secondary status printed once, in order, as the job entered it
+    statuses = ["Starting", "Downloading", "Training", "Uploading", "Completed"]
+    printed = [line.split()[1] for line in result.stderr.splitlines() if line[:2].isdigit() and line[2] == ":"]
+    assert printed == statuses, result.stderr
     assert client.status(run_id)["status"] == "Completed"
     assert _summary(client.status(run_id)["job_id"])["status"] == "Completed"
     again = CliRunner().invoke(app, [*submit, "--set", "name=cli-job", "--idempotency-key", "k1"])
