@@ -1,4 +1,4 @@
-"""``trainyard jobs submit|list|describe|stop``: jobs on a Prefect API (``PREFECT_API_URL``)."""
+"""``trainyard jobs submit|list|describe|logs|stop``: jobs on a Prefect API (``PREFECT_API_URL``)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,19 @@ def describe(run_id: RunId) -> None:
     from trainyard import client
 
     Console().print_json(json.dumps(_call(client.status, run_id)))
+
+
+@jobs_app.command()
+def logs(
+    run_id: RunId,
+    groups: Annotated[bool, typer.Option(help="Also the replica groups' runs (on a work pool).")] = True,
+) -> None:
+    """A job's logs, oldest first: its pipeline run's and its replica groups' (those run on a work pool)."""
+    from trainyard import client
+
+    for line in _call(client.logs, run_id, groups):
+        at = datetime.fromisoformat(line["time"]).astimezone().strftime("%H:%M:%S")
+        print(f"{at} {line['level']:<7} {line['run']}: {line['message']}")
 
 
 @jobs_app.command()

@@ -1,4 +1,5 @@
-"""Submit and follow training jobs from another service: ``submit``, ``status``, ``wait``, ``stop``, ``jobs``.
+"""Submit and follow training jobs from another service: ``submit``, ``status``, ``wait``, ``logs``, ``stop``,
+``jobs``.
 
 This is the client side of the orchestrator, not part of the engine: it talks to the Prefect API
 named by ``PREFECT_API_URL`` (Prefect is imported inside each function, so importing ``trainyard``
@@ -13,6 +14,7 @@ Stopped`` and the secondary status transitions the pipeline publishes as ``train
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -132,21 +134,54 @@ def stop(run_id: str) -> list[str]:
 
     Groups get SIGTERM from their workers and leave at a step boundary; the job ends Stopped."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
     from prefect.states import Cancelling
 
     with get_client(sync_client=True) as api:
         run = _read_run(api, run_id)
-        job_id = run.parameters.get("job_id") or run.name
-        groups = api.read_flow_runs(
-            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"trainyard-job:{job_id}", "trainyard-replica"]))
-        )
         cancelled = []
-        for target in [run, *groups]:
+        for target in [run, *_group_runs(api, run)]:
             if target.state is not None and not target.state.is_final():
                 api.set_flow_run_state(target.id, Cancelling(message="trainyard stop"), force=True)
                 cancelled.append(str(target.id))
     return cancelled
+
+
+def logs(run_id: str, groups: bool = True) -> list[dict[str, Any]]:
+    """The job's log lines, oldest first: its pipeline run's and, with ``groups``, those of its replica groups
+    that ran as flow runs on a work pool (a ``local`` job's groups log to files in its job folder).
+    Each: ``time`` (ISO), ``level`` (``INFO``), ``run`` (the flow run's name) and ``message``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    with get_client(sync_client=True) as api:
+        run = _read_run(api, run_id)
+        names = {run.id: run.name} | ({r.id: r.name for r in _group_runs(api, run)} if groups else {})
+        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=list(names)))
+        lines: list = []
+        while True:  # pages of the API's most per request
+            page = api.read_logs(log_filter=log_filter, limit=200, offset=len(lines), sort=LogSort.TIMESTAMP_ASC)
+            lines += page
+            if len(page) < 200:
+                break
+    return [
+        {
+            "time": line.timestamp.isoformat(),
+            "level": logging.getLevelName(line.level),
+            "run": names.get(line.flow_run_id, ""),
+            "message": line.message,
+        }
+        for line in lines
+    ]
+
+
+def _group_runs(api, run) -> list:
+    """The replica group flow runs of the job whose pipeline run is ``run`` (none for a ``local`` job)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    job_id = run.parameters.get("job_id") or run.name
+    tags = FlowRunFilterTags(all_=[f"trainyard-job:{job_id}", "trainyard-replica"])
+    return api.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags))
 
 
 def jobs(limit: int = 20) -> list[dict[str, Any]]:

@@ -134,6 +134,8 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     assert _summary(client.status(run_id)["job_id"])["status"] == "Completed"
     again = CliRunner().invoke(app, [*submit, "--set", "name=cli-job", "--idempotency-key", "k1"])
     assert again.exit_code == 0 and again.stdout.strip() == run_id  # the same key: the same job, not a second
+    logs = CliRunner().invoke(app, ["jobs", "logs", run_id])
+    assert logs.exit_code == 0 and "registered cli-job version 1" in logs.stdout, logs.output
 
 
 def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deployed, bucket, tmp_path):
@@ -162,6 +164,12 @@ def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deplo
     (recovery,) = summary["elastic"]["recoveries"]
     assert recovery["source"] == "peer" and recovery["failed_at_step"] == 30
     assert summary["training"]["replicas_finished"] == [0, 1]
+    # the job's logs: the pipeline's and each group run's, by run name (trainyard jobs logs)
+    lines = client.logs(run_id)
+    by_run = {line["run"] for line in lines if line["message"].startswith("replica group ")}
+    assert by_run == {r.name for r in runs}, lines[-20:]
+    assert any(line["message"].startswith("launched 2 replica group(s)") for line in lines)
+    assert not any(line["message"].startswith("replica group ") for line in client.logs(run_id, groups=False))
     # The launch overhead, for the record (not a test target): submit to the first step of a group.
     beats = Path(os.environ["TRAINYARD_HOME"]).glob(f"jobs/{final['job_id']}/replicas/*/attempt-0/steps.jsonl")
     first_step = min(json.loads(p.read_text().splitlines()[0])["unix"] for p in beats)
