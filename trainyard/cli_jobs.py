@@ -55,8 +55,12 @@ def submit(
 
 def _print_transition(transition: dict) -> None:
     """``07:17:32  Training  Training the model``: one line per secondary status, as the job enters it."""
-    started = datetime.fromisoformat(transition["start_time"]).astimezone().strftime("%H:%M:%S")  # local time
-    console.print(f"{started}  {transition['status']:<12} {transition.get('message', '')}")
+    console.print(f"{_clock(transition['start_time'])}  {transition['status']:<12} {transition.get('message', '')}")
+
+
+def _clock(iso: str) -> str:
+    """An ISO timestamp (the API's are UTC) as this machine's local clock time."""
+    return datetime.fromisoformat(iso).astimezone().strftime("%H:%M:%S")
 
 
 @jobs_app.command("list")
@@ -90,8 +94,7 @@ def logs(
     from trainyard import client
 
     for line in _call(client.logs, run_id, groups):
-        at = datetime.fromisoformat(line["time"]).astimezone().strftime("%H:%M:%S")
-        print(f"{at} {line['level']:<7} {line['run']}: {line['message']}")
+        print(f"{_clock(line['time'])} {line['level']:<7} {line['run']}: {line['message']}")
 
 
 @jobs_app.command()
