@@ -237,9 +237,10 @@ def test_problems_across_sections_are_named_with_a_failing_field_not_after_it_is
     no_label = {"train": {"s3_uri": "s3://bkt/train/"}}
     found = problems(minimal(name="Bad_Name", inputs=no_label, hyperparameters={"epochs": 0}))
     assert [p.split(":")[0] for p in found] == ["name", "hyperparameters.epochs", "inputs.train.label"], found
-    # a failing field is named once: not again by a whole-job check that misses it once it is dropped
-    found = problems(minimal(inputs={"train": {"s3_uri": "s3://bkt/train/", "label": ["y"]}}))
-    assert [p.split(":")[0] for p in found] == ["inputs.train.label"], found
+    # not when a failing field is one they read: its default would be judged (group 1 of "1 replica group")
+    drill = {"fault_injection": [{"replica": 1, "at_step": 5}]}
+    found = problems(minimal(resources={"replicas": 0}, elastic=drill, inputs=no_label))
+    assert [p.split(":")[0] for p in found] == ["resources.replicas"], found
     # a whole-job problem alone is named once
     assert problems(minimal(stopping={"patience_epochs": 3})) == [
         "stopping.patience_epochs: needs a validation channel; add inputs.validation"

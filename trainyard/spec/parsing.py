@@ -73,17 +73,34 @@ def parse_job(data: Any) -> TrainingJob:
     raise SpecError(problems)
 
 
+# What the whole-job checks read. A failing field among them is not replaced by its default for a second
+# pass: the checks would judge the default (replicas: 0 dropped for 1 would make a drill for group 1 "not a
+# replica group"), and a problem the user does not have is worse than one named a try later.
+READ_ACROSS_SECTIONS = (
+    "inputs",
+    "algorithm",
+    "resources",
+    "elastic",
+    "sifting",
+    "stopping.target_metric",
+    "stopping.patience_epochs",
+    "registry.promote_if",
+)
+
+
 def _skipped_job_problems(exc: ValidationError, data: dict) -> list[str]:
     """The whole-job checks (``TrainingJob._consistent``) that pydantic skipped because a field failed.
 
-    They run again on a copy without the failing fields (an optional one falls back to its default), so
-    one ``validate`` names a bad epoch count and a missing label at once, not one per try. Lines about a
-    failing field itself, which the first pass named, are left out; with a required field other than the
-    name failing, nothing is added (no default stands in for it).
+    When no failing field is one they read (``READ_ACROSS_SECTIONS``), they run again on a copy without
+    the failing fields (each falls back to its default; a failing ``name``, required and read by none, is
+    replaced by a valid one), so one ``validate`` names a bad name, a bad epoch count and a missing label
+    at once, not one per try.
     """
     failing = [tuple(str(p) for p in err["loc"]) for err in exc.errors() if err["loc"]]
     if len(failing) < len(exc.errors()) or not failing:
         return []  # the whole-job checks ran: they are among the errors already
+    if any(".".join(loc).startswith(read) for loc in failing for read in READ_ACROSS_SECTIONS):
+        return []
     trimmed = copy.deepcopy(data)
     for loc in failing:
         _drop(trimmed, loc)
@@ -92,9 +109,7 @@ def _skipped_job_problems(exc: ValidationError, data: dict) -> list[str]:
     try:
         TrainingJob.model_validate(trimmed)
     except ValidationError as again:
-        whole = [line for err in again.errors() if not err["loc"] for line in problems_of_error(err)]
-        named = tuple(f"{'.'.join(loc)}{end}" for loc in failing for end in (":", "."))  # a field, or inside it
-        return [line for line in whole if not line.startswith(named)]
+        return [line for err in again.errors() if not err["loc"] for line in problems_of_error(err)]
     return []
 
 
