@@ -36,6 +36,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
+    _api_url()
     spec = job if isinstance(job, TrainingJob) else parse_job(job)
     job_id = new_job_id(spec.name)
     try:
@@ -56,6 +57,29 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     return str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)
 
 
+def _api_url() -> str:
+    """The API this client talks to; a ``TrainyardError`` when none is set. Without one, Prefect's client
+    would start a temporary server of its own, with no deployments and no runs: a job list would come back
+    empty after seconds, and a submit would find no deployment, both as if the user's server had none."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        raise TrainyardError(
+            "PREFECT_API_URL is not set: point it at the Prefect server that runs Trainyard's deployments "
+            "(for example http://127.0.0.1:4200/api); `trainyard run` runs a job in this process without one"
+        )
+    return url
+
+
+def _api():
+    """Prefect's synchronous client for the API at PREFECT_API_URL (``_api_url``)."""
+    from prefect.client.orchestration import get_client
+
+    _api_url()
+    return get_client(sync_client=True)
+
+
 def _read_run(api, run_id: str):
     """The flow run ``run_id`` names; a ``TrainyardError`` saying so when it is not a run id or the API has none."""
     from prefect.exceptions import ObjectNotFound
@@ -74,9 +98,8 @@ def _read_run(api, run_id: str):
 
 def status(run_id: str) -> dict[str, Any]:
     """The job's primary status, its secondary status transitions and, once it ended, its summary."""
-    from prefect.client.orchestration import get_client
 
-    with get_client(sync_client=True) as api:
+    with _api() as api:
         run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
         transitions = _transitions(api, job_id, run.created)
@@ -133,10 +156,9 @@ def stop(run_id: str) -> list[str]:
     """Cancel the job's pipeline run and every replica group run of the job; returns the runs cancelled.
 
     Groups get SIGTERM from their workers and leave at a step boundary; the job ends Stopped."""
-    from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
-    with get_client(sync_client=True) as api:
+    with _api() as api:
         run = _read_run(api, run_id)
         cancelled = []
         for target in [run, *_group_runs(api, run)]:
@@ -150,11 +172,10 @@ def logs(run_id: str, groups: bool = True) -> list[dict[str, Any]]:
     """The job's log lines, oldest first: its pipeline run's and, with ``groups``, those of its replica groups
     that ran as flow runs on a work pool (a ``local`` job's groups log to files in its job folder).
     Each: ``time`` (ISO), ``level`` (``INFO``), ``run`` (the flow run's name) and ``message``."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
-    with get_client(sync_client=True) as api:
+    with _api() as api:
         run = _read_run(api, run_id)
         names = {run.id: run.name} | ({r.id: r.name for r in _group_runs(api, run)} if groups else {})
         log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=list(names)))
@@ -186,11 +207,10 @@ def _group_runs(api, run) -> list:
 
 def jobs(limit: int = 20) -> list[dict[str, Any]]:
     """The most recent training-pipeline runs, newest first."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
-    with get_client(sync_client=True) as api:
+    with _api() as api:
         runs = api.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[PIPELINE_FLOW])),
             sort=FlowRunSort.START_TIME_DESC,

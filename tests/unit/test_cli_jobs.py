@@ -1,0 +1,30 @@
+"""``trainyard jobs`` without a Prefect API: every command says so at once, and nothing is queued.
+
+The commands themselves, against a real ``prefect server`` and workers, are in
+``tests/integration/test_deployment.py``."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from typer.testing import CliRunner
+
+from tests.unit.specs import minimal
+from trainyard.cli import app
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["list"], ["describe", "0" * 8 + "-0000-4000-8000-" + "0" * 12], ["logs", "x"], ["stop", "x"], ["submit", "JOB"]],
+)
+def test_without_an_api_url_the_jobs_commands_say_so(command, tmp_path, monkeypatch):
+    # Without one, Prefect's client would start a temporary server of its own and answer from it: an empty
+    # job list after seconds, "no deployment" for a submit, as if the user's server had none.
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        result = CliRunner().invoke(app, ["jobs", *[str(spec) if part == "JOB" else part for part in command]])
+    assert result.exit_code == 2, result.output
+    assert "PREFECT_API_URL is not set" in result.stderr and not result.stdout, result.output
