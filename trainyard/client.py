@@ -98,7 +98,6 @@ def _read_run(api, run_id: str):
 
 def status(run_id: str) -> dict[str, Any]:
     """The job's primary status, its secondary status transitions and, once it ended, its summary."""
-
     with _api() as api:
         run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
