@@ -87,7 +87,7 @@ def apply(
         raise typer.Exit(1) from None
     table = Table(title="trainyard infra apply" + (" (dry run: nothing changed)" if dry_run else ""))
     for column in ("kind", "name", "action", "detail"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for c in changes:
         table.add_row(c.kind, c.name, f"[{_STYLE[c.action]}]{c.action}[/]", c.detail)
     out.print(table)

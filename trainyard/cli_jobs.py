@@ -71,7 +71,7 @@ def list_jobs(limit: Annotated[int, typer.Option(help="How many, newest first.")
     rows = _call(client.jobs, limit)
     table = Table(title="Training jobs")
     for column in ("job", "status", "prefect state", "started", "flow run"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # ids whole, wrapped, in a narrow terminal
     for r in rows:
         table.add_row(r["job_id"] or "", r["status"], r["prefect_state"] or "", r["started"] or "", r["flow_run_id"])
     Console().print(table)

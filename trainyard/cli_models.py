@@ -42,7 +42,8 @@ def list_(
         return
     table = Table(title=f"registered models ({redact_text(registry.tracking_uri())})")
     for column in ("model", "version", "aliases", "approval", "job", "gate"):
-        table.add_column(column, justify="right" if column == "version" else "left")
+        # a narrow terminal wraps a job id or an approval status rather than cut it short with an ellipsis
+        table.add_column(column, justify="right" if column == "version" else "left", overflow="fold")
     for r in rows:
         aliases = ", ".join(r["aliases"])
         table.add_row(r["name"], str(r["version"]), aliases, r["approval_status"], r["job_id"] or "", r["gate"] or "")

@@ -227,8 +227,12 @@ def test_models_list_shows_each_versions_aliases(tracking, tmp_path):
     register(job, model, x, "b", 0.70, tmp_path)  # worse: candidate
     rows = {r["version"]: r["aliases"] for r in registry.list_versions("reg-test")}
     assert rows == {1: ["champion"], 2: ["candidate"]}
-    listed = CliRunner().invoke(app, ["models", "list"])
+    listed = CliRunner().invoke(app, ["models", "list"], env={"COLUMNS": "80"})
     assert "champion" in listed.output and "candidate" in listed.output
+    # at 80 columns a long value wraps in its cell, whole, rather than end in an ellipsis
+    assert "…" not in listed.output and "PendingManualApproval" in "".join(
+        line.split("│")[4].strip() for line in listed.output.splitlines() if line.count("│") == 7
+    ), listed.output
 
 
 @pytest.mark.parametrize(
