@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.client import DEFAULT_DEPLOYMENT  # the client imports Prefect only when it is called
 from trainyard.cli_spec import SetOption, SpecArgument, load, warn
-from trainyard.client import DEFAULT_DEPLOYMENT  # the client imports Prefect only when it is called
 from trainyard.errors import TrainyardError
 
 jobs_app = typer.Typer(help="Jobs on the Prefect API named by PREFECT_API_URL.", no_args_is_help=True)
@@ -38,7 +38,7 @@ def submit(
     The pipeline runs where the deployment's work pool has a worker. Without --wait this returns at once:
     `trainyard jobs describe RUN_ID` follows the job, `trainyard jobs stop RUN_ID` stops it.
     """
-    from trainyard import client
+    from flows import client
 
     job = load(spec, set_)
     warn(job)
@@ -66,7 +66,7 @@ def _clock(iso: str) -> str:
 @jobs_app.command("list")
 def list_jobs(limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20) -> None:
     """Recent training-pipeline runs and their status."""
-    from trainyard import client
+    from flows import client
 
     rows = _call(client.jobs, limit)
     table = Table(title="Training jobs")
@@ -80,7 +80,7 @@ def list_jobs(limit: Annotated[int, typer.Option(help="How many, newest first.")
 @jobs_app.command()
 def describe(run_id: RunId) -> None:
     """A job's status and its secondary status transitions, as JSON."""
-    from trainyard import client
+    from flows import client
 
     Console().print_json(json.dumps(_call(client.status, run_id)))
 
@@ -91,7 +91,7 @@ def logs(
     groups: Annotated[bool, typer.Option(help="Also the replica groups' runs (on a work pool).")] = True,
 ) -> None:
     """A job's logs, oldest first: its pipeline run's and its replica groups' (those run on a work pool)."""
-    from trainyard import client
+    from flows import client
 
     for line in _call(client.logs, run_id, groups):
         print(f"{_clock(line['time'])} {line['level']:<7} {line['run']}: {line['message']}")
@@ -100,7 +100,7 @@ def logs(
 @jobs_app.command()
 def stop(run_id: RunId) -> None:
     """Cancel a job: its pipeline run and every replica group run. Groups leave at a step boundary."""
-    from trainyard import client
+    from flows import client
 
     cancelled = _call(client.stop, run_id)
     console.print(f"cancelled {len(cancelled)} run(s)" if cancelled else "nothing to stop: the job has ended")

@@ -1,7 +1,7 @@
 """The deployed path, as a platform team runs it: a real ``prefect server`` on 127.0.0.1, the pools from
 ``trainyard infra apply``, the deployments from ``prefect.yaml``, one process worker for the pipeline and
 two for the replica groups. Jobs come in as another service would send them: ``run_deployment``,
-``trainyard.client.submit`` and Prefect's REST API; replica groups run as ``train-replica`` flow runs."""
+``flows.client.submit`` and Prefect's REST API; replica groups run as ``train-replica`` flow runs."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from flows import client
 from tests.conftest import job_dict, rejoined, slow_until, upload_dataset
 from tests.integration.conftest import PREFECT, REPO
-from trainyard import client
 from trainyard.cli import app
 
 pytestmark = pytest.mark.integration

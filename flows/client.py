@@ -1,13 +1,13 @@
 """Submit and follow training jobs from another service: ``submit``, ``status``, ``wait``, ``logs``, ``stop``,
 ``jobs``.
 
-This is the client side of the orchestrator, not part of the engine: it talks to the Prefect API
-named by ``PREFECT_API_URL`` (Prefect is imported inside each function, so importing ``trainyard``
-never needs an orchestrator). A job is a run of a ``training-pipeline`` deployment; its run is
+This is the client side of the orchestrator, so it lives with the flows, not in the engine: it talks to the
+Prefect API named by ``PREFECT_API_URL`` (Prefect is imported inside each function, so ``trainyard jobs
+--help`` never loads it). A job is a run of a ``training-pipeline`` deployment; its run is
 named after its job id. Statuses are SageMaker's: primary ``InProgress | Completed | Failed |
 Stopped`` and the secondary status transitions the pipeline publishes as ``trainyard.job.*`` events.
 
-    from trainyard import client
+    from flows import client
     run_id = client.submit({"name": "churn", ...})          # or a TrainingJob
     print(client.wait(run_id)["status"])                     # Completed
 """
