@@ -6,12 +6,10 @@ User mistakes (a bad spec, bad data, an unreachable service) print a clear messa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -128,6 +126,7 @@ def _embedded_defaults(job_id: str) -> None:
 def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     job_id = new_job_id(job.name)
     _embedded_defaults(job_id)
+    from flows.ephemeral_api import stop_ephemeral_api
     from flows.training_pipeline import training_pipeline
     from trainyard.home import job_dir
 
@@ -151,7 +150,7 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     except BaseException:
         # SIGTERM or Ctrl-C: the flow wrote its summary as Stopped. Exiting on a signal skips the hook
         # that stops Prefect's ephemeral API, which would outlive the job.
-        _stop_ephemeral_api()
+        stop_ephemeral_api()
         written = job_dir(job_id) / "summary.json"
         if summary_out is not None and written.exists():
             summary_out.write_text(written.read_text())
@@ -171,34 +170,6 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
-
-
-_FLUSH_SECONDS = 10.0
-
-
-def _stop_ephemeral_api() -> None:
-    """Stop the Prefect API this process started for itself, if it started one."""
-    if os.environ.get("PREFECT_API_URL"):
-        return
-    # On the way out already: a second SIGTERM or Ctrl-C must not cut this short and leave the API running.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
-    try:
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
-
-        # Send the job's last logs and events while the API still answers: left for the exit hook, they
-        # would be retried against the stopped API for over a minute before the process could end.
-        deadline = time.monotonic() + _FLUSH_SECONDS
-        for service in (APILogWorker, EventsWorker):
-            service.drain_all(timeout=max(0.0, deadline - time.monotonic()))
-    except Exception:  # noqa: BLE001 - the signal is what to report; the API is stopped below regardless
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            from prefect.server.api.server import SubprocessASGIServer
-
-            SubprocessASGIServer().stop()  # the ephemeral API is the instance without a fixed port
 
 
 def print_summary(summary: dict) -> None:
