@@ -26,13 +26,6 @@ Timeline = dict[int, list[list[tuple[int, float]]]]  # worker -> attempt -> [(st
 
 
 @dataclass
-class Target:
-    name: str
-    met: bool
-    detail: str
-
-
-@dataclass
 class Bench:
     args: argparse.Namespace
     workdir: Path

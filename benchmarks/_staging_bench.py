@@ -49,13 +49,6 @@ class Row:
 
 
 @dataclass
-class Target:
-    name: str
-    met: bool
-    detail: str
-
-
-@dataclass
 class Bench:
     """What the measurement functions share: options, the endpoint's variables, where to write."""
 

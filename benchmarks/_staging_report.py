@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _staging_bench import AWSCLI_VENV, BUSY_SHARE, REPO, Bench, MiB, Row, Target
+from _staging_bench import AWSCLI_VENV, BUSY_SHARE, REPO, Bench, MiB, Row
+from _targets import Target
 
 
 def machine_facts(bench: Bench, endpoint: str) -> list[tuple[str, str]]:
@@ -91,6 +92,5 @@ def print_report(facts: list[tuple[str, str]], rows: list[Row], targets: list[Ta
             "rerun on an idle machine before drawing conclusions from small differences."
         )
     for target in targets:
-        mark = "[green]met[/]" if target.met else "[red]NOT MET[/]"
-        console.print(f"target {mark}: {target.name}: {target.detail}")
+        console.print(target.line())
     console.print(f"whole benchmark run: {wall:.0f} s")

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from _staging_bench import BUCKET, SCRIPT, Bench, MiB, Row, Target, run_measured, s3_client
+from _staging_bench import BUCKET, SCRIPT, Bench, MiB, Row, run_measured, s3_client
+from _targets import Target
 
 
 def child_stream(mode: str, uri: str) -> None:

@@ -67,7 +67,6 @@ from _recovery_runs import (  # noqa: E402
     FEATURES,
     ROWS,
     Bench,
-    Target,
     cpu_snapshot,
     ddp_run,
     failure_figures,
@@ -77,6 +76,7 @@ from _recovery_runs import (  # noqa: E402
     training_wall,
     trainyard_run,
 )
+from _targets import Target  # noqa: E402
 
 # --- the measurements -----------------------------------------------------------------------------
 
@@ -294,7 +294,7 @@ def report(bench: Bench, samples: dict[str, list[float]], every: int, calibratio
         ),
     ]
     for target in targets:
-        console.print(f"target {'[green]met[/]' if target.met else '[red]NOT MET[/]'}: {target.name}: {target.detail}")
+        console.print(target.line())
     console.print(f"whole benchmark run: {wall:.0f} s")
 
 

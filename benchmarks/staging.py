@@ -60,7 +60,6 @@ from _staging_bench import (  # noqa: E402
     Bench,
     MiB,
     Row,
-    Target,
     aws_sync,
     child_stage,
     s3_client,
@@ -69,6 +68,7 @@ from _staging_bench import (  # noqa: E402
 )
 from _staging_report import machine_facts, print_report  # noqa: E402
 from _staging_stream import child_stream, measure_stream_first_batch  # noqa: E402
+from _targets import Target  # noqa: E402
 
 # --- measurements ---------------------------------------------------------------------------------
 
