@@ -11,6 +11,9 @@ no Prefect and no job around it. Its arms choose rows with help no real filter h
   the highest loss under the current model, the scoring forward pass free (not counted).
 - the same, the scoring pass **counted**; and counted but ranking by **remembered** losses up to two epochs
   old (a trained row's loss comes free with its training forward; older or unknown ones are scored).
+- the scoring pass counted and **reused** as the kept rows' training forward (Selective-Backprop's forward
+  once, backward on the kept rows; for the built-ins' linear layers a custom backward from the scoring pass's
+  saved activations could do it; Trainyard's sifter recomputes the kept rows' forward, as smart sifting does).
 - a **random half** after a full first epoch: what less data alone does.
 - the **noise floor**: the baseline once more with another initialisation and batch order.
 
@@ -63,6 +66,7 @@ ARMS = (
     "oracle top third",
     "scored top third",
     "remembered top third",
+    "reused top third",
 )
 
 
@@ -107,6 +111,7 @@ class Run:
         self.epoch_flops = len(self.x) * (self.costs.forward + self.costs.backward)  # the baseline's epoch
         self.budget = data.epochs * self.epoch_flops  # every arm fills the baseline's FLOPs
         self.flops = 0.0
+        self.forward_reused = False  # the kept rows' forward taken from the scoring pass: not charged again
         self.steps = 0
         self.readings: list[tuple[float, float]] = []  # (FLOPs, validation accuracy) at each multiple
         self.rng = np.random.default_rng(seed)
@@ -133,7 +138,7 @@ class Run:
         per_row.mean().backward()
         self.optimizer.step()
         self.steps += 1
-        self.flops += len(rows) * (self.costs.forward + self.costs.backward)
+        self.flops += len(rows) * (self.costs.backward + (0 if self.forward_reused else self.costs.forward))
         while self.flops >= (len(self.readings) + 1) * self.epoch_flops * (1 - 1e-9):
             with torch.no_grad():
                 accuracy = (self.model(self.x_val).argmax(1) == self.y_val).float().mean().item()
@@ -159,8 +164,9 @@ def subset(run: Run, keep: np.ndarray) -> Run:
     return run
 
 
-def top_third(run: Run, counted: bool, memory: int | None = None) -> Run:
+def top_third(run: Run, counted: bool, memory: int | None = None, reused: bool = False) -> Run:
     """Each step: ``CANDIDATES`` batches' worth of candidates, the highest-loss batch of them trained on."""
+    run.forward_reused = reused
     remembered = np.full(len(run.x), np.nan)
     age = np.full(len(run.x), -(10**6))
     epoch, batch = 0, run.data.batch_size
@@ -197,6 +203,7 @@ def one_seed(name: str, seed: int, lr: float, quick: bool) -> dict:
         "oracle top third": lambda: top_third(Run(data, seed, lr), counted=False),
         "scored top third": lambda: top_third(Run(data, seed, lr), counted=True),
         "remembered top third": lambda: top_third(Run(data, seed, lr), counted=True, memory=MEMORY_EPOCHS),
+        "reused top third": lambda: top_third(Run(data, seed, lr), counted=True, reused=True),
     }
     if lr != BASELINE_LR:
         del arms["noise floor"]  # it is the baseline's run: the same at every rate
