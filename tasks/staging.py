@@ -23,6 +23,8 @@ def stage_inputs(job: TrainingJob, job_dir: str) -> dict:
     with stage_meter("staging", job) as record, cache.Pin() as pin:
         manifests = staging.stage_channels(job.channels(), Path(job_dir) / "staging", pin)
         staged = datasets.prepare(manifests, job.channels(), job.algorithm.task, Path(job_dir) / "data")
+    for warning in staged.warnings:
+        logger.warning(warning)
     record["channels"] = {name: m.summary() for name, m in manifests.items()}
     record["staged"] = staged
     moved = sum(m.bytes_downloaded for m in manifests.values())

@@ -69,6 +69,7 @@ def read_channel(
         if manifest.format == "parquet" or Path(obj.path).stat().st_size > 0:
             try:
                 table = reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path)
+                table.column_names  # noqa: B018 -- decoded from the header here: a name not in UTF-8 fails below
                 row_groups = None
                 if manifest.format == "parquet" and layout is not None:
                     meta = pq.ParquetFile(obj.path).metadata
@@ -77,6 +78,11 @@ def read_channel(
                 raise DataError(
                     f"{obj.uri}: cannot be read as {manifest.format} ({str(exc).splitlines()[0]}); "
                     "fix or remove the object, or set the channel's format"
+                ) from exc
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{obj.uri}: a column name in its header is not UTF-8 text ({exc.reason}: "
+                    f"{exc.object[max(exc.start - 10, 0) : exc.end + 10]!r}); save the file as UTF-8"
                 ) from exc
         if table is None or (table.num_columns == 0 and table.num_rows == 0):
             if layout is not None:
@@ -241,16 +247,34 @@ def to_arrays(
             )
     check_labels(table, schema.label, where, layout)
     if schema.task == "classification":
-        y, unknown = _class_indices(table[schema.label], schema.classes)
-        if unknown:
+        y, known = _class_indices(table[schema.label], schema.classes)
+        if not known.all():
+            label = table[schema.label]
+            unknown = pc.unique(label.filter(pa.array(~known))).to_pylist()
+            unknown.sort(key=lambda v: (str(type(v)), v))
+            text_labels = pa.types.is_string(label.type) or pa.types.is_large_string(label.type)
+            text_classes = all(isinstance(c, str) for c in schema.classes)
+            hint = ""
+            if text_labels != text_classes:  # '0' and 0 print alike in a list: say which is which
+                kinds = "text" if text_classes else "numbers"
+                hint = f"; the label column is {label.type} and the classes are {kinds}: give them in the labels' type"
             raise DataError(
                 f"{where}: label values {unknown[:5]} are not among the classes {schema.classes[:10]} "
-                "(those of the train channel, or inputs.train.classes)"
+                f"(those of the train channel, or inputs.train.classes){_first_in(layout, int(np.argmin(known)))}"
+                f"{hint}"
             )
     else:
         if not is_numeric(table[schema.label].type):
             raise DataError(f"{where}: label {schema.label!r} is {table[schema.label].type}; regression needs numbers")
-        y = _numeric_numpy(table[schema.label]).astype(np.float32)
+        with np.errstate(over="ignore"):
+            y = _numeric_numpy(table[schema.label]).astype(np.float32)
+        beyond = ~np.isfinite(y)  # finite in the table (checked above), past float32's range once cast
+        if beyond.any():
+            first = int(np.flatnonzero(beyond)[0])
+            raise DataError(
+                f"{where}: label {schema.label!r} has {int(beyond.sum())} values beyond float32's range (about "
+                f"±3.4e38){_first_in(layout, first)}; rescale the label or fix those rows"
+            )
     return x, y
 
 
@@ -263,41 +287,50 @@ def _numeric_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     array = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if array.null_count == 0 and (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
         return np.from_dlpack(array)
+    if pa.types.is_boolean(array.type) and array.null_count:
+        # as floats: pyarrow gives a boolean column with nulls as Python objects, which no finiteness check takes
+        array = pc.cast(array, pa.float64())
     return array.to_numpy(zero_copy_only=False)
 
 
-def _class_indices(col: pa.ChunkedArray, classes: list) -> tuple[np.ndarray, list[str]]:
-    """Each label's index in ``classes`` (int64), and the label values that are not classes."""
+def _class_indices(col: pa.ChunkedArray, classes: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each label's index in ``classes`` (int64; 0 where it is none), and whether it is one (bool)."""
     numeric = is_numeric(col.type) and not pa.types.is_boolean(col.type)
     if numeric and col.null_count == 0 and all(isinstance(c, int | float) and not isinstance(c, bool) for c in classes):
         raw = _numeric_numpy(col)  # vectorised: a Python loop over millions of labels takes seconds
         if raw.dtype.kind in "iu" and classes == list(range(len(classes))):  # labels 0..K-1: their own index
             known = (raw >= 0) & (raw < len(classes))
-            unknown = [] if known.all() else sorted({str(v.item()) for v in np.unique(raw[~known])})
-            return np.where(known, raw, 0).astype(np.int64), unknown
+            return np.where(known, raw, 0).astype(np.int64), known
         values = np.asarray(classes, dtype=np.result_type(raw.dtype, *(type(c) for c in classes)))
         order = np.argsort(values, kind="stable")
         slot = np.clip(np.searchsorted(values[order], raw), 0, len(values) - 1)
         known = values[order][slot] == raw
-        unknown = [] if known.all() else sorted({str(v.item()) for v in np.unique(raw[~known])})
-        return order[slot].astype(np.int64), unknown
+        return np.where(known, order[slot], 0).astype(np.int64), known
     index = {c: i for i, c in enumerate(classes)}
     raw = col.to_pylist()
-    unknown = sorted({str(v) for v in raw if v not in index})
-    return np.fromiter((index.get(v, 0) for v in raw), dtype=np.int64, count=len(raw)), unknown
+    known = np.fromiter((v in index for v in raw), dtype=bool, count=len(raw))
+    return np.fromiter((index.get(v, 0) for v in raw), dtype=np.int64, count=len(raw)), known
 
 
 def check_labels(table: pa.Table, label: str, where: str, layout: list[dict] | None = None) -> None:
-    """Refuse missing (null or NaN) labels, naming the channel, the count and (given the channel's
-    ``layout``) the object holding the first."""
+    """Refuse missing (null or NaN) and infinite labels, naming the channel, the count and (given the
+    channel's ``layout``) the object holding the first. An infinite label is no class, and no target a
+    regression can be trained towards (its loss is infinite)."""
     col = table[label]
+    if pa.types.is_nested(col.type):
+        raise DataError(
+            f"{where}: label {label!r} is {col.type}, not one value per row; "
+            "make it a number or a string column, or set the channel's label to another column"
+        )
     missing = pc.is_null(col, nan_is_null=True) if pa.types.is_floating(col.type) else pc.is_null(col)
+    if pa.types.is_floating(col.type):
+        missing = pc.or_(missing, pc.fill_null(pc.is_inf(col), False))
     nulls = int(pc.sum(missing).as_py() or 0)
     if nulls:
         first = pc.index(missing, True).as_py()
         raise DataError(
-            f"{where}: label {label!r} has {nulls} missing (null or NaN) values{_first_in(layout, first)}; "
-            "drop or fix those rows"
+            f"{where}: label {label!r} has {nulls} missing (null or NaN) or infinite values"
+            f"{_first_in(layout, first)}; drop or fix those rows"
         )
 
 
@@ -346,6 +379,38 @@ class StagedData:
     extra_channels: dict[str, str] = field(default_factory=dict)
     streamed: bool = False
     """True when ``train_data`` is only a scaling sample and the groups stream the channel from S3."""
+    warnings: list[str] = field(default_factory=list)
+    """What the staging stage should tell the user but does not fail on (``numbers_as_text``)."""
+
+
+_NUMBER = r"^\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*$"
+
+
+def numbers_as_text(
+    table: pa.Table, channel: Channel, channel_name: str = "train", layout: list[dict] | None = None
+) -> list[str]:
+    """A warning for each text column that inferred features left out though most of its values are
+    numbers: one stray value (``n/a ``, ``1,5``) makes CSV's reader type a numeric column as text, and the
+    model would silently train without it. Nothing when the channel lists its features."""
+    if channel.features is not None:
+        return []
+    where = f"channel {channel_name!r} ({channel.s3_uri})"
+    found = []
+    for name in table.column_names:
+        column = table[name]
+        if name == channel.label or not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue
+        numeric = pc.match_substring_regex(column, _NUMBER)
+        values, numbers = len(column) - column.null_count, int(pc.sum(numeric).as_py() or 0)
+        if numbers * 2 < values:  # mostly text: an id, a name, a category
+            continue
+        first = pc.index(pc.invert(numeric), True).as_py()
+        found.append(
+            f"{where}: column {name!r} is left out of the features: it is text, though {numbers} of its {values} "
+            f"values are numbers ({column[first].as_py()!r} is not{_first_in(layout, first)}); fix those values to "
+            f"train on it, or list the features in inputs.{channel_name}.features to leave it out knowingly"
+        )
+    return found
 
 
 def schema_dict(schema: Schema) -> dict:
@@ -373,10 +438,12 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         described = streaming.describe(manifests["train"], channels["train"], task, out_dir, cache.rowgroups_dir())
         schema = Schema(**{k: v for k, v in described.schema.items() if k != "num_outputs"})
         paths["train"], rows["train"], layout = described.train_data, described.rows["train"], described.train_layout
+        warnings = described.warnings
     else:
         columns: dict[str, list[str]] = {}
         train_table = read_channel(manifests["train"], layout, required_columns(channels["train"]), columns)
         schema = infer_schema(train_table, channels["train"], task, layout=layout)
+        warnings = numbers_as_text(train_table, channels["train"], layout=layout)
         # Features the spec does not list are inferred from all the objects together: a column only some
         # objects have would fail as the others' "missing values", naming an object that never had it.
         check_objects_have(schema.features, columns)
@@ -394,4 +461,4 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         paths[name], rows[name] = str(path), len(x)
     meta = schema_dict(schema)
     streamed = channels["train"].mode == "stream"
-    return StagedData(paths["train"], paths.get("validation"), meta, rows, layout, extra, streamed)
+    return StagedData(paths["train"], paths.get("validation"), meta, rows, layout, extra, streamed, warnings)

@@ -223,8 +223,13 @@ def _list_manifest(uri: str) -> list[StagedObject]:
 
 def _manifest_rel(target: s3.S3Uri, prefix: str | None) -> str:
     """Where a manifest's object is laid out in the channel's folder: its key after the manifest's
-    prefix, or bucket/key."""
-    return str(target)[len(prefix) :] if prefix else f"{target.bucket}/{target.key}"
+    prefix, or bucket/key. A prefix is joined to its entries as written (SageMaker's rule), so one
+    without a closing slash (``s3://b/d`` with ``/a.csv``, or ``s3://b/da`` with ``ta.csv``) counts
+    from the last slash in it: the keys ``d/a.csv`` and ``data.csv``."""
+    if not prefix:
+        return f"{target.bucket}/{target.key}"
+    folder = s3.S3Uri.parse(prefix).key
+    return target.key[folder.rfind("/") + 1 :]
 
 
 def _split_version(value: str) -> tuple[str, str]:

@@ -161,7 +161,20 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
                     "rename it in S3"
                 ) from exc
             raise StorageError(f"{obj.uri}: laying it out under {folder} failed ({exc}); check that folder") from exc
+    _remove_unlisted(folder, set(by_rel))
     return folder
+
+
+def _remove_unlisted(folder: Path, listed: set[str]) -> None:
+    """Remove what an earlier layout of ``folder`` left that the channel no longer lists (a retried task or a
+    rerun of the same job id, after an object was deleted in S3): the folder holds the manifest's objects and
+    nothing else, so an entrypoint reads what the lineage records."""
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # files before their folders
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif path.relative_to(folder).as_posix() not in listed:
+            path.unlink()
 
 
 def fetch_object(uri: str, target: Path) -> StagedObject:

@@ -143,24 +143,34 @@ def describe(
             )
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # (dictionary and string, bool and int): as before,
             label_type = pa.schema([schemas[holding[0].uri].field(label)])  # the first object's type
-        by_bucket: dict[str, list[str]] = {}
+        by_bucket: dict[str, list] = {}
         for o in holding:
-            by_bucket.setdefault(o.bucket, []).append(f"{o.bucket}/{o.key}")
+            by_bucket.setdefault(o.bucket, []).append(o)
+        held = {entry["id"]: entry["end"] - entry["start"] for entry in layout}
+        label_layout, at = [], 0  # where each object's labels lie in the table read below, to name a bad one's
+        for o in (o for objects in by_bucket.values() for o in objects):
+            label_layout.append({"id": o.uri, "start": at, "end": at + held[o.uri]})
+            at += held[o.uri]
         try:
             labels = pa.concat_tables(
-                pq.read_table(paths, columns=[label], schema=label_type, filesystem=filesystem(bucket))
-                for bucket, paths in by_bucket.items()
+                pq.read_table(
+                    [f"{o.bucket}/{o.key}" for o in objects],
+                    columns=[label],
+                    schema=label_type,
+                    filesystem=filesystem(bucket),
+                )
+                for bucket, objects in by_bucket.items()
             )
         except (OSError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise read_error(exc, where, "the label column cannot be read") from exc
-        datasets.check_labels(labels, label, where)
+        datasets.check_labels(labels, label, where, label_layout)
         classes = sorted(pc.unique(labels[label]).to_pylist(), key=lambda v: (str(type(v)), v))
-    schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name)
+    schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name, layout)
     # Column types are checked where there are values: an empty object's columns may be typed null
     with_rows = {entry["id"]: schemas[entry["id"]] for entry in layout if entry["end"] > entry["start"]}
     _check_objects(schemas, [*schema.features, schema.label])
     _check_objects(with_rows, [], schema.features)
-    x, y = datasets.to_arrays(table, schema, where)
+    x, y = datasets.to_arrays(table, schema, where, layout)  # the sample: the channel's first rows, in layout order
     if cache_dir is not None:
         offset = 0
         for unit_id, etag, part in sample:
@@ -171,7 +181,8 @@ def describe(
     sample_path = out_dir / "train.sample.npz"
     np.savez(sample_path, x=x[:SAMPLE_ROWS], y=y[:SAMPLE_ROWS])
     meta = datasets.schema_dict(schema)
-    return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True)
+    warnings = datasets.numbers_as_text(table, channel, manifest.name, layout)  # in the sample: a writer's typing
+    return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True, warnings=warnings)
 
 
 def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: Sequence[str] = ()) -> None:
@@ -246,6 +257,10 @@ class RowGroupSource:
             return arrays
         except FileNotFoundError:
             pass  # not read yet, or evicted
+        except ValueError as exc:
+            # cut short or not .npy (a machine that lost power after the rename, a disk error): read it again
+            log.warning("kept row group %s is damaged (%s): reading it from S3 again", local.name, exc)
+            local.unlink(missing_ok=True)
         columns = [*self._schema.features, self._schema.label]
         with self._lock:  # one reader at a time per open object
             table = _read_row_group(self._parquet(uri), int(index), uri, columns)

@@ -45,6 +45,11 @@ def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
     assert [o.rel for o in m.objects] == ["a/1.bin", "b/3.bin"]
     folder = staging.mirror(m, tmp_path / "mirror")
     assert (folder / "a/1.bin").read_bytes() == b"a/1.bin" and (folder / "b/3.bin").read_bytes() == b"b/3.bin"
+    # a prefix without its closing slash is joined to the entries as written, as SageMaker joins them
+    no_slash = [{"prefix": f"s3://{bucket}/files"}, "/a/1.bin", "/b/3.bin"]
+    client.put_object(Bucket=bucket, Key="no-slash.json", Body=json.dumps(no_slash).encode())
+    m1 = stage(f"s3://{bucket}/no-slash.json", tmp_path, s3_data_type="manifest", format="raw")
+    assert [o.key for o in m1.objects] == [o.rel for o in m1.objects] == ["files/a/1.bin", "files/b/3.bin"]
     m2 = stage(f"s3://{bucket}/m.jsonl", tmp_path, s3_data_type="manifest", format="raw")
     assert [o.key for o in m2.objects] == ["files/a/2.bin", "files/b/3.bin"]
     assert m2.objects_downloaded == 1  # b/3.bin came from the cache

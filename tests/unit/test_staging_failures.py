@@ -46,6 +46,22 @@ def test_a_key_that_is_a_folder_of_another_is_named_before_anything_is_laid_out(
     assert not (tmp_path / "mirror").exists()
 
 
+def test_a_channel_laid_out_again_holds_only_what_its_manifest_lists(tmp_path):
+    # a retried staging task or a rerun of the job id, after an object was deleted in S3: the entrypoint saw it still
+    source = tmp_path / "object"
+    source.write_bytes(b"x")
+
+    def manifest(*rels):
+        objects = [listing.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source)) for rel in rels]
+        return listing.ChannelManifest("extra", "s3://b/ch/", "raw", objects)
+
+    folder = staging.mirror(manifest("vocab.txt", "old/config.json", "old/notes.txt"), tmp_path / "mirror")
+    staging.mirror(manifest("vocab.txt", "old/notes.txt"), folder)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == ["old", "old/notes.txt", "vocab.txt"]
+    staging.mirror(manifest("vocab.txt"), folder)
+    assert [p.name for p in folder.iterdir()] == ["vocab.txt"]  # the emptied folder too
+
+
 def test_a_key_too_long_for_a_file_name_is_named_not_a_traceback(tmp_path):
     source = tmp_path / "object"
     source.write_bytes(b"x")

@@ -60,6 +60,23 @@ def test_kept_row_groups_stay_under_the_cache_cap_and_an_evicted_one_is_read_aga
     assert reads == [1, 2, 3, 4, 5, 0]
 
 
+@pytest.mark.parametrize("damage", ["cut short", "empty"])
+def test_a_damaged_kept_row_group_is_read_from_s3_again(s3_endpoint, tmp_path, monkeypatch, damage, caplog):
+    # what a machine that lost power after the rename can leave: every later load failed on it until evicted
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    table = blobs_table(200, seed=9)
+    bucket, _, staged = stream_one_object(s3_endpoint, tmp_path, table, 100)
+    source = streaming.RowGroupSource(staged.train_layout, staged.schema, shared_cache.rowgroups_dir())
+    unit = f"s3://{bucket}/t/a.parquet#rg1"
+    x, y = source.load(unit)
+    (kept,) = [p for p in shared_cache.rowgroups_dir().iterdir() if p.name.endswith("-rg1" + streaming.UNIT_SUFFIX)]
+    os.truncate(kept, kept.stat().st_size // 2 if damage == "cut short" else 0)
+    again_x, again_y = source.load(unit)
+    np.testing.assert_array_equal(again_x, x)
+    np.testing.assert_array_equal(again_y, table["label"].to_numpy()[100:])
+    assert "is damaged" in caplog.text and kept.stat().st_size > 0  # kept again, whole
+
+
 def test_read_errors_say_whether_s3_failed_or_the_object_is_bad():
     network = OSError(
         "When reading information for key 'k' in bucket 'b': AWS Error NETWORK_CONNECTION during GetObject"

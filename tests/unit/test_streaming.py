@@ -340,6 +340,26 @@ def test_a_channel_sorted_by_label_finds_every_class_and_objects_without_a_colum
         streaming.describe(manifest, declared, "classification", tmp_path / "data")
 
 
+def test_a_missing_label_or_feature_in_a_streamed_channel_names_its_object(s3_endpoint, tmp_path):
+    table = blobs_table(200, seed=8)
+    bucket, channel, _ = stream_one_object(s3_endpoint, tmp_path, table, 50)
+    holes = table.slice(0, 4).set_column(4, "label", pa.array([0, 1, None, 1]))
+    put_parquet(s3_endpoint, bucket, "t/b.parquet", holes, 50)
+    manifest = staging.stage_channels({"train": channel}, tmp_path)["train"]
+    with pytest.raises(DataError, match=rf"label 'label' has 1 missing.*s3://{bucket}/t/b.parquet \(its data row 3"):
+        streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    # the classes declared, the labels are checked in the scaling sample (the channel's first rows), as its features
+    declared = channel.model_copy(update={"classes": [0, 1]})
+    with pytest.raises(DataError, match=rf"label 'label' has 1 missing.*s3://{bucket}/t/b.parquet \(its data row 3"):
+        streaming.describe(manifest, declared, "classification", tmp_path / "data")
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", table.append_column("flag", pa.array([True] * 200)), 50)
+    flagged = table.slice(0, 4).append_column("flag", pa.array([True, None, True, True]))
+    put_parquet(s3_endpoint, bucket, "t/b.parquet", flagged, 50)
+    manifest = staging.stage_channels({"train": declared}, tmp_path)["train"]
+    with pytest.raises(DataError, match=rf"feature 'flag' has 1 missing.*s3://{bucket}/t/b.parquet \(its data row 2"):
+        streaming.describe(manifest, declared, "classification", tmp_path / "data")
+
+
 def test_an_empty_pandas_shard_whose_columns_are_typed_null_is_streamed_as_file_mode_reads_it(s3_endpoint, tmp_path):
     import pandas as pd
 
