@@ -9,6 +9,7 @@ also marks the gate as done, so a registration finished after a crash does not j
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainyard.model_card import METRIC_TAG_PREFIX
@@ -31,7 +32,12 @@ class GateDecision:
 def decide(
     rule: PromoteIf | None, ours: float | None, theirs: float | None, has_champion: bool, emissions_kg: float | None
 ) -> GateDecision:
-    """The promotion rule. ``ours`` / ``theirs``: the gate metric of the new version and of the champion."""
+    """The promotion rule. ``ours`` / ``theirs``: the gate metric of the new version and of the champion.
+
+    A metric that is not a number (NaN: a diverged run's loss) never wins, and loses to any number: by
+    comparison alone a NaN champion could never be beaten, every comparison with NaN being false."""
+    if rule is not None and ours is not None and not math.isfinite(ours):
+        return GateDecision(False, f"this version's {rule.metric} is {ours} (did training diverge?)")
     if rule is not None and rule.max_emissions_kg is not None:
         if emissions_kg is None:
             return GateDecision(False, f"emissions unknown; the carbon ceiling is {rule.max_emissions_kg} kgCO2e")
@@ -43,12 +49,14 @@ def decide(
         return GateDecision(False, "no registry.promote_if gate: the champion moves only by hand")
     if ours is None:
         return GateDecision(False, f"this version has no final {rule.metric}")
-    if theirs is None:
-        return GateDecision(True, f"the champion has no {rule.metric}")
+    if theirs is None or not math.isfinite(theirs):
+        return GateDecision(True, f"the champion has no {rule.metric}" + ("" if theirs is None else f" ({theirs})"))
     gain = (ours - theirs) if rule.direction == "max" else (theirs - ours)
-    verdict = "beats" if gain > rule.min_gain else "does not beat"
+    # a gain equal to min_gain does not win, however the subtraction rounds (0.8 - 0.7 is 0.10000000000000009)
+    wins = gain > rule.min_gain and not math.isclose(gain, rule.min_gain, rel_tol=1e-9, abs_tol=1e-12)
+    verdict = "beats" if wins else "does not beat"
     return GateDecision(
-        gain > rule.min_gain,
+        wins,
         f"{rule.metric} {ours:.6g} {verdict} the champion's {theirs:.6g} by more than {rule.min_gain:g} "
         f"({rule.direction})",
     )
@@ -88,13 +96,21 @@ def _role(decision: GateDecision) -> str:
 
 
 def _version_metric(client, version, metric: str | None) -> float | None:
-    """A version's final ``metric``: its tag, else (versions registered before the tag) its run's."""
+    """A version's final ``metric``: its tag, else (versions registered before the tag) its run's; None
+    when neither is there (a run deleted, as ``mlflow gc`` deletes them, has no metric to give)."""
+    from mlflow.exceptions import MlflowException
+
     if metric is None:
         return None
     tagged = _float((version.tags or {}).get(f"{METRIC_TAG_PREFIX}{metric}"))
     if tagged is not None or not version.run_id:
         return tagged
-    return client.get_run(version.run_id).data.metrics.get(metric)
+    try:
+        return client.get_run(version.run_id).data.metrics.get(metric)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
 
 
 def _float(value: str | None) -> float | None:

@@ -127,6 +127,39 @@ def test_gate_rule_gain_direction_and_carbon_ceiling():
     assert not decide(None, 0.9, 0.1, has_champion=True, emissions_kg=None).wins  # no gate: only by hand
 
 
+def test_a_gain_of_exactly_min_gain_never_wins_however_the_subtraction_rounds():
+    rule = PromoteIf(metric="val_accuracy", min_gain=0.1)
+    # 0.8 - 0.7 is 0.10000000000000009 and 0.3 - 0.2 is 0.09999999999999998: both exactly min_gain
+    assert not decide(rule, 0.8, 0.7, has_champion=True, emissions_kg=None).wins
+    assert not decide(rule, 0.3, 0.2, has_champion=True, emissions_kg=None).wins
+    assert decide(rule, 0.8001, 0.7, has_champion=True, emissions_kg=None).wins
+
+
+def test_a_metric_that_is_not_a_number_never_wins_and_loses_to_any_number():
+    rule = PromoteIf(metric="val_loss")
+    nan = float("nan")
+    diverged = decide(rule, nan, None, has_champion=False, emissions_kg=None)
+    assert not diverged.wins and "val_loss is nan (did training diverge?)" in diverged.reason
+    assert decide(rule, 0.1, nan, has_champion=True, emissions_kg=None).wins  # every comparison with NaN is false
+
+
+def test_a_champion_whose_run_is_gone_and_lacks_its_metric_tag_is_beaten_not_a_failed_job(tracking, tmp_path):
+    job, model, x = trained()
+    first = register(job, model, x, "a", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    client.delete_model_version_tag("reg-test", first["version"], "metrics.val_accuracy")
+    client.delete_run(first["run_id"])
+    client._tracking_client.store._hard_delete_run(first["run_id"])  # what `mlflow gc` does
+    second = register(job, model, x, "b", 0.95, tmp_path)
+    assert second["aliases"] == ["champion"] and "the champion has no val_accuracy" in second["gate"]
+
+
+def test_a_diverged_jobs_version_does_not_hold_champion_against_later_ones(tracking, tmp_path):
+    job, model, x = trained()
+    assert register(job, model, x, "a", float("nan"), tmp_path)["aliases"] == ["candidate"]
+    assert register(job, model, x, "b", 0.7, tmp_path)["aliases"] == ["champion"]
+
+
 def test_a_gates_direction_is_its_metrics_and_a_contrary_one_is_refused():
     from trainyard.errors import SpecError
 
