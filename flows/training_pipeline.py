@@ -117,7 +117,7 @@ def training_pipeline(
             primary,
             secondary,
             f"Training stopped: {outcome.stop_reason}",
-            None if primary == "Completed" else outcome.stop_reason,
+            None if primary == "Completed" else status.failure_reason(outcome.stop_reason, outcome.history),
         )
     except TrainyardError as exc:
         error = exc

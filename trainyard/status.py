@@ -7,6 +7,7 @@ times and a message. ``summary`` assembles the job record whose keys are a publi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -50,7 +51,21 @@ def primary_status(stop_reason: str) -> tuple[str, str]:
         return "Stopped", "MaxRuntimeExceeded"
     if stop_reason in ("Stopped", "CarbonBudgetExceeded", "Left"):  # Left: every group was told to go
         return "Stopped", "Stopped"
+    if stop_reason == "Diverged":
+        return "Failed", "Failed"
     return "Completed", "Completed"
+
+
+def failure_reason(stop_reason: str, history: list[dict]) -> str:
+    """The summary's ``failure_reason`` for a training stop that is not Completed."""
+    if stop_reason != "Diverged" or not history:
+        return stop_reason
+    last = history[-1]
+    loss = "val_loss" if "val_loss" in last else "train_loss"
+    return (
+        f"Diverged: {loss} was {last.get(loss)} at the end of epoch {last['epoch']}; lower "
+        "hyperparameters.learning_rate (or add warmup_steps), or look in the data for extreme feature values"
+    )
 
 
 def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None) -> dict:
@@ -176,4 +191,9 @@ def final_metrics(history: list[dict]) -> dict:
     """The last epoch's metrics."""
     if not history:
         return {}
-    return {k: v for k, v in history[-1].items() if k not in NOT_METRICS} | {"epochs": history[-1]["epoch"]}
+    # NaN (a diverged run's loss) as null: JSON has no NaN, and json.dumps would write one that parsers refuse
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in history[-1].items()
+        if k not in NOT_METRICS
+    } | {"epochs": history[-1]["epoch"]}

@@ -177,6 +177,37 @@ def test_patience_stops_when_nothing_improves(trainyard_home):
     assert len(outcome.history) <= 4
 
 
+@pytest.mark.parametrize("replicas, validation", [(2, True), (1, False)])
+def test_a_loss_that_is_no_longer_a_number_ends_training_as_diverged(trainyard_home, replicas, validation):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 20, "batch_size": 64, "learning_rate": 10, "optimizer": "sgd"},
+        resources={"replicas": replicas},
+    )
+    if not validation:
+        plan.validation_data = None
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Diverged" and len(outcome.history) < 20
+    loss = outcome.history[-1]["val_loss" if validation else "train_loss"]
+    assert not np.isfinite(loss)
+
+
+def test_a_diverged_job_ends_failed_saying_why_and_its_metrics_are_valid_json():
+    from trainyard import status
+
+    history = [
+        {"epoch": 1, "train_loss": 0.7, "val_loss": 0.6},
+        {"epoch": 2, "train_loss": float("nan"), "val_loss": float("inf")},
+    ]
+    assert status.primary_status("Diverged") == ("Failed", "Failed")
+    reason = status.failure_reason("Diverged", history)
+    assert reason.startswith("Diverged: val_loss was inf at the end of epoch 2; lower hyperparameters.learning_rate")
+    metrics = status.final_metrics(history)
+    assert metrics == {"train_loss": None, "val_loss": None, "epochs": 2}
+    json.loads(json.dumps(metrics), parse_constant=lambda c: pytest.fail(f"{c} in the summary"))
+    assert status.failure_reason("MaxRuntimeExceeded", history) == "MaxRuntimeExceeded"
+
+
 def test_linear_regression_reports_rmse_in_label_units(trainyard_home):
     job, job_id, folder, plan = make_job(
         trainyard_home,

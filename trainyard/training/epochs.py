@@ -58,6 +58,9 @@ def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter:
 
 def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started: float) -> None:
     history.epochs.append({"epoch": epoch, "elapsed_seconds": time.monotonic() - started, **metrics})
+    if diverged(metrics, job):
+        history.stop_reason = "Diverged"
+        return
     target = job.stopping.target_metric
     if target is not None and target.name in metrics:
         value = metrics[target.name]
@@ -74,6 +77,15 @@ def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, sta
             )
             if history.epochs_since_best >= job.stopping.patience_epochs:
                 history.stop_reason = "NoImprovement"
+
+
+def diverged(metrics: dict, job: TrainingJob) -> str | None:
+    """The loss that is no longer a number (NaN or infinite) at an epoch's end, or None: the parameters
+    are then NaN too, and every later step would be spent for nothing. Judged on ``val_loss``, which every
+    group shares; on ``train_loss`` only with one group (each group's own is over its own batches)."""
+    watched = "val_loss" if "val_loss" in metrics else "train_loss" if job.resources.max_replicas == 1 else None
+    value = metrics.get(watched) if watched else None
+    return watched if value is not None and not math.isfinite(value) else None
 
 
 def history_state(history: History) -> dict:
