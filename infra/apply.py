@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainyard.errors import TrainyardError
+from trainyard.spec.sections import LAUNCHER_JOB_VARIABLES  # the job spec checks a job's against it
 
 INFRA_DIR = Path(__file__).resolve().parent
 PIPELINE_POOL = "trainyard-process"
@@ -33,7 +34,6 @@ GPU_TEMPLATES = {
 
 # The job variables the launch stage may set on a replica group's flow run (run_deployment(job_variables=...)).
 # Every GPU pool template declares all of them, so one set of values is valid on every pool.
-LAUNCHER_JOB_VARIABLES = ("env", "gpus", "image", "cpu", "memory", "node_selector", "tolerations", "shm_size")
 # Where a template references the launcher variables its kind of worker cannot apply (a process has no
 # image). Workers ignore keys they do not know; the contract tests allow only launcher variables here, so
 # a variable a template forgot to use is still caught.

@@ -23,6 +23,7 @@ from trainyard.cli_jobs import jobs_app
 from trainyard.cli_models import models_app
 from trainyard.cli_report import report_app
 from trainyard.cli_spec import SetOption, SpecArgument, entrypoint_problem, load, warn
+from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 from trainyard.home import home, new_job_id
 from trainyard.spec import TrainingJob, parse_job
@@ -46,7 +47,7 @@ SummaryOption = Annotated[Path | None, typer.Option("--summary-out", help="Write
 def validate(spec: SpecArgument, set_: SetOption = None) -> None:
     """Check a job spec without running it: prints every problem with the field and the fix."""
     job = load(spec, set_)
-    console.print(f"[green]{spec}: valid[/green] job {job.name!r}, {job.resources.replicas} replica group(s)")
+    say(console, f"{spec}: valid job {job.name!r}, {job.resources.replicas} replica group(s)", "green")
     warn(job)
 
 
@@ -57,7 +58,7 @@ def run(spec: SpecArgument, set_: SetOption = None, summary_out: SummaryOption =
     job = load(spec, set_)
     problem = entrypoint_problem(job)
     if problem:  # this process trains the job: an entrypoint it cannot import fails before any compute
-        console.print(f"[red]{spec}: {problem}[/red]")
+        say(console, f"{spec}: {problem}", "red")
         raise typer.Exit(2)
     raise typer.Exit(_run_job(job, summary_out))
 
@@ -75,7 +76,7 @@ def demo(
     from trainyard.local_s3 import local_s3_env
 
     with local_s3_env() as server:
-        console.print(f"local S3 endpoint: {server.endpoint_url}")
+        say(console, f"local S3 endpoint: {server.endpoint_url}")
         uris = demo_data.upload_demo_data(rows)
         job = parse_job(demo_data.demo_job(uris, epochs=epochs, replicas=replicas))
         code = _run_job(job, summary_out)
@@ -98,7 +99,7 @@ def scale(
     try:
         console.print(scaling.request(job_id, replicas))
     except TrainyardError as exc:
-        console.print(f"[red]{exc}[/red]")
+        say(console, exc, "red")
         raise typer.Exit(2) from None
 
 
@@ -119,7 +120,7 @@ def _embedded_defaults(job_id: str) -> None:
         prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
         # its database already migrated: the ephemeral API starts in seconds, not 20
         templates = prefect_template.templates_dir(fallback=home() / "prefect")
-        prefect_template.seed(prefect_home, templates, announce=lambda message: console.print(f"[dim]{message}[/dim]"))
+        prefect_template.seed(prefect_home, templates, announce=lambda message: say(console, message, "dim"))
         os.environ["PREFECT_HOME"] = str(prefect_home)
 
 
@@ -137,14 +138,16 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     try:
         training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:
-        console.print(f"[red]{exc}[/red]")
+        say(console, exc, "red")
     except RuntimeError as exc:
         if "ephemeral Prefect API" not in str(exc):
             raise
         # Prefect's own words, without its traceback: the job never started, so there is no summary.
-        console.print(
-            f"[red]{exc}[/red]\nStart a Prefect server (`prefect server start`) and set PREFECT_API_URL, "
-            "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS."
+        say(console, exc, "red")
+        say(
+            console,
+            "Start a Prefect server (`prefect server start`) and set PREFECT_API_URL, "
+            "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.",
         )
         return 1
     except BaseException:
@@ -159,7 +162,7 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         signal.signal(signal.SIGTERM, previous)
     summary_path = job_dir(job_id) / "summary.json"
     if not summary_path.exists():
-        console.print(f"[red]job {job_id} produced no summary; see the logs above[/red]")
+        say(console, f"job {job_id} produced no summary; see the logs above", "red")
         return 1
     summary = json.loads(summary_path.read_text())
     if summary_out is not None:
@@ -200,7 +203,7 @@ def main() -> None:
     try:
         app()
     except TrainyardError as exc:
-        console.print(f"[red]{exc}[/red]")
+        say(console, exc, "red")
         sys.exit(1)
 
 

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 
 infra_app = typer.Typer(
@@ -80,10 +81,10 @@ def apply(
             dry_run=dry_run,
         )
     except infra.InfraError as exc:
-        err.print(f"[red]{exc}[/red]")
+        say(err, exc, "red")
         raise typer.Exit(2) from None
     except TrainyardError as exc:
-        err.print(f"[red]{exc}[/red]")
+        say(err, exc, "red")
         raise typer.Exit(1) from None
     table = Table(title="trainyard infra apply" + (" (dry run: nothing changed)" if dry_run else ""))
     for column in ("kind", "name", "action", "detail"):
@@ -92,7 +93,7 @@ def apply(
         table.add_row(c.kind, c.name, f"[{_STYLE[c.action]}]{c.action}[/]", c.detail)
     out.print(table)
     changed = [c for c in changes if c.action != "unchanged"]
-    out.print(f"{len(changed)} change(s)" if changed else "no changes")
+    say(out, f"{len(changed)} change(s)" if changed else "no changes")
 
 
 def _infra_module():

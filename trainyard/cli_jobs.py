@@ -13,6 +13,7 @@ from rich.table import Table
 
 from flows.client import DEFAULT_DEPLOYMENT  # the client imports Prefect only when it is called
 from trainyard.cli_spec import SetOption, SpecArgument, load, warn
+from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 
 jobs_app = typer.Typer(help="Jobs on the Prefect API named by PREFECT_API_URL.", no_args_is_help=True)
@@ -46,16 +47,16 @@ def submit(
     print(run_id)  # stdout, alone: RUN_ID=$(trainyard jobs submit job.yaml)
     if not wait:
         return
-    console.print(f"job {job.name!r} queued on {deployment}, flow run {run_id}: waiting for it to end")
+    say(console, f"job {job.name!r} queued on {deployment}, flow run {run_id}: waiting for it to end")
     final = _call(functools.partial(client.wait, on_transition=_print_transition), run_id)
     colour = "green" if final["status"] == "Completed" else "red"
-    console.print(f"[{colour}]job {final['job_id']}: {final['status']} ({final['secondary_status']})[/{colour}]")
+    say(console, f"job {final['job_id']}: {final['status']} ({final['secondary_status']})", colour)
     raise typer.Exit(0 if final["status"] == "Completed" else 1)
 
 
 def _print_transition(transition: dict) -> None:
     """``07:17:32  Training  Training the model``: one line per secondary status, as the job enters it."""
-    console.print(f"{_clock(transition['start_time'])}  {transition['status']:<12} {transition.get('message', '')}")
+    say(console, f"{_clock(transition['start_time'])}  {transition['status']:<12} {transition.get('message', '')}")
 
 
 def _clock(iso: str) -> str:
@@ -103,15 +104,15 @@ def stop(run_id: RunId) -> None:
     from flows import client
 
     cancelled = _call(client.stop, run_id)
-    console.print(f"cancelled {len(cancelled)} run(s)" if cancelled else "nothing to stop: the job has ended")
+    say(console, f"cancelled {len(cancelled)} run(s)" if cancelled else "nothing to stop: the job has ended")
 
 
 def _call(fn, *args):
     try:
         return fn(*args)
     except TrainyardError as exc:  # a run id that is not one, or that the API does not know (client.py)
-        console.print(f"[red]{exc}[/red]")
+        say(console, exc, "red")
         raise typer.Exit(2) from None
     except Exception as exc:  # noqa: BLE001 - the API unreachable: say so, no traceback
-        console.print(f"[red]{type(exc).__name__}: {exc}[/red] (is PREFECT_API_URL right?)")
+        say(console, f"{type(exc).__name__}: {exc} (is PREFECT_API_URL right?)", "red")
         raise typer.Exit(1) from None

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainyard import registry
+from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 from trainyard.redaction import redact_text
 
@@ -60,7 +61,7 @@ def show(name: Name, version: Ref) -> None:
     for key, value in sorted(info["tags"].items()):
         table.add_row(key, value if len(value) <= 300 else value[:300] + "...")
     out.print(table)
-    out.print(f"source: {info['source']}  run: {info['run_id']}")
+    say(out, f"source: {info['source']}  run: {info['run_id']}")
     if info["card"]:
         out.print(info["card"], markup=False, highlight=False)
 
@@ -69,16 +70,16 @@ def show(name: Name, version: Ref) -> None:
 def approve(name: Name, version: Ref) -> None:
     """Mark a version Approved (approval_status tag, SageMaker's value)."""
     info = _call(registry.set_approval, name, version, "Approved")
-    out.print(f"{name} version {info['version']}: Approved")
+    say(out, f"{name} version {info['version']}: Approved")
 
 
 @models_app.command()
 def reject(name: Name, version: Ref) -> None:
     """Mark a version Rejected. A rejected champion stays champion until another version is promoted."""
     info = _call(registry.set_approval, name, version, "Rejected")
-    out.print(f"{name} version {info['version']}: Rejected")
+    say(out, f"{name} version {info['version']}: Rejected")
     if "champion" in info["aliases"]:
-        err.print(f"[yellow]note: version {info['version']} is still the champion; promote another version[/yellow]")
+        say(err, f"note: version {info['version']} is still the champion; promote another version", "yellow")
 
 
 @models_app.command()
@@ -90,10 +91,10 @@ def promote(
     """Move the champion alias to a version by hand, whatever the gate decided."""
     current = _call(registry.describe, name, version)
     if current["approval_status"] == "Rejected" and not force:
-        err.print(f"[red]{name} version {current['version']} is Rejected; approve it first, or use --force[/red]")
+        say(err, f"{name} version {current['version']} is Rejected; approve it first, or use --force", "red")
         raise typer.Exit(2)
     info = _call(registry.promote, name, str(current["version"]))
-    out.print(f"{name}@champion -> version {info['version']} ({info['approval_status']})")
+    say(out, f"{name}@champion -> version {info['version']} ({info['approval_status']})")
 
 
 def _call(fn, *args):
@@ -101,8 +102,8 @@ def _call(fn, *args):
     try:
         return fn(*args)
     except registry.ModelNotFound as exc:
-        err.print(f"[red]{exc}[/red]")
+        say(err, exc, "red")
         raise typer.Exit(2) from None
     except TrainyardError as exc:
-        err.print(f"[red]{exc}[/red]")
+        say(err, exc, "red")
         raise typer.Exit(1) from None

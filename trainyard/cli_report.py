@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 
 report_app = typer.Typer(help="Reports across jobs.", no_args_is_help=True)
@@ -30,12 +31,12 @@ def carbon(
         try:
             since = date.fromisoformat(since).isoformat()
         except ValueError:
-            console.print(f"[red]--since {since!r}: not a date; write it as YYYY-MM-DD, e.g. 2026-11-01[/red]")
+            say(console, f"--since {since!r}: not a date; write it as YYYY-MM-DD, e.g. 2026-11-01", "red")
             raise typer.Exit(2) from None
     try:
         rows = esg.read_ledger(output_uri, since)
     except TrainyardError as exc:
-        console.print(f"[red]{exc}[/red]")
+        say(console, exc, "red")
         raise typer.Exit(1) from None
     table = Table(title=f"Carbon ledger: {output_uri}" + (f" since {since}" if since else ""))
     for column in ("job", "finished", "status", "kWh", "kgCO2e", "market-based kg", "mode"):
@@ -67,6 +68,6 @@ def carbon(
         try:
             write(rows, path)
         except OSError as exc:
-            console.print(f"[red]{path}: cannot be written ({exc.strerror or exc})[/red]")
+            say(console, f"{path}: cannot be written ({exc.strerror or exc})", "red")
             raise typer.Exit(1) from None
-        console.print(f"wrote {path}")
+        say(console, f"wrote {path}")

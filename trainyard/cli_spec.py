@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from trainyard.cli_text import say
 from trainyard.errors import SpecError
 from trainyard.spec import TrainingJob, ignored_settings, load_job
 
@@ -24,7 +25,7 @@ def load(spec: Path, overrides: list[str] | None) -> TrainingJob:
     try:
         return load_job(spec, overrides or [])
     except SpecError as exc:
-        console.print(f"[red]{spec}: {exc}[/red]")
+        say(console, f"{spec}: {exc}", "red")
         raise typer.Exit(2) from None
 
 
@@ -32,10 +33,10 @@ def warn(job: TrainingJob) -> None:
     """Print what a valid job sets that will not do what it seems to, and an entrypoint that does not
     import here (only a warning: the job may be meant for workers where its package is installed)."""
     for setting in ignored_settings(job):
-        console.print(f"[yellow]warning: {setting}[/yellow]")
+        say(console, f"warning: {setting}", "yellow")
     problem = entrypoint_problem(job)
     if problem:
-        console.print(f"[yellow]{problem} (it must import where the job runs, not necessarily here)[/yellow]")
+        say(console, f"{problem} (it must import where the job runs, not necessarily here)", "yellow")
 
 
 def entrypoint_problem(job: TrainingJob) -> str | None:

@@ -380,3 +380,79 @@ def test_an_output_prefix_with_dot_or_empty_segments_is_refused(uri):
         f"output.s3_uri: {uri!r} has an empty, '.' or '..' segment; write the prefix as the outputs should lie"
     ]
     parse_job(minimal(output={"s3_uri": "s3://bkt/team-a/out"}))  # one without is taken
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"hyperparameters": {"epochs": True}}, "hyperparameters.epochs: true is not a number; give a number"),
+        ({"resources": {"replicas": True}}, "resources.replicas: true is not a number"),
+        ({"resources": {"max_replicas": 100}}, "resources.max_replicas: Input should be less than or equal to 64"),
+        ({"resources": {"replicas": 2, "min_replicas": 3}}, "got 3 <= 2 <= 2; lower min_replicas or raise replicas"),
+        (
+            {"resources": {"job_variables": {"imagee": "x"}}},
+            "imagee: not a variable of Trainyard's pool templates; did you",
+        ),
+        ({"hyperparameters": {"seed": 1_700_000_000_000_000}}, "hyperparameters.seed: Input should be less than or"),
+        (
+            {"sifting": {"prefilter": {"seed": -3}}},
+            "sifting.prefilter.seed: Input should be greater than or equal to 0",
+        ),
+        ({"registry": {"model_name": "team/churn"}}, "registry.model_name: 'team/churn': use letters, digits"),
+        ({"registry": {"model_name": "churn's"}}, 'registry.model_name: "churn\'s": use letters'),
+        (
+            {"stopping": {"target_metric": {"name": "val_accuracy", "value": 95}}},
+            "stopping.target_metric: value 95: val_accuracy is a fraction of the validation rows; write 0.95 for 95%",
+        ),
+        ({"stopping": {"target_metric": {"name": "val_loss", "value": -1}}}, "val_loss is never below 0"),
+    ],
+)
+def test_values_that_would_fail_after_compute_or_never_be_met_are_refused_by_field(changes, says):
+    assert any(says in p for p in problems(minimal(**changes))), problems(minimal(**changes))
+
+
+def test_channels_whose_settings_would_be_ignored_or_read_wrongly_are_refused():
+    train = {"s3_uri": "s3://bkt/train/", "label": "y", "features": ["a", "y"]}
+    assert "inputs.train.features: lists the label 'y', which the model would then be given as an input" in " ".join(
+        problems(minimal(inputs={"train": train}))
+    )
+    train = {"s3_uri": "s3://bkt/train/", "label": "y", "features": ["a"], "classes": [0, 1]}
+    validation = {"s3_uri": "s3://bkt/val/", "label": "z", "classes": [0, 1], "features": ["b"]}
+    found = problems(minimal(inputs={"train": train, "validation": validation}))
+    assert any(p.startswith("inputs.validation.label: 'z', but the train channel's is 'y'") for p in found)
+    assert any(p.startswith("inputs.validation.features: the validation channel is read with the train") for p in found)
+    assert not any(p.startswith("inputs.validation.classes") for p in found)  # the same as train's
+    same = {"s3_uri": "s3://bkt/val/", "label": "y", "features": ["a"]}
+    assert parse_job(minimal(inputs={"train": train, "validation": same})).inputs.validation.label == "y"
+    # outputs under an input prefix: the next job would read model.pt and summary.json as training data
+    found = problems(minimal(output={"s3_uri": "s3://bkt/train/runs/"}))
+    assert found == [
+        "output.s3_uri: s3://bkt/train/runs/ is inside inputs.train.s3_uri (s3://bkt/train/), so later jobs would read "
+        "this job's outputs as that channel's data; write the outputs under another prefix"
+    ]
+    assert parse_job(minimal(output={"s3_uri": "s3://bkt/train-out/"})).output.s3_uri == "s3://bkt/train-out/"
+
+
+def test_a_value_of_none_of_a_fields_types_is_one_problem_naming_them():
+    found = problems(
+        minimal(
+            inputs={"train": {"s3_uri": "s3://bkt/train/", "label": "y", "classes": [1.5, 2]}},
+            stopping={"target_metric": 0.95},
+            sifting={"prune": {"hardest_min_loss": "foo"}},
+        )
+    )
+    assert found == [
+        "inputs.train.classes.0: give a whole number, text or true or false (got 1.5)",
+        "sifting.prune.hardest_min_loss: give a number or 'chance' (got 'foo')",
+        "stopping.target_metric: a section: give its fields as a mapping, e.g. {field: value} (got 0.95)",
+    ]
+
+
+def test_problems_print_literally_and_one_a_line_whatever_the_terminal(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    name = "a[/b]-" + "x" * 100  # rich read [/b] as a closing tag (MarkupError) and wrapped at 80 columns
+    result = CliRunner().invoke(app, ["validate", str(spec), "--set", f"name='{name}'"], env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert f"  - name: {name!r}: use 1-63 letters, digits or hyphens, not starting or ending with a hyphen" in lines

@@ -11,7 +11,7 @@ def test_reducible_loss_sifting_needs_the_prefilters_reference_losses():
     streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
     found = problems(minimal(inputs=streamed, sifting={"enabled": True, "score": "reducible_loss"}))
     assert any(p.startswith("sifting.score:") and "inputs.train.mode: file" in p for p in found)
-    off = {"enabled": True, "score": "reducible_loss", "prefilter": {"enabled": False}}
+    off = {"enabled": True, "beta": 1, "score": "reducible_loss", "prefilter": {"enabled": False}}
     assert any(p.startswith("sifting.score:") and "prefilter.enabled" in p for p in problems(minimal(sifting=off)))
     assert parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss"})).sifting.score == "reducible_loss"
     assert any(p.startswith("sifting.score") for p in problems(minimal(sifting={"enabled": True, "score": "rho"})))
@@ -89,3 +89,17 @@ def test_the_prefilters_reference_widths_are_checked():
     assert found == [
         "sifting.prefilter.reference_hidden_sizes: every hidden size must be a positive integer, e.g. [128, 128]"
     ]
+
+
+def test_keep_rule_settings_with_the_keep_rule_off_are_warned_of_and_train_no_reference_model():
+    from trainyard import filtering
+    from trainyard.spec import ignored_settings
+
+    # sifting.enabled alone on a file-mode channel is pruning alone (beta 0): the keep rule ranks nothing
+    job = parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss", "delay_steps": 5}))
+    (warning,) = [w for w in ignored_settings(job) if w.startswith("sifting.")]
+    assert warning.startswith("sifting.delay_steps, sifting.score: settings of the keep rule, which is off")
+    assert not filtering.needs_reference(job.sifting)  # reference models for a score nothing reads: not trained
+    keeping = parse_job(minimal(sifting={"enabled": True, "beta": 1, "score": "reducible_loss", "delay_steps": 5}))
+    assert not [w for w in ignored_settings(keeping) if w.startswith("sifting.")]
+    assert filtering.needs_reference(keeping.sifting)

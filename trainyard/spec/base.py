@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 BUILTIN_ALGORITHMS = ("mlp-classifier", "linear-regression")
 # Metric name -> whether bigger is better. Stopping and promotion use this table.
 METRICS: dict[str, bool] = {"val_accuracy": True, "val_loss": False, "val_rmse": False, "train_loss": False}
 _NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+SEED_MAX = 2**32 - 1  # numpy's and most tools' range; torch's generators overflowed on larger seeds
+
+
+def _no_bools(value: Any, info: ValidationInfo, model: type[BaseModel]) -> Any:
+    """Refuse true / false for a number: pydantic reads them as 1 and 0 (``epochs: true`` trained one epoch)."""
+    field = model.model_fields.get(info.field_name or "")
+    if isinstance(value, bool) and field is not None and "bool" not in str(field.annotation):
+        raise ValueError(f"{str(value).lower()} is not a number; give a number")
+    return value
 
 
 class _Model(BaseModel):
     # allow_inf_nan: a beta or learning rate of .inf or .nan passes gt=0 checks, and fails only in training
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_bools(cls, value: Any, info: ValidationInfo) -> Any:
+        return _no_bools(value, info, cls)
 
 
 def _known_metric(v: str) -> str:

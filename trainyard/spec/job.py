@@ -98,6 +98,13 @@ class TrainingJob(_Model):
                 problems.append(
                     "inputs.validation.distribution: every group validates on the whole channel; use replicated"
                 )
+            if channel.label is not None and channel.label in (channel.features or ()):
+                problems.append(
+                    f"inputs.{name}.features: lists the label {channel.label!r}, which the model would then be given "
+                    "as an input; remove it from the features"
+                )
+        problems += self._validation_problems()
+        problems += self._output_problems()
         target = self.stopping.target_metric
         if target is not None:
             problems += self._metric_problems("stopping.target_metric.name", target.name)
@@ -164,6 +171,38 @@ class TrainingJob(_Model):
             raise ValueError("\n".join(problems))
         return self
 
+    def _validation_problems(self) -> list[str]:
+        """The validation channel is read with the train channel's label, features and classes: its own,
+        where they differ, would be ignored without a word."""
+        train, validation = self.inputs.train, self.inputs.validation
+        if validation is None:
+            return []
+        problems = []
+        if train.label is not None and validation.label not in (None, train.label):
+            problems.append(
+                f"inputs.validation.label: {validation.label!r}, but the train channel's is {train.label!r}; the "
+                f"validation rows are scored on the train channel's label: make it {train.label!r}"
+            )
+        for field in ("features", "classes"):
+            ours = getattr(validation, field)
+            if ours is not None and ours != getattr(train, field):
+                problems.append(
+                    f"inputs.validation.{field}: the validation channel is read with the train channel's {field}; "
+                    f"set them on inputs.train.{field}, and remove this one"
+                )
+        return problems
+
+    def _output_problems(self) -> list[str]:
+        """An output prefix inside an input prefix: the job's model and summary would be read as that
+        channel's data by the next job (``model.pt``, ``summary.json`` are objects under its prefix)."""
+        out = self.output.s3_uri.rstrip("/") + "/"
+        return [
+            f"output.s3_uri: {self.output.s3_uri} is inside inputs.{name}.s3_uri ({channel.s3_uri}), so later jobs "
+            "would read this job's outputs as that channel's data; write the outputs under another prefix"
+            for name, channel in self.channels().items()
+            if channel.s3_data_type == "prefix" and channel.s3_uri.endswith("/") and out.startswith(channel.s3_uri)
+        ]
+
     @property
     def gate(self) -> PromoteIf | None:
         """``registry.promote_if`` with its metric filled in for the task (val_accuracy or val_rmse)."""
@@ -224,6 +263,14 @@ def ignored_settings(job: TrainingJob) -> list[str]:
         if tuned:
             ignored.append(
                 f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
+            )
+    elif sifting.beta == 0:
+        keep_rule = {"score", "delay_steps", "loss_history_length", "min_class_fraction", "reuse_loss_epochs"}
+        tuned = [name for name in _tuned(sifting, set()) if name in keep_rule]
+        if tuned:
+            ignored.append(
+                f"sifting.{', sifting.'.join(tuned)}: settings of the keep rule, which is off with sifting.beta 0 "
+                "(its default on a file-mode train channel: pruning alone); set sifting.beta above 0 to use them"
             )
     if not sifting.prefilter_on:
         tuned = _tuned(sifting.prefilter, {"enabled"})

@@ -4,6 +4,7 @@ with one line per problem."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,33 @@ from trainyard.errors import SpecError
 from trainyard.spec.job import TrainingJob
 
 
+# The last part of a pydantic error's location when the field takes one of several types: which of them
+# the value failed as. Our field names are lower-case words; these are the types pydantic names.
+_UNION_TAG = re.compile(r"int|str|bool|float|none|(literal|list|dict|function-\w+)\[.*\]|[A-Z]\w*")
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "str": "text", "bool": "true or false"}
+
+
 def problems_of(exc: ValidationError) -> list[str]:
-    """One ``"field: message"`` line per pydantic error, worded to say what to do."""
-    return [line for err in exc.errors() for line in problems_of_error(err)]
+    """One ``"field: message"`` line per pydantic error, worded to say what to do; a value that fits none
+    of a field's types is one line naming them all (pydantic gives one error per type tried)."""
+    lines: list[str] = []
+    tried: dict[str, list[str]] = {}  # field -> the types its value failed as, in order
+    inputs: dict[str, Any] = {}
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        if len(loc) > 1 and _UNION_TAG.fullmatch(loc[-1]) and not err["type"].startswith("value_error"):
+            field = ".".join(loc[:-1])
+            if field not in tried:
+                lines.append(field)  # a placeholder, filled in below, where its first error came
+            tried.setdefault(field, []).append(loc[-1])
+            inputs[field] = err.get("input")
+            continue
+        lines.extend(problems_of_error(err))
+    for field, tags in tried.items():
+        words = [_TYPE_WORDS.get(t, t.removeprefix("literal[").removesuffix("]")) for t in tags]
+        either = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+        lines[lines.index(field)] = f"{field}: give {either} (got {inputs[field]!r})"
+    return lines
 
 
 def problems_of_error(err: Any) -> list[str]:
@@ -27,6 +52,8 @@ def problems_of_error(err: Any) -> list[str]:
         msg = "required; add it"
     elif kind == "extra_forbidden":
         msg = "unknown field; remove it or fix its spelling"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        msg = f"a section: give its fields as a mapping, e.g. {{field: value}} (got {err.get('input')!r})"
     elif not isinstance(err.get("input"), dict | list) and "input" in err and not kind.startswith("value_error"):
         msg = f"{msg} (got {err['input']!r})"
     # Whole-job checks already name their fields, one problem a line.
@@ -78,6 +105,7 @@ def parse_job(data: Any) -> TrainingJob:
 # replica group"), and a problem the user does not have is worse than one named a try later.
 READ_ACROSS_SECTIONS = (
     "inputs",
+    "output",
     "algorithm",
     "resources",
     "elastic",

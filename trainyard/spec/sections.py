@@ -3,12 +3,13 @@ elastic training, stopping, carbon accounting, registration and retries."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, _check_widths, _known_metric, _Model
+from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, SEED_MAX, _check_widths, _known_metric, _Model, _no_bools
 
 
 class Algorithm(_Model):
@@ -51,6 +52,11 @@ class Hyperparameters(BaseModel):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_bools(cls, value: Any, info: ValidationInfo) -> Any:
+        return _no_bools(value, info, cls)
+
     epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the training channel.")
     batch_size: int = Field(default=256, ge=1, description="Samples per optimizer step, over all replica groups.")
     learning_rate: float = Field(default=1e-3, gt=0, le=10, description="Optimizer step size.")
@@ -65,7 +71,7 @@ class Hyperparameters(BaseModel):
         default=0.0, ge=0, le=1, description="Where cosine or linear decay ends, as a fraction of learning_rate."
     )
     hidden_sizes: list[int] = Field(default=[128, 128], description="Hidden layer widths of mlp-classifier.")
-    seed: int = Field(default=0, ge=0, description="Seed for initialisation and shuffling.")
+    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for initialisation and shuffling.")
 
     @field_validator("hidden_sizes")
     @classmethod
@@ -73,13 +79,21 @@ class Hyperparameters(BaseModel):
         return _check_widths(v)
 
 
+# The work-pool job variables every Trainyard pool template declares (infra/apply.py builds the templates
+# from this list): a job may set these, and no others, for its groups' flow runs.
+LAUNCHER_JOB_VARIABLES = ("env", "gpus", "image", "cpu", "memory", "node_selector", "tolerations", "shm_size")
+MOST_REPLICAS = 64
+
+
 class Resources(_Model):
     """Replica groups and where they run."""
 
-    replicas: int = Field(default=1, ge=1, le=64, description="Replica groups to start with.")
-    min_replicas: int = Field(default=1, ge=1, description="Fewest live groups the job trains with.")
+    replicas: int = Field(default=1, ge=1, le=MOST_REPLICAS, description="Replica groups to start with.")
+    min_replicas: int = Field(default=1, ge=1, le=MOST_REPLICAS, description="Fewest live groups the job trains with.")
     max_replicas: int | None = Field(
         default=None,
+        ge=1,
+        le=MOST_REPLICAS,
         description="Most groups the job may grow to (`trainyard scale`; on a work pool, as the pool has room);"
         " default: replicas.",
     )
@@ -95,14 +109,28 @@ class Resources(_Model):
         "tolerations, shm_size, env (see infra/).",
     )
 
+    @field_validator("job_variables")
+    @classmethod
+    def _launcher_variables(cls, v: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(v) - set(LAUNCHER_JOB_VARIABLES))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], LAUNCHER_JOB_VARIABLES, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(
+                f"{', '.join(unknown)}: not a variable of Trainyard's pool templates; {hint}"
+                f"use {', '.join(LAUNCHER_JOB_VARIABLES)}"
+            )
+        return v
+
     @model_validator(mode="after")
     def _ordered(self) -> Resources:
         most = self.replicas if self.max_replicas is None else self.max_replicas
         object.__setattr__(self, "max_replicas", most)
         if not self.min_replicas <= self.replicas <= most:
+            fix = "lower min_replicas or raise replicas" if self.min_replicas > self.replicas else "raise max_replicas"
             raise ValueError(
                 f"need min_replicas <= replicas <= max_replicas, got {self.min_replicas} <= "
-                f"{self.replicas} <= {self.max_replicas}; raise max_replicas or lower min_replicas"
+                f"{self.replicas} <= {self.max_replicas}; {fix}"
             )
         return self
 
@@ -141,6 +169,15 @@ class TargetMetric(_Model):
     @classmethod
     def _known(cls, v: str) -> str:
         return _known_metric(v)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> TargetMetric:
+        if self.name == "val_accuracy" and not 0 < self.value <= 1:
+            fix = f"write {self.value / 100:g} for {self.value:g}%" if 1 < self.value <= 100 else "give one in (0, 1]"
+            raise ValueError(f"value {self.value:g}: val_accuracy is a fraction of the validation rows; {fix}")
+        if self.name != "val_accuracy" and self.value < 0:
+            raise ValueError(f"value {self.value:g}: {self.name} is never below 0; give the value to reach, >= 0")
+        return self
 
 
 class Stopping(_Model):
@@ -227,8 +264,21 @@ class PromoteIf(_Model):
 class Registry(_Model):
     """Where the model is registered."""
 
-    model_name: str | None = Field(default=None, description="Registered model name (default: the job name).")
+    model_name: str | None = Field(
+        default=None, description="Registered model name: letters, digits, '.', '_' and '-' (default: the job name)."
+    )
     promote_if: PromoteIf | None = Field(default=None, description="Gate for moving the champion alias.")
+
+    @field_validator("model_name")
+    @classmethod
+    def _registrable(cls, v: str | None) -> str | None:
+        # MLflow refuses '/' and ':' in a name, and quotes would break the registry's searches; refused here,
+        # before the job trains, not at registration after it
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}", v):
+            raise ValueError(
+                f"{v!r}: use letters, digits, '.', '_' and '-' (starting with a letter or digit, up to 255)"
+            )
+        return v
 
 
 class Retries(_Model):

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from trainyard.spec.base import _check_widths, _Model
+from trainyard.spec.base import SEED_MAX, _check_widths, _Model
 
 
 class Prefilter(_Model):
@@ -44,7 +44,9 @@ class Prefilter(_Model):
     reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")
 
     reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
-    seed: int = Field(default=0, description="Seed of the cross-fitting split and the reference models.")
+    seed: int = Field(
+        default=0, ge=0, le=SEED_MAX, description="Seed of the cross-fitting split and the reference models."
+    )
 
     @field_validator("reference_hidden_sizes")
     @classmethod
@@ -260,5 +262,6 @@ class Sifting(_Model):
 
     @property
     def by_reducible_loss(self) -> bool:
-        """Whether the groups rank by reducible loss (RHO-LOSS): they need the prefilter's reference losses."""
-        return self.enabled and self.score == "reducible_loss"
+        """Whether the groups rank by reducible loss (RHO-LOSS): they need the prefilter's reference losses.
+        Not with the keep rule off (beta 0), which ranks nothing: no reference model is trained for it."""
+        return self.enabled and self.score == "reducible_loss" and self.beta != 0
