@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from trainyard.errors import SpecError
 from trainyard.spec.job import TrainingJob
 
-
 # The last part of a pydantic error's location when the field takes one of several types: which of them
 # the value failed as. Our field names are lower-case words; these are the types pydantic names.
 _UNION_TAG = re.compile(r"int|str|bool|float|none|(literal|list|dict|function-\w+)\[.*\]|[A-Z]\w*")
