@@ -25,8 +25,9 @@ from trainyard.cli_report import report_app
 from trainyard.cli_spec import SetOption, SpecArgument, entrypoint_problem, load, warn
 from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
-from trainyard.home import home, new_job_id
+from trainyard.home import home, new_job_id, write_json_atomic
 from trainyard.spec import TrainingJob, parse_job
+from trainyard.spec.sections import MOST_REPLICAS
 
 app = typer.Typer(
     help="Trainyard: managed ML training as Prefect pipelines.",
@@ -56,6 +57,7 @@ def run(spec: SpecArgument, set_: SetOption = None, summary_out: SummaryOption =
     """Run one job in this process against the S3, MLflow and Prefect the environment names
     (`trainyard jobs submit` queues it on a deployment instead)."""
     job = load(spec, set_)
+    _check_summary_out(summary_out)
     problem = entrypoint_problem(job)
     if problem:  # this process trains the job: an entrypoint it cannot import fails before any compute
         say(console, f"{spec}: {problem}", "red")
@@ -65,9 +67,9 @@ def run(spec: SpecArgument, set_: SetOption = None, summary_out: SummaryOption =
 
 @app.command()
 def demo(
-    rows: Annotated[int, typer.Option(help="Rows of generated data.")] = 20_000,
-    epochs: Annotated[int, typer.Option(help="Training epochs.")] = 8,
-    replicas: Annotated[int, typer.Option(help="Replica groups.")] = 2,
+    rows: Annotated[int, typer.Option(min=100, help="Rows of generated data.")] = 20_000,
+    epochs: Annotated[int, typer.Option(min=1, help="Training epochs.")] = 8,
+    replicas: Annotated[int, typer.Option(min=1, max=MOST_REPLICAS, help="Replica groups.")] = 2,
     summary_out: SummaryOption = None,
 ) -> None:
     """The whole pipeline on the embedded default: generated churn data in a local S3 endpoint on
@@ -75,6 +77,7 @@ def demo(
     from trainyard import demo as demo_data
     from trainyard.local_s3 import local_s3_env
 
+    _check_summary_out(summary_out)
     with local_s3_env() as server:
         say(console, f"local S3 endpoint: {server.endpoint_url}")
         uris = demo_data.upload_demo_data(rows)
@@ -156,7 +159,7 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         stop_ephemeral_api()
         written = job_dir(job_id) / "summary.json"
         if summary_out is not None and written.exists():
-            summary_out.write_text(written.read_text())
+            write_json_atomic(summary_out, json.loads(written.read_text()))
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -166,9 +169,28 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         return 1
     summary = json.loads(summary_path.read_text())
     if summary_out is not None:
-        summary_out.write_text(json.dumps(summary, indent=2))
+        write_json_atomic(summary_out, summary)
     print_summary(summary)
     return 0 if summary["status"] == "Completed" else 1
+
+
+def _check_summary_out(path: Path | None) -> None:
+    """Make sure ``--summary-out`` can be written before the job runs (its folder made where missing): a
+    path found wrong after training cost the job's whole run a traceback and its summary table."""
+    if path is None:
+        return
+    if path.is_dir():
+        say(console, f"--summary-out {path}: is a folder; give the file to write, e.g. {path / 'summary.json'}", "red")
+        raise typer.Exit(2)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is in the way" if isinstance(exc, FileExistsError | NotADirectoryError) else exc.strerror or exc
+        say(console, f"--summary-out {path}: its folder cannot be made ({why})", "red")
+        raise typer.Exit(2) from None
+    if not os.access(path.parent, os.W_OK):
+        say(console, f"--summary-out {path}: its folder {path.parent} cannot be written to", "red")
+        raise typer.Exit(2)
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -7,6 +7,7 @@ unreachable server exits 1; neither prints a traceback.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -27,6 +28,16 @@ models_app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
+# A person waits on these commands: MLflow's own defaults (7 retries, backing off) made an unreachable
+# server a 4-minute wait before the error. A job's registration keeps MLflow's defaults.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+@models_app.callback()
+def _interactive() -> None:
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)  # the user's own setting wins
+
 
 Name = Annotated[str, typer.Argument(help="Registered model name (registry.model_name, default the job name).")]
 Ref = Annotated[str, typer.Argument(help="Version number, or an alias such as champion or candidate.")]

@@ -206,6 +206,8 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
 
     uri = tracking_uri()
     label = f"{name} version {ref}" if ref.isdigit() else f"{name}@{ref}"
+    if ref.isdigit() and int(ref) >= 2**63:  # past the store's integers: no such version, not a failing service
+        raise ModelNotFound(f"{label}: no such registered model version")
     try:
         client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
         version = client.get_model_version(name, ref) if ref.isdigit() else promotion.alias_version(client, name, ref)

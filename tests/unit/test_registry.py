@@ -180,6 +180,11 @@ def test_a_gates_direction_is_its_metrics_and_a_contrary_one_is_refused():
     # the default metric is the task's: a regression job's gate compares val_rmse, smaller winning
     regression = parse_job(spec | {"algorithm": {"builtin": "linear-regression"}, "registry": {"promote_if": {}}})
     assert (regression.gate.metric, regression.gate.direction) == ("val_rmse", "min")
+    # a mode against the default metric's direction is refused as one against a named metric is (it was ignored)
+    with pytest.raises(
+        SpecError, match="registry.promote_if.mode: max would promote a worse model: the gate compares val_rmse"
+    ):
+        parse_job(spec | {"algorithm": {"builtin": "linear-regression"}, "registry": {"promote_if": {"mode": "max"}}})
 
 
 def test_model_card_has_data_metrics_carbon_and_lineage():
@@ -280,6 +285,22 @@ def test_models_commands_name_a_bad_or_unreachable_tracking_server_without_a_tra
         assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
         flat = " ".join(result.output.split())
         assert says in flat and "half-made" not in flat and "Traceback" not in flat, flat
+
+
+def test_an_unreachable_server_is_named_in_seconds_and_mistakes_exit_2(monkeypatch, tracking):
+    import os
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    assert CliRunner().invoke(app, ["models", "list"]).exit_code == 0
+    # MLflow's defaults (7 retries, backing off) kept a person waiting 4 minutes for "unavailable"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    os.environ.pop("MLFLOW_HTTP_REQUEST_TIMEOUT")
+    huge = CliRunner().invoke(app, ["models", "approve", "reg-test", "99999999999999999999"])
+    assert huge.exit_code == 2 and "no such registered model version" in huge.output, huge.output
+    not_s3 = CliRunner().invoke(app, ["report", "carbon", "/tmp/out"])
+    assert not_s3.exit_code == 2 and "OUTPUT_URI: '/tmp/out' is not an S3 URI" in not_s3.output, not_s3.output
 
 
 def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):

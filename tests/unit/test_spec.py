@@ -456,3 +456,22 @@ def test_problems_print_literally_and_one_a_line_whatever_the_terminal(tmp_path)
     assert result.exit_code == 2
     lines = result.output.splitlines()
     assert f"  - name: {name!r}: use 1-63 letters, digits or hyphens, not starting or ending with a hyphen" in lines
+
+
+def test_a_summary_out_path_that_cannot_be_written_is_refused_before_the_job_runs(tmp_path, monkeypatch):
+    from trainyard import cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    ran = []
+    monkeypatch.setattr(cli, "_run_job", lambda job, out: ran.append(out) or 0)
+    (tmp_path / "a-file").write_text("")
+    for bad, says in ((tmp_path, "is a folder; give the file to write"), (tmp_path / "a-file/s.json", "a file is in")):
+        result = CliRunner().invoke(app, ["run", str(spec), "--summary-out", str(bad)])
+        assert result.exit_code == 2 and says in result.output, result.output
+    assert ran == []  # nothing ran: the path was found wrong first, not after the job (a traceback, exit 1)
+    missing = tmp_path / "new" / "folder" / "summary.json"
+    assert CliRunner().invoke(app, ["run", str(spec), "--summary-out", str(missing)]).exit_code == 0
+    assert ran == [missing] and missing.parent.is_dir()  # its folder made for it
+    result = CliRunner().invoke(app, ["demo", "--replicas", "0"])
+    assert result.exit_code == 2 and "--replicas" in result.output

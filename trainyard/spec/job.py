@@ -111,6 +111,13 @@ class TrainingJob(_Model):
         gate = self.gate
         if gate is not None and gate.metric is not None:  # the gate fills the metric in: always set
             problems += self._metric_problems("registry.promote_if.metric", gate.metric)
+            if gate.mode is not None and gate.mode != gate.direction:  # PromoteIf checks this only with a metric
+                better = "bigger" if gate.direction == "max" else "smaller"
+                problems.append(
+                    f"registry.promote_if.mode: {gate.mode} would promote a worse model: the gate compares "
+                    f"{gate.metric} (the task's default metric), which is better {better}; use {gate.direction}, "
+                    "or leave mode out"
+                )
         most_groups = self.resources.max_replicas or self.resources.replicas  # what Resources resolves it to
         if target is not None and target.name == "train_loss" and most_groups > 1:
             # Each group's train_loss is over its own share of the batches: the groups would reach the
