@@ -475,3 +475,24 @@ def test_a_summary_out_path_that_cannot_be_written_is_refused_before_the_job_run
     assert ran == [missing] and missing.parent.is_dir()  # its folder made for it
     result = CliRunner().invoke(app, ["demo", "--replicas", "0"])
     assert result.exit_code == 2 and "--replicas" in result.output
+
+
+def test_a_grid_codecarbon_has_no_figures_for_is_refused_not_priced_at_the_world_average():
+    def carbon_problems(**carbon) -> list[str]:
+        return problems(minimal(carbon=carbon))
+
+    assert carbon_problems(country_iso_code="GER")[0].startswith(
+        "carbon.country_iso_code: 'GER': codecarbon has no grid figures for it; give an ISO 3166-1 alpha-3 code"
+    )
+    (found,) = carbon_problems(country_iso_code="CAN", region="ontari")
+    assert "region 'ontari': not a CAN region codecarbon has figures for; did you mean 'ontario'?" in found
+    assert carbon_problems(country_iso_code="USA", region="atlantis")
+    # as codecarbon matches them: USA and Canadian names in lower case, Nordic zones in either case
+    assert parse_job(minimal(carbon={"country_iso_code": "usa", "region": "New  York"})).carbon.region == "new york"
+    assert parse_job(minimal(carbon={"country_iso_code": "SWE", "region": "se3"})).carbon.region == "se3"
+    assert parse_job(minimal(carbon={"country_iso_code": "CHN", "region": "Beijing"})).carbon.country_iso_code == "CHN"
+    # a region where codecarbon has only the national figure: valid, and said to be ignored
+    ireland = parse_job(minimal(carbon={"country_iso_code": "IRL", "region": "dublin"}))
+    assert any(
+        w.startswith("carbon.region: codecarbon has regional figures for USA") for w in ignored_settings(ireland)
+    )

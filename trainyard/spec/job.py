@@ -6,6 +6,7 @@ import difflib
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from trainyard import grid_data
 from trainyard.spec.base import _NAME_RE, _Model
 from trainyard.spec.data import Channel, Inputs, Output
 from trainyard.spec.sections import (
@@ -264,6 +265,11 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"rename it inputs.{close[0]} if that is what it is"
             )
     ignored += _ignored_hyperparameters(job)
+    if job.carbon.region is not None and grid_data.regions(job.carbon.country_iso_code) is None:
+        ignored.append(
+            f"carbon.region: codecarbon has regional figures for USA, CAN, CHN, SWE, NOR and FIN only; "
+            f"{job.carbon.country_iso_code}'s national figure is used"
+        )
     sifting = job.sifting
     if not sifting.enabled:
         tuned = _tuned(sifting, {"enabled", "prefilter"})

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from trainyard import grid_data
 from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, SEED_MAX, _check_widths, _known_metric, _Model, _no_bools
 
 
@@ -216,7 +217,35 @@ class Carbon(_Model):
     def _iso3(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z]{3}", v):
             raise ValueError(f"{v!r} is not a 3-letter ISO 3166-1 alpha-3 code such as IRL or USA")
+        known = grid_data.countries()
+        if known is not None and v.upper() not in known:
+            # codecarbon would price it at the world average while the report named this grid
+            raise ValueError(
+                f"{v!r}: codecarbon has no grid figures for it; give an ISO 3166-1 alpha-3 code such as DEU "
+                "(Germany), GBR (the UK) or IRL"
+            )
         return v.upper()
+
+    @model_validator(mode="after")
+    def _known_region(self) -> Carbon:
+        if self.region is None:
+            return self
+        known = grid_data.regions(self.country_iso_code)
+        if known is None:
+            return self  # ignored_settings says so: codecarbon has no regional figures for this country
+        key = grid_data.region_key(self.country_iso_code, self.region)
+        if key not in known:
+            # codecarbon would fall back to the national average, with a traceback in every stage's log
+            close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+            hint = f"did you mean {known[close[0]]!r}? " if close else ""
+            shown = sorted(set(known.values()))
+            listed = ", ".join(shown[:12]) + (", ..." if len(shown) > 12 else "")
+            raise ValueError(
+                f"region {self.region!r}: not a {self.country_iso_code} region codecarbon has figures for; "
+                f"{hint}use one of {listed}, or leave region out for the national figure"
+            )
+        object.__setattr__(self, "region", key if self.country_iso_code in ("USA", "CAN") else self.region)
+        return self
 
 
 class PromoteIf(_Model):
