@@ -7,11 +7,18 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
+
+from prefect.context import TaskRunContext
 
 from trainyard import carbon
 from trainyard.errors import StorageError, TrainyardError
 from trainyard.redaction import redact_exception
 from trainyard.spec import TrainingJob
+
+# Failed attempts' time and energy, by task run: Prefect retries a task as the same run, and the attempt
+# that ends it (in success or failure) counts every attempt's, not only its own.
+_EARLIER_ATTEMPTS: dict[Any, list[dict]] = {}
 
 
 @contextmanager
@@ -19,8 +26,12 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
     """Time and meter the enclosed stage; the yielded dict gets ``seconds`` and ``energy`` on exit.
 
     A stage that fails spent its time and energy all the same: the exception carries them as
-    ``stage_record`` (``stage``, ``seconds``, ``energy``), for the job's summary and ledger.
+    ``stage_record`` (``stage``, ``seconds``, ``energy``), for the job's summary and ledger. In a Prefect
+    task retried after a failure, both include the earlier attempts' (and ``attempts`` counts them).
     """
+    context = TaskRunContext.get()
+    run = context.task_run.id if context is not None else None
+    earlier = _EARLIER_ATTEMPTS.get(run, []) if run is not None else []
     record: dict = {"stage": stage}
     started = time.monotonic()
     energy = None
@@ -35,13 +46,33 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
     except BaseException as exc:  # a SIGTERM's TerminationSignal too: the stage spent what it spent
         redact_exception(exc)  # Prefect logs a failed task's exception, with what it quotes (a URL's password)
         if energy is not None:  # (None: the meter itself failed, or the signal came while it started)
-            exc.stage_record = {  # type: ignore[attr-defined]  # read back with getattr where the job fails
-                "stage": stage,
-                "seconds": time.monotonic() - started,
-                "energy": energy.to_dict(),
-            }
+            this = {"stage": stage, "seconds": time.monotonic() - started, "energy": energy.to_dict()}
+            # read back with getattr where the job fails
+            exc.stage_record = _with_earlier(this, earlier)  # type: ignore[attr-defined]
+            if run is not None:
+                _EARLIER_ATTEMPTS[run] = [*earlier, this]
         raise
     record["energy"] = energy.to_dict()
+    record.update(_with_earlier(record, earlier))
+    _EARLIER_ATTEMPTS.pop(run, None)
+
+
+def _with_earlier(attempt: dict, earlier: list[dict]) -> dict:
+    """``attempt``'s ``seconds`` and ``energy`` with the ``earlier`` attempts' added (and ``attempts``)."""
+    if not earlier:
+        return {k: attempt[k] for k in ("stage", "seconds", "energy")}
+    energy = dict(attempt["energy"])
+    for field in (
+        "energy_kwh",
+        "emissions_kg",
+        "duration_seconds",
+        "cpu_energy_kwh",
+        "gpu_energy_kwh",
+        "ram_energy_kwh",
+    ):
+        energy[field] = sum(a["energy"][field] for a in earlier) + attempt["energy"][field]
+    seconds = sum(a["seconds"] for a in earlier) + attempt["seconds"]
+    return {"stage": attempt["stage"], "seconds": seconds, "energy": energy, "attempts": len(earlier) + 1}
 
 
 def retry_transient(task, task_run, state) -> bool:

@@ -1,0 +1,47 @@
+"""A stage task that Prefect retries counts every attempt's time and energy, not only the last one's."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prefect import flow, task
+
+from tasks._metering import retry_transient, stage_meter
+from tests.conftest import job_dict
+from trainyard.errors import StorageError
+from trainyard.spec import parse_job
+
+JOB = parse_job(job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"}))
+
+
+def busy(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(1000))
+
+
+@pytest.mark.parametrize("fails", [1, 3])  # one hiccup then success; or every attempt failing
+def test_a_retried_stage_counts_every_attempt(prefect_api, fails):
+    attempts = []
+
+    @task(name="staging", retries=2, retry_delay_seconds=0, retry_condition_fn=retry_transient)
+    def stage() -> dict:
+        attempts.append(1)
+        with stage_meter("staging", JOB) as record:
+            busy(0.4)  # a download, then the connection drops
+            if len(attempts) <= fails:
+                raise StorageError("connection reset", transient=True)
+        return record
+
+    @flow
+    def job() -> dict:
+        try:
+            return stage()
+        except StorageError as exc:
+            return exc.stage_record  # type: ignore[attr-defined]
+
+    record = job()
+    assert len(attempts) == min(fails + 1, 3) and record["attempts"] == len(attempts)
+    assert record["seconds"] >= 0.4 * len(attempts)  # the last attempt alone took 0.4 s
+    assert record["energy"]["duration_seconds"] >= 0.35 * len(attempts) and record["energy"]["energy_kwh"] > 0
