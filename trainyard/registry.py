@@ -15,6 +15,7 @@ version are deleted. Gate decisions are recorded on the version (``trainyard.gat
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -27,6 +28,8 @@ from trainyard.errors import RegistryError, StorageError, TrainyardError
 from trainyard.home import home
 from trainyard.redaction import redact_spec, redact_text
 from trainyard.spec import METRICS, TrainingJob
+
+log = logging.getLogger(__name__)
 
 JOB_ID_TAG = "trainyard.job_id"
 APPROVAL_TAG = "approval_status"
@@ -301,7 +304,18 @@ def _discard_unregistered_runs(client, experiment_id: str, job_id: str) -> None:
 
 
 def _experiment(client, name: str, uri: str) -> str:
+    """The id of the job's experiment (named after the job), made where missing. One deleted in MLflow
+    (in its trash, where a tidy of the UI puts it) is restored: MLflow refuses runs in a deleted
+    experiment, which failed every later job of that name after its training."""
     found = client.get_experiment_by_name(name)
+    if found is not None and found.lifecycle_stage == "deleted":
+        log.warning(
+            "MLflow experiment %r (id %s) was deleted; restoring it to record this job's run "
+            "(to retire the model, archive its registered versions instead)",
+            name,
+            found.experiment_id,
+        )
+        client.restore_experiment(found.experiment_id)
     if found is not None:
         return found.experiment_id
     location = None

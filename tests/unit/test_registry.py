@@ -154,6 +154,17 @@ def test_a_champion_whose_run_is_gone_and_lacks_its_metric_tag_is_beaten_not_a_f
     assert second["aliases"] == ["champion"] and "the champion has no val_accuracy" in second["gate"]
 
 
+def test_a_job_whose_experiment_was_deleted_in_mlflow_restores_it_and_registers(tracking, tmp_path, caplog):
+    job, model, x = trained()
+    register(job, model, x, "a", 0.8, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    experiment = client.get_experiment_by_name("reg-test")
+    client.delete_experiment(experiment.experiment_id)  # a tidy of the MLflow UI: every later job failed at the end
+    second = register(job, model, x, "b", 0.9, tmp_path)
+    assert second["aliases"] == ["champion"] and "was deleted; restoring it" in caplog.text
+    assert client.get_experiment(experiment.experiment_id).lifecycle_stage == "active"
+
+
 def test_a_diverged_jobs_version_does_not_hold_champion_against_later_ones(tracking, tmp_path):
     job, model, x = trained()
     assert register(job, model, x, "a", float("nan"), tmp_path)["aliases"] == ["candidate"]
