@@ -225,8 +225,8 @@ def test_bad_data_fails_clearly_and_registers_nothing(
     spec = job_dict(uris)
     if breakage == "missing-bucket":
         spec["inputs"]["train"]["s3_uri"] = "s3://no-such-bucket-anywhere/data/train/"
-    elif breakage == "wrong-label":
-        spec["inputs"]["train"]["label"] = "churned"
+    elif breakage == "wrong-label":  # in both channels: a validation label unlike train's is the spec's to refuse
+        spec["inputs"]["train"]["label"] = spec["inputs"]["validation"]["label"] = "churned"
     elif breakage == "nan-labels":
         put_table(
             bucket,
@@ -278,7 +278,9 @@ def test_cli_run_exit_status_and_summary(prefect_api, s3_server, bucket, mlflow_
     summary = json.loads(out.read_text())
     assert summary["status"] == "Completed" and summary["metrics"]["epochs"] == 2
     assert summary["summary_uri"].endswith(f"/{summary['job_id']}/summary.json")  # where it was uploaded
-    result = runner.invoke(app, ["run", str(spec_path), "--set", "inputs.train.label=nope"])
+    result = runner.invoke(
+        app, ["run", str(spec_path), "--set", "inputs.train.label=nope", "--set", "inputs.validation.label=nope"]
+    )
     assert result.exit_code == 1
     assert "label column 'nope' not found" in result.output
     assert "Traceback" not in result.output
