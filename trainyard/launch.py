@@ -21,7 +21,7 @@ from typing import Protocol
 
 from trainyard import env_settings
 from trainyard.errors import TrainingError
-from trainyard.servers import free_port, stop_process, wait_until_answering
+from trainyard.servers import die_with_parent, free_port, stop_process, wait_until_answering
 from trainyard.spec import Resources
 from trainyard.training.plan import attempt_dir
 from trainyard.training.replica import THREADS_ENV
@@ -129,6 +129,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         stdout=log,
         stderr=subprocess.STDOUT,
         env={"RUST_LOG": "warn", **os.environ},  # its INFO is a few lines per step
+        preexec_fn=die_with_parent,  # not orphaned by a pipeline process killed outright (SIGKILL, OOM)
     )
     log.close()
     _PROCESSES[lighthouse.pid] = lighthouse
@@ -146,8 +147,13 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         num_threads=threads,
         gpus_per_replica=resources.gpus_per_replica,
     )
-    for replica in range(resources.replicas):
-        handle.replicas.append(start_replica(handle, replica, attempt=0))
+    try:
+        for replica in range(resources.replicas):
+            handle.replicas.append(start_replica(handle, replica, attempt=0))
+    except BaseException:
+        # the caller gets no handle to stop: the lighthouse and the groups already started go now
+        shutdown(handle)
+        raise
     return handle
 
 
@@ -214,6 +220,7 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=die_with_parent,  # gone with the pipeline process, however it dies
         )
     _PROCESSES[proc.pid] = proc
     return ReplicaProcess(replica=replica, attempt=attempt, pid=proc.pid, log=str(log_path), resumed=resume)

@@ -252,3 +252,49 @@ def test_without_checkpoints_a_lost_job_fails_and_says_why(trainyard_home):
     # one attempt ran (a restart could not heal from anyone), and the error carries it for the summary
     assert "failed after 1 attempt(s) (retries.max_attempts 3)" in str(info.value)
     assert [(f["replica"], f["attempt"]) for f in info.value.failures] == [(0, 0)]
+
+
+def test_a_group_lost_for_good_after_the_others_left_fails_the_job_not_stops_it(trainyard_home):
+    # group 1 leaves (a spot notice) at step 10; group 0, alone, is lost at step 30 with no peer to heal from
+    job, *rest = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 10, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        elastic={
+            "fault_injection": [
+                {"replica": 1, "at_step": 10, "kind": "term"},
+                {"replica": 0, "at_step": 30, "kind": "kill"},
+            ]
+        },
+    )
+    # it ended "Left" (Stopped), its result the model group 1 left with at step 11
+    with pytest.raises(TrainingError, match="replica group.s. 0 failed for good after the others had left the job"):
+        run(job, *rest)
+
+
+def test_a_group_wedged_before_its_first_heartbeat_does_not_hold_a_finished_job(trainyard_home, monkeypatch):
+    import signal
+    import threading
+    import time
+
+    from trainyard.training import supervisor
+
+    monkeypatch.setattr(supervisor, "STOP_GRACE_SECONDS", 2.0)
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.005},
+        stopping={"max_runtime_seconds": 120},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
+    )
+
+    def wedge():  # the restart stops as soon as it is up (a stuck import or connect): it never beats
+        pid = folder / "replicas/1/attempt-1/pid"
+        while not pid.exists():
+            time.sleep(0.01)
+        os.kill(int(pid.read_text()), signal.SIGSTOP)
+
+    threading.Thread(target=wedge, daemon=True).start()
+    started = time.monotonic()
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed" and time.monotonic() - started < 60  # not max_runtime's 120 s
+    assert [(f["replica"], f["attempt"]) for f in outcome.failures] == [(1, 0)]  # the drill; the wedged one ended

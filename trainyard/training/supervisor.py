@@ -149,6 +149,10 @@ def _supervise(
     # (a second failure, a hang, a stop request): replica -> (when, the failed attempt, from a checkpoint).
     waiting: dict[int, tuple[float, ReplicaProcess, bool]] = {}
     announced: set[tuple[int, int]] = set()  # (replica, attempt) of restarts whose recovery was emitted
+    # A group still running STOP_GRACE_SECONDS after another finished the job (wedged before its first
+    # heartbeat, so never found silent) is ended, not waited on until max_runtime, and is no failure.
+    done_deadline: float | None = None
+    reaped: set[tuple[int, int]] = set()
     while live or waiting:
         # Every group that ended since the last look leaves `live` before any is judged: groups lost
         # together (one node, one power cut) are all lost, and the first judged must not count the
@@ -165,9 +169,9 @@ def _supervise(
                     emit("replica.left", {"replica": replica, "left_at_step": finished[replica]["step"]})
         for replica, (proc, code) in ended.items():
             out = attempt_dir(job_dir, replica, proc.attempt)
-            if replica in scaler.leaving:
-                # asked to leave (scaled down): however it ended, even before its SIGTERM handler was up,
-                # it is not a failure and is not restarted
+            if replica in scaler.leaving or (replica, proc.attempt) in reaped:
+                # asked to leave (scaled down), or ended once the job was done: however it ended, even
+                # before its SIGTERM handler was up, it is not a failure and is not restarted
                 continue
             failure = failure_record(out, replica, proc.attempt, code)
             job_done = _ending(job_dir, finished, live)  # a group finished the job, its process maybe still exiting
@@ -237,6 +241,13 @@ def _supervise(
             request_stop(job_dir, "MaxRuntimeExceeded", f"max_runtime_seconds={job.stopping.max_runtime_seconds}")
         if stop_requested(job_dir) and stop_deadline is None:
             stop_deadline = now + STOP_GRACE_SECONDS
+        if done_deadline is None and _ending(job_dir, finished, live):
+            done_deadline = now + STOP_GRACE_SECONDS
+        if done_deadline is not None and now > done_deadline:
+            for replica, proc in live.items():
+                if (replica, proc.attempt) not in reaped:
+                    reaped.add((replica, proc.attempt))
+                    launch.kill(handle, proc)
         if stop_deadline is not None and now > stop_deadline:
             launch.shutdown(handle)  # stragglers stuck waiting for departed peers
         due = min((when for when, _, _ in waiting.values()), default=now + POLL_SECONDS)
@@ -249,6 +260,15 @@ def _supervise(
         raise training_failed(
             f"every replica group failed after {attempts} attempt(s) (retries.max_attempts "
             f"{job.retries.max_attempts}): {last}",
+            failures,
+        )
+    lost = sorted({f["replica"] for f in failures} - set(finished))
+    if lost and all(res["stop_reason"] == "Left" for res in finished.values()) and not stop_requested(job_dir):
+        # the groups that went on after the others left failed for good: the job ended in failure, not in
+        # a stop, and the model of a group that left early is not its result
+        raise training_failed(
+            f"replica group(s) {', '.join(map(str, lost))} failed for good after the others had left the job: "
+            f"{failures[-1]['message']}",
             failures,
         )
     outcome = _collect(job_dir, handle, finished, failures)
