@@ -26,7 +26,13 @@ from trainyard.spec import TrainingJob, parse_job
 
 DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
 PIPELINE_FLOW = "training-pipeline"
-_PRIMARY = {"COMPLETED": "Completed", "FAILED": "Failed", "CRASHED": "Failed", "CANCELLED": "Stopped"}
+_PRIMARY = {
+    "COMPLETED": "Completed",
+    "FAILED": "Failed",
+    "CRASHED": "Failed",
+    "CANCELLED": "Stopped",
+    "SCHEDULED": "Scheduled",  # a schedule's future run: not started, not in progress
+}
 _FINAL = {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped"}
 
 
@@ -103,7 +109,7 @@ def status(run_id: str) -> dict[str, Any]:
         job_id = run.parameters.get("job_id") or run.name
         transitions = _transitions(api, job_id, run.created)
     state = run.state.type.value if run.state else "PENDING"
-    primary = _PRIMARY.get(state, "InProgress")
+    primary = _run_status(run.state)
     if state == "COMPLETED" and transitions:  # the run completes for a Stopped job too: its last status says
         primary = _FINAL.get(transitions[-1]["status"], primary)
     return {
@@ -139,7 +145,7 @@ def wait(
 
     while True:
         current = read()
-        if current["status"] != "InProgress":
+        if current["status"] not in ("InProgress", "Scheduled"):
             # The run's state can land before the job's last status event: give the event a moment.
             settle = time.monotonic() + 10
             while current["secondary_status"] not in _FINAL and time.monotonic() < settle:
@@ -218,14 +224,24 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
     return [
         {
             "flow_run_id": str(r.id),
-            "job_id": r.parameters.get("job_id") or r.name,
+            # a run takes its job's id as its name once it starts; before, its name is Prefect's own
+            "job_id": r.parameters.get("job_id") or (r.name if r.start_time else None),
             "job_name": (r.parameters.get("job") or {}).get("name"),
-            "status": _PRIMARY.get(r.state.type.value, "InProgress") if r.state else "InProgress",
+            "status": _run_status(r.state),
             "prefect_state": r.state.name if r.state else None,
             "started": r.start_time.isoformat() if r.start_time else None,
         }
         for r in runs
     ]
+
+
+def _run_status(state) -> str:
+    """A pipeline run's job status from its state alone: a Stopped job's run is Completed, named Stopped."""
+    if state is None:
+        return "InProgress"
+    if state.type.value == "COMPLETED" and state.name == "Stopped":
+        return "Stopped"
+    return _PRIMARY.get(state.type.value, "InProgress")
 
 
 def _transitions(api, job_id: str, since) -> list[dict]:

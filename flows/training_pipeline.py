@@ -19,12 +19,13 @@ from prefect.client.orchestration import get_client
 from prefect.events import emit_event
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
-from prefect.states import Failed, State
+from prefect.states import Completed, Failed, State
 from pydantic import Field
 
 from tasks.carbon import account
 from tasks.filtering import filter_samples
 from tasks.launch import launch_groups
+from tasks.pool_launcher import check_deployment
 from tasks.registry import register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
@@ -71,6 +72,8 @@ def training_pipeline(
     try:
         registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
         outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
+        if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
+            check_deployment(job.resources.work_pool)
         log.enter("Downloading", "Downloading input data")
         stages["staging"] = stage_inputs(job, str(job_dir))
         staged = stages["staging"]["staged"]
@@ -154,6 +157,12 @@ def training_pipeline(
         failed = JobFailed(f"job {job_id} failed: {error}")
         failed.__cause__ = error
         return Failed(message=str(failed), data=failed)
+    if summary["status"] == "Failed":  # a job that failed without an error raised: training diverged
+        return Failed(message=f"job {job_id} failed: {summary.get('failure_reason')}", data=JobFailed(job_id))
+    if summary["status"] == "Stopped":
+        # Completed for Prefect (nothing crashed), named as the job ended: what `trainyard jobs list`, the UI
+        # and automations see, without reading the job's status events
+        return Completed(name="Stopped", message=f"job {job_id} stopped: {summary.get('failure_reason')}", data=summary)
     return summary
 
 

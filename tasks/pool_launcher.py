@@ -2,7 +2,8 @@
 when ``resources.work_pool`` is not ``local``.
 
 Each group attempt is a run of the ``train-replica`` deployment on the pool, submitted with an
-idempotency key (job, group, attempt), so a retried launch never doubles a group. The run's state
+idempotency key (job, launch, group, attempt), so a request sent again never doubles a group, while a
+rerun of the job id starts groups of its own (the last run's, ended, would come back in their place). The run's state
 stands in for a process's exit code; the group's heartbeat, progress and result still come through
 the job's folder. Killing a group cancels its run (the worker stops its process). A worker that died
 with its node never confirms a cancellation: such a run is marked Crashed after
@@ -34,6 +35,23 @@ STATE_CACHE_SECONDS = 1.0
 CANCEL_CONFIRM_SECONDS = 15.0
 CANCEL_CONFIRM_SECONDS_ENV = "TRAINYARD_CANCEL_CONFIRM_SECONDS"
 _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2, StateType.CANCELLED: -15}
+
+
+def check_deployment(pool: str) -> None:
+    """Refuse, before any compute, a work pool whose ``train-replica`` deployment the API does not have: a
+    group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound)."""
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(f"{REPLICA_FLOW}/{pool}")
+        except ObjectNotFound:
+            raise SpecError(
+                [
+                    f"resources.work_pool: {pool!r} has no {REPLICA_FLOW}/{pool} deployment on this Prefect API; "
+                    "fix the pool's name, or deploy it (prefect deploy --all, after trainyard infra apply)"
+                ]
+            ) from None
 
 
 def job_variables(resources: Resources, replica: int) -> dict:
@@ -72,7 +90,8 @@ class WorkPoolLauncher:
             },
             job_variables=job_variables(self.resources, replica),
             timeout=0,  # submit and return: the supervisor watches
-            idempotency_key=f"{handle.job_id}-g{replica}-a{attempt}",
+            # the same group attempt of the same launch: a create the client sends again is not a second group
+            idempotency_key=f"{handle.job_id}-{handle.launch_id}-g{replica}-a{attempt}",
             tags=[f"trainyard-job:{handle.job_id}", "trainyard-replica"],
             as_subflow=False,
         )

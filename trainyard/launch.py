@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -67,6 +68,8 @@ class LaunchHandle:
     gpus_per_replica: int = 0
     gpu_slots: dict[int, int] = field(default_factory=dict)
     """Local groups' slices of this machine's GPUs, by replica group (see ``_local_gpus``)."""
+    launch_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """This launch's own: a rerun of the job id (or a retried launch stage) starts new groups, not the last's."""
 
     def to_dict(self) -> dict:
         return asdict(self)

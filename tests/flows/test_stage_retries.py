@@ -1,4 +1,4 @@
-"""A stage task that Prefect retries counts every attempt's time and energy, not only the last one's."""
+"""Stage tasks as Prefect runs them: a retried stage counts every attempt, and a work pool is checked first."""
 
 from __future__ import annotations
 
@@ -45,3 +45,12 @@ def test_a_retried_stage_counts_every_attempt(prefect_api, fails):
     assert len(attempts) == min(fails + 1, 3) and record["attempts"] == len(attempts)
     assert record["seconds"] >= 0.4 * len(attempts)  # the last attempt alone took 0.4 s
     assert record["energy"]["duration_seconds"] >= 0.35 * len(attempts) and record["energy"]["energy_kwh"] > 0
+
+
+def test_a_work_pool_without_its_replica_deployment_is_refused_before_any_compute(prefect_api):
+    from tasks.pool_launcher import check_deployment
+    from trainyard.errors import SpecError
+
+    # the groups' first runs failed after staging, as "internal error: ObjectNotFound(None)"
+    with pytest.raises(SpecError, match="resources.work_pool: 'trainyard-gpus' has no train-replica/trainyard-gpus"):
+        check_deployment("trainyard-gpus")

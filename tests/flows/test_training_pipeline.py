@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
+from flows import client
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
 from trainyard import STAGES, cache, listing, s3, streaming
@@ -192,6 +193,27 @@ def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlf
     c = summary["carbon"]
     assert c["budget_exceeded"] and c["emissions_kg"] > c["budget_kg"]
     assert c["scope2_market_based_kg"] == pytest.approx(0.75 * c["scope2_location_based_kg"])
+    # the run completed for Prefect, named as the job ended: `jobs list` said Completed for a Stopped job
+    state = flow_run_state(summary["prefect_flow_run_id"])
+    assert (state.type.value, state.name, client._run_status(state)) == ("COMPLETED", "Stopped", "Stopped")
+
+
+def flow_run_state(run_id: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as api:
+        return api.read_flow_run(run_id).state
+
+
+def test_a_diverged_job_fails_its_run_and_registers_nothing(prefect_api, s3_server, bucket, mlflow_uri):
+    spec = job_dict(upload_dataset(bucket, rows=400))
+    spec["algorithm"] = {"builtin": "linear-regression"}  # squared error at step size 10: inf, then NaN
+    spec["hyperparameters"] |= {"learning_rate": 10, "optimizer": "sgd", "epochs": 20}
+    summary, _ = run_pipeline(spec)
+    assert summary["status"] == "Failed" and summary["failure_reason"].startswith("Diverged: val_loss was ")
+    assert summary["model"] is None and summary["metrics"]["val_loss"] is None  # null, not NaN, in the JSON
+    state = flow_run_state(summary["prefect_flow_run_id"])
+    assert state.type.value == "FAILED" and client._run_status(state) == "Failed"  # its run Completed before
 
 
 def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflow_uri):

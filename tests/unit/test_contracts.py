@@ -91,6 +91,25 @@ def test_the_launcher_sets_only_launcher_variables():
     assert set(pool_launcher.job_variables(resources, replica=0)) <= set(infra.LAUNCHER_JOB_VARIABLES)
 
 
+def test_a_group_attempts_run_is_keyed_by_its_launch_so_a_rerun_of_the_job_id_starts_new_groups(monkeypatch):
+    from types import SimpleNamespace
+
+    from tasks import pool_launcher
+    from trainyard.launch import LaunchHandle
+    from trainyard.spec import Resources
+
+    keys = []
+    monkeypatch.setattr(
+        pool_launcher, "run_deployment", lambda *a, **kw: keys.append(kw["idempotency_key"]) or SimpleNamespace(id=1)
+    )
+    launcher = pool_launcher.WorkPoolLauncher("gpu", Resources(work_pool=infra.GPU_POOL))
+    first, rerun = (LaunchHandle("job-1", "/j", infra.GPU_POOL, "http://h:1", 0, 1) for _ in range(2))
+    for handle in (first, first, rerun):
+        launcher.start(handle, replica=0, attempt=0, resume=False)
+    # the same request sent again is one run; a rerun's (same job id, a new launch) got the old, ended one back
+    assert keys[0] == keys[1] != keys[2] and all(k.startswith("job-1-") and k.endswith("-g0-a0") for k in keys)
+
+
 def test_process_gpu_pool_pins_gpus_and_keeps_the_heartbeat():
     from prefect.workers.process import ProcessJobConfiguration
 
