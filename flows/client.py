@@ -60,6 +60,14 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
             f"no deployment {deployment!r} on the Prefect API at PREFECT_API_URL; `prefect deployment ls` lists "
             "them, and `prefect deploy --all` in Trainyard's folder makes prefect.yaml's"
         ) from None
+    earlier = run.parameters.get("job")  # type: ignore[union-attr]
+    if idempotency_key is not None and earlier != spec.model_dump(mode="json"):
+        # Prefect hands back the run the key first started, whatever was asked this time: a key reused for
+        # another job would silently report on the old one
+        raise TrainyardError(
+            f"idempotency key {idempotency_key!r} already started run {run.id} "  # type: ignore[union-attr]
+            f"({run.parameters.get('job_id')}) for another job spec; use a new key for a new job"  # type: ignore[union-attr]
+        )
     return str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)
 
 

@@ -134,6 +134,8 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     assert _summary(client.status(run_id)["job_id"])["status"] == "Completed"
     again = CliRunner().invoke(app, [*submit, "--set", "name=cli-job", "--idempotency-key", "k1"])
     assert again.exit_code == 0 and again.stdout.strip() == run_id  # the same key: the same job, not a second
+    other = CliRunner().invoke(app, [*submit, "--set", "name=other-job", "--idempotency-key", "k1"])
+    assert other.exit_code == 2 and "already started run" in other.stderr and not other.stdout, other.output
     logs = CliRunner().invoke(app, ["jobs", "logs", run_id])
     assert logs.exit_code == 0 and "registered cli-job version 1" in logs.stdout, logs.output
 
