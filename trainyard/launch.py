@@ -22,7 +22,14 @@ from typing import Protocol
 
 from trainyard import env_settings
 from trainyard.errors import TrainingError
-from trainyard.servers import die_with_parent, free_port, stop_process, wait_until_answering
+from trainyard.servers import (
+    advertised_host,
+    bind_host,
+    die_with_parent,
+    free_port,
+    stop_process,
+    wait_until_answering,
+)
 from trainyard.spec import Resources
 from trainyard.training.plan import attempt_dir
 from trainyard.training.replica import THREADS_ENV
@@ -123,7 +130,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
             "--min_replicas",
             str(resources.min_replicas),
             "--bind",
-            f"127.0.0.1:{port}",
+            f"{bind_host()}:{port}",
             "--heartbeat_timeout_ms",
             str(HEARTBEAT_TIMEOUT_MS),
             "--join_timeout_ms",
@@ -136,7 +143,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
     )
     log.close()
     _PROCESSES[lighthouse.pid] = lighthouse
-    addr = f"http://127.0.0.1:{port}"
+    addr = f"http://{advertised_host()}:{port}"  # what the groups dial, wherever they run
     problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0)
     if problem:
         stop_process(lighthouse)

@@ -1,8 +1,10 @@
 """Helper processes Trainyard starts on 127.0.0.1 (the local S3 endpoint, the torchft lighthouse):
-a free port, waiting until one answers HTTP, and stopping it."""
+a free port, waiting until one answers HTTP, and stopping it; and the address this machine gives peers
+on other machines (``TRAINYARD_HOST``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -10,6 +12,22 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+# Where other machines reach this one (an IP or a resolvable name). Unset, the embedded default: the
+# lighthouse binds 127.0.0.1 and a group advertises 127.0.0.1 to its peers, so every group must run on the
+# lighthouse's machine. Set it where groups run on other nodes (a pod's IP, by the downward API): the
+# lighthouse then listens on every interface and each group advertises it for peers to heal from.
+HOST_ENV = "TRAINYARD_HOST"
+
+
+def advertised_host() -> str:
+    """The address this machine's servers give their peers: ``TRAINYARD_HOST``, else 127.0.0.1."""
+    return os.environ.get(HOST_ENV, "").strip() or "127.0.0.1"
+
+
+def bind_host() -> str:
+    """Where a server other machines must reach listens: every interface only once ``TRAINYARD_HOST`` is set."""
+    return "127.0.0.1" if advertised_host() == "127.0.0.1" else "0.0.0.0"  # noqa: S104 - asked for by setting it
 
 
 def free_port() -> int:

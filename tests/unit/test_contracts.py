@@ -353,3 +353,13 @@ def test_a_silent_group_is_never_taken_for_hung_before_the_collectives_time_out(
     assert env_settings.seconds(supervisor.SILENT_GROUP_SECONDS_ENV, 120, floor) == floor
     monkeypatch.setenv(supervisor.SILENT_GROUP_SECONDS_ENV, "")
     assert env_settings.seconds(supervisor.SILENT_GROUP_SECONDS_ENV, 120, floor) == 120
+
+
+def test_groups_on_other_nodes_reach_the_lighthouse_and_their_peers_by_trainyard_host(monkeypatch):
+    from trainyard import servers
+
+    monkeypatch.delenv(servers.HOST_ENV, raising=False)
+    assert (servers.advertised_host(), servers.bind_host()) == ("127.0.0.1", "127.0.0.1")  # the embedded default
+    # a pod's IP (the downward API): the lighthouse listens on every interface, and is dialled at that address
+    monkeypatch.setenv(servers.HOST_ENV, "10.1.2.3")
+    assert (servers.advertised_host(), servers.bind_host()) == ("10.1.2.3", "0.0.0.0")

@@ -25,6 +25,7 @@ from torch.distributed import TCPStore
 
 from trainyard import algorithms, cache
 from trainyard.home import write_json_atomic
+from trainyard.servers import advertised_host
 from trainyard.spec import TrainingJob
 from trainyard.training import checkpoint
 from trainyard.training.attempt_files import (
@@ -122,7 +123,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         store_port=store.port,
         lighthouse_addr=os.environ.get(LIGHTHOUSE_ENV) or plan.lighthouse_addr,
         replica_id=f"{plan.job_id}-g{replica}",
-        hostname="127.0.0.1",
+        hostname=advertised_host(),  # where a healing peer fetches this group's state (TRAINYARD_HOST)
     )
     joining = replica >= plan.num_replicas  # added while the job runs (trainyard scale)
     if attempt == 0 and not joining:
