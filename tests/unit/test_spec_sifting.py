@@ -3,6 +3,8 @@ smart sifting's own names, and what ``sifting.enabled: true`` alone turns on."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.specs import minimal, problems
 from trainyard.spec import parse_job
 
@@ -103,3 +105,20 @@ def test_keep_rule_settings_with_the_keep_rule_off_are_warned_of_and_train_no_re
     keeping = parse_job(minimal(sifting={"enabled": True, "beta": 1, "score": "reducible_loss", "delay_steps": 5}))
     assert not [w for w in ignored_settings(keeping) if w.startswith("sifting.")]
     assert filtering.needs_reference(keeping.sifting)
+
+
+def test_smart_sifting_names_pass_a_deployments_parameter_schema_as_they_pass_the_spec():
+    import jsonschema
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.training_pipeline import training_pipeline
+
+    # what Prefect checks a REST or UI run's parameters against, before the flow's own validation
+    schema = parameter_schema(training_pipeline.fn).model_dump_for_openapi()
+    job = minimal(sifting={"enabled": True, "beta_value": 0.5, "sift_delay": 20})
+    jsonschema.validate({"job": job}, schema)  # refused before: "'beta_value' ... were unexpected"
+    assert parse_job(job).sifting.delay_steps == 20
+    with pytest.raises(jsonschema.ValidationError, match="beta_valu"):
+        jsonschema.validate({"job": minimal(sifting={"beta_valu": 0.5})}, schema)
+    # a form's empty alias field is not a second value for the setting
+    assert parse_job(minimal(sifting={"beta": 1, "beta_value": None})).sifting.beta == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
 
 from trainyard.spec.base import SEED_MAX, _check_widths, _Model
 
@@ -148,8 +148,23 @@ class Pruning(_Model):
 DEFAULT_PRUNING = {"learnt_fraction": 0.7, "hardest_fraction": 0.1, "batch_factor": 3.0}
 
 
+def _smart_sifting_names(schema: dict[str, Any]) -> None:
+    """Smart sifting's names in the JSON schema too: a deployment's parameters are checked against it (no
+    other properties allowed) before the flow's own validation, which takes them (``AliasChoices``), runs,
+    so a REST or UI submission with ``beta_value`` was refused while ``trainyard`` took it."""
+    properties = schema.setdefault("properties", {})
+    for theirs, ours in (("beta_value", "beta"), ("sift_delay", "delay_steps")):
+        properties[theirs] = {**properties.get(ours, {}), "description": f"smart sifting's name for {ours}"}
+        for key in ("title", "default"):  # no default: a form leaves it out, not sends it beside ours
+            properties[theirs].pop(key, None)
+
+
 class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, json_schema_extra=_smart_sifting_names
+    )
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
@@ -213,6 +228,8 @@ class Sifting(_Model):
     @classmethod
     def _one_name_each(cls, data: Any) -> Any:
         for ours, theirs in (("beta", "beta_value"), ("delay_steps", "sift_delay")):
+            if isinstance(data, dict) and theirs in data and data[theirs] is None:
+                data = {k: v for k, v in data.items() if k != theirs}  # an empty form field: not given
             if isinstance(data, dict) and ours in data and theirs in data:
                 raise ValueError(f"{ours} and {theirs} are one setting (smart sifting's name for it); give one")
         return data
