@@ -267,11 +267,20 @@ def _signal(pid: int, kill: bool) -> None:
 
 
 def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
-    """Stop every replica group still running, then the lighthouse."""
+    """Stop every replica group still running, then the lighthouse.
+
+    Local groups first: one told to leave (SIGTERM) finishes its step, whose quorum needs the lighthouse.
+    A pool's groups are cancelled, and their workers stop them when they notice (seconds to tens of
+    seconds); their step boundary is not waited for here."""
     if handle.work_pool != "local":
         for replica in handle.replicas:
-            launcher_for(handle).kill(replica)
-    pids = [r.pid for r in handle.replicas if r.pid] + [handle.lighthouse_pid]
+            launcher_for(handle).kill(replica)  # the run is cancelled: its worker sends the group SIGTERM
+    _stop_processes([r.pid for r in handle.replicas if r.pid], grace_seconds)
+    _stop_processes([handle.lighthouse_pid], grace_seconds)
+
+
+def _stop_processes(pids: list[int], grace_seconds: float) -> None:
+    """SIGTERM each of this launcher's processes still running, then SIGKILL those left after the grace."""
     for pid in pids:
         proc = _PROCESSES.get(pid)
         if proc is not None and proc.poll() is None:
