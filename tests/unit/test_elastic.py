@@ -298,3 +298,19 @@ def test_a_group_wedged_before_its_first_heartbeat_does_not_hold_a_finished_job(
     outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed" and time.monotonic() - started < 60  # not max_runtime's 120 s
     assert [(f["replica"], f["attempt"]) for f in outcome.failures] == [(1, 0)]  # the drill; the wedged one ended
+
+
+def test_too_few_groups_left_for_min_replicas_fails_at_once_naming_the_settings(trainyard_home):
+    import time
+
+    job, *rest = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 30, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        resources={"replicas": 2, "min_replicas": 2},
+        retries={"max_attempts": 1},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
+    )
+    started = time.monotonic()
+    with pytest.raises(TrainingError, match="fewer than resources.min_replicas 2 a step needs: lower min_replicas"):
+        run(job, *rest)
+    assert time.monotonic() - started < 45  # the survivor waited out the quorum's 60 s timeout, then failed

@@ -207,6 +207,18 @@ def _supervise(
             ):
                 waiting[replica] = (time.monotonic() + RETRY_BACKOFF_SECONDS * 2**proc.attempt, proc, resume)
         ending = stop_requested(job_dir) or _ending(job_dir, finished, live)
+        short = job.resources.min_replicas - len(live) - len(waiting)
+        if failures and live and short > 0 and not ending and not scaler.leaving:  # (none live: said below)
+            # Groups lost for good left fewer than a step needs: the others would wait out the quorum's
+            # timeout and fail with torchft's words. Said at once, with the settings that decide it.
+            launch.shutdown(handle)
+            raise training_failed(
+                f"replica group {failures[-1]['replica']} failed for good ({failures[-1]['message']}; retries."
+                f"max_attempts {job.retries.max_attempts}), leaving {len(live)} group(s), fewer than "
+                f"resources.min_replicas {job.resources.min_replicas} a step needs: lower min_replicas, or raise "
+                "retries.max_attempts",
+                failures,
+            )
         for replica, (when, failed, resume) in list(waiting.items()):
             if ending:  # finished or stopped while it waited: nothing to come back to
                 del waiting[replica]
