@@ -158,7 +158,8 @@ def training_pipeline(
         failed.__cause__ = error
         return Failed(message=str(failed), data=failed)
     if summary["status"] == "Failed":  # a job that failed without an error raised: training diverged
-        return Failed(message=f"job {job_id} failed: {summary.get('failure_reason')}", data=JobFailed(job_id))
+        failed = JobFailed(f"job {job_id} failed: {summary.get('failure_reason')}")
+        return Failed(message=str(failed), data=failed)
     if summary["status"] == "Stopped":
         # Completed for Prefect (nothing crashed), named as the job ended: what `trainyard jobs list`, the UI
         # and automations see, without reading the job's status events
