@@ -18,7 +18,8 @@ SEED_MAX = 2**32 - 1  # numpy's and most tools' range; torch's generators overfl
 def _no_bools(value: Any, info: ValidationInfo, model: type[BaseModel]) -> Any:
     """Refuse true / false for a number: pydantic reads them as 1 and 0 (``epochs: true`` trained one epoch)."""
     field = model.model_fields.get(info.field_name or "")
-    if isinstance(value, bool) and field is not None and "bool" not in str(field.annotation):
+    kinds = str(field.annotation) if field is not None else ""
+    if isinstance(value, bool) and ("int" in kinds or "float" in kinds) and "bool" not in kinds:
         raise ValueError(f"{str(value).lower()} is not a number; give a number")
     return value
 
