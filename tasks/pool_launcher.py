@@ -21,7 +21,6 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, Crashed
 
-from infra.apply import LAUNCHER_JOB_VARIABLES
 from trainyard import env_settings
 from trainyard.errors import SpecError
 from trainyard.launch import LaunchHandle, ReplicaProcess
@@ -55,13 +54,8 @@ def check_deployment(pool: str) -> None:
 
 
 def job_variables(resources: Resources, replica: int) -> dict:
-    """The pool's job variables for one group, from the job's ``resources``; only those every
-    Trainyard pool template declares (``infra.apply.LAUNCHER_JOB_VARIABLES``) are accepted."""
-    unknown = sorted(set(resources.job_variables) - set(LAUNCHER_JOB_VARIABLES))
-    if unknown:
-        raise SpecError(
-            [f"resources.job_variables: {', '.join(unknown)} unknown; use {', '.join(LAUNCHER_JOB_VARIABLES)}"]
-        )
+    """The pool's job variables for one group, from the job's ``resources`` (whose keys the spec has checked
+    against those every Trainyard pool template declares, ``LAUNCHER_JOB_VARIABLES``)."""
     variables = dict(resources.job_variables)
     if resources.gpus_per_replica:
         variables["gpus"] = resources.gpus_per_replica
