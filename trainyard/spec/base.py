@@ -15,15 +15,6 @@ _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 SEED_MAX = 2**32 - 1  # numpy's and most tools' range; torch's generators overflowed on larger seeds
 
 
-def _no_bools(value: Any, info: ValidationInfo, model: type[BaseModel]) -> Any:
-    """Refuse true / false for a number: pydantic reads them as 1 and 0 (``epochs: true`` trained one epoch)."""
-    field = model.model_fields.get(info.field_name or "")
-    kinds = str(field.annotation) if field is not None else ""
-    if isinstance(value, bool) and ("int" in kinds or "float" in kinds) and "bool" not in kinds:
-        raise ValueError(f"{str(value).lower()} is not a number; give a number")
-    return value
-
-
 class _Model(BaseModel):
     # allow_inf_nan: a beta or learning rate of .inf or .nan passes gt=0 checks, and fails only in training
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -31,7 +22,12 @@ class _Model(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _numbers_are_not_bools(cls, value: Any, info: ValidationInfo) -> Any:
-        return _no_bools(value, info, cls)
+        """Refuse true / false for a number: pydantic reads them as 1 and 0 (``epochs: true`` trained one epoch)."""
+        field = cls.model_fields.get(info.field_name or "")
+        kinds = str(field.annotation) if field is not None else ""
+        if isinstance(value, bool) and ("int" in kinds or "float" in kinds) and "bool" not in kinds:
+            raise ValueError(f"{str(value).lower()} is not a number; give a number")
+        return value
 
 
 def _known_metric(v: str) -> str:

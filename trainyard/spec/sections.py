@@ -7,10 +7,10 @@ import difflib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from trainyard import grid_data
-from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, SEED_MAX, _check_widths, _known_metric, _Model, _no_bools
+from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, SEED_MAX, _check_widths, _known_metric, _Model
 
 
 class Algorithm(_Model):
@@ -47,16 +47,11 @@ class Algorithm(_Model):
         return self
 
 
-class Hyperparameters(BaseModel):
+class Hyperparameters(_Model):
     """Training settings. Unknown keys are kept and passed to an entrypoint algorithm (a job with a built-in,
     which reads none, refuses them)."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _numbers_are_not_bools(cls, value: Any, info: ValidationInfo) -> Any:
-        return _no_bools(value, info, cls)
+    model_config = ConfigDict(extra="allow")  # _Model's other settings (and checks) stay
 
     epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the training channel.")
     batch_size: int = Field(default=256, ge=1, description="Samples per optimizer step, over all replica groups.")

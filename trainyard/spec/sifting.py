@@ -162,9 +162,7 @@ def _smart_sifting_names(schema: dict[str, Any]) -> None:
 class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
 
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, allow_inf_nan=False, json_schema_extra=_smart_sifting_names
-    )
+    model_config = ConfigDict(json_schema_extra=_smart_sifting_names)  # merged with _Model's
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
