@@ -206,7 +206,8 @@ def _supervise(
                 and (resume or not lost)
             ):
                 waiting[replica] = (time.monotonic() + RETRY_BACKOFF_SECONDS * 2**proc.attempt, proc, resume)
-        ending = stop_requested(job_dir) or _ending(job_dir, finished, live)
+        job_finished = _ending(job_dir, finished, live)
+        ending = stop_requested(job_dir) or job_finished
         short = job.resources.min_replicas - len(live) - len(waiting)
         if failures and live and short > 0 and not ending and not scaler.leaving:  # (none live: said below)
             # Groups lost for good left fewer than a step needs: the others would wait out the quorum's
@@ -253,7 +254,7 @@ def _supervise(
             request_stop(job_dir, "MaxRuntimeExceeded", f"max_runtime_seconds={job.stopping.max_runtime_seconds}")
         if stop_requested(job_dir) and stop_deadline is None:
             stop_deadline = now + STOP_GRACE_SECONDS
-        if done_deadline is None and _ending(job_dir, finished, live):
+        if done_deadline is None and job_finished:
             done_deadline = now + STOP_GRACE_SECONDS
         if done_deadline is not None and now > done_deadline:
             for replica, proc in live.items():
