@@ -17,10 +17,11 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from trainyard import cache, staging
+from trainyard import cache, staging, table_checks
 from trainyard.errors import DataError
 from trainyard.listing import ChannelManifest
 from trainyard.spec import Channel
+from trainyard.table_checks import first_in
 
 BLOCK_ROWS = 1 << 16  # rows of features converted at a time (to_arrays): 64Ki x 16 float32 columns is 4 MiB
 _READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}
@@ -88,7 +89,7 @@ def read_channel(
             if layout is not None:
                 layout.append({"id": obj.uri, "start": start, "end": start, "row_groups": None, "etag": obj.etag})
             continue
-        _check_header(obj.uri, table, manifest.format)
+        table_checks.check_header(obj.uri, table, manifest.format)
         read.append(obj)
         tables.append(table)
         if layout is not None:
@@ -99,84 +100,16 @@ def read_channel(
     names = {obj.uri: t.column_names for obj, t in zip(read, tables, strict=True)}
     if columns is not None:
         columns.update(names)
-    check_objects_have(required, names)
+    table_checks.check_objects_have(required, names)
     if not tables:
         raise DataError(f"channel {manifest.name!r} ({manifest.uri}): every object is empty (0 bytes, or blank lines)")
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise _disagreement(f"channel {manifest.name!r} ({manifest.uri})", read, tables, exc) from exc
+        raise table_checks.disagreement(f"channel {manifest.name!r} ({manifest.uri})", read, tables, exc) from exc
     if table.num_rows == 0:
         raise DataError(f"channel {manifest.name!r} ({manifest.uri}): the objects hold no rows")
     return table
-
-
-def _check_header(uri: str, table: pa.Table, fmt: str) -> None:
-    """Refuse an object whose columns cannot be told apart (a name twice in its header), or a CSV object
-    whose header line appears again among its rows (files joined with their headers): every column with
-    that line in it reads as text, which would fail later as "no numeric feature columns", or as objects
-    that disagree, naming neither the object nor the line."""
-    names = table.column_names
-    check_unique_columns(uri, names)
-    if fmt == "csv" and (row := _header_row(table)) is not None:
-        raise DataError(
-            f"{uri}: its data row {row + 1} (counting from 1, after the header) repeats the header "
-            f"({','.join(names)}), so its columns read as text; "
-            "remove that line (were files with headers joined into one?)"
-        )
-
-
-def check_unique_columns(uri: str, names: list[str]) -> None:
-    """Refuse an object that names a column twice: which of the two is the feature or the label would be
-    a guess (pyarrow's, by position), so the object is named instead."""
-    repeated = [name for name in dict.fromkeys(names) if names.count(name) > 1]
-    if repeated:
-        raise DataError(
-            f"{uri}: column {repeated[0]!r} appears {names.count(repeated[0])} times in its header (its columns are "
-            f"{names}); rename or drop the repeats"
-        )
-
-
-def _header_row(table: pa.Table) -> int | None:
-    """The first row that repeats the table's column names, or None. Only a table with a text column can
-    have one, and only rows where that column holds its own name are compared in full."""
-    text = [i for i, f in enumerate(table.schema) if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-    if not text:
-        return None
-    named = pc.fill_null(pc.equal(table.column(text[0]), table.column_names[text[0]]), False)
-    rows = pc.indices_nonzero(named)
-    if len(rows) == 0:
-        return None
-    candidates = table.take(rows)
-    repeats = pa.array(np.ones(len(rows), dtype=bool))
-    for i, name in enumerate(table.column_names):
-        same = pc.equal(pc.cast(candidates.column(i), pa.string()), name)
-        repeats = pc.and_(repeats, pc.fill_null(same, False))
-    hits = pc.indices_nonzero(repeats)
-    return rows[hits[0].as_py()].as_py() if len(hits) else None
-
-
-def _disagreement(where: str, objects: list, tables: list[pa.Table], exc: Exception) -> DataError:
-    """pyarrow's refusal to concatenate the objects' tables, as the first object whose column cannot take
-    the type the objects before it gave that column (a text value in a numeric column, say), named."""
-    seen: dict[str, tuple[pa.DataType, str]] = {}  # column -> its type so far, and the first object with it
-    for obj, table in zip(objects, tables, strict=True):
-        for column in table.schema:
-            if column.name not in seen:
-                seen[column.name] = (column.type, obj.uri)
-                continue
-            kept, first = seen[column.name]
-            try:
-                merged = pa.unify_schemas(
-                    [pa.schema([pa.field(column.name, kept)]), pa.schema([column])], promote_options="permissive"
-                )
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                return DataError(
-                    f"{obj.uri}: column {column.name!r} is {column.type}, but {kept} in {first}; make it one type in "
-                    "every object (a value that is not a number in a numeric column?)"
-                )
-            seen[column.name] = (merged.field(column.name).type, first)
-    return DataError(f"{where}: objects disagree on columns ({str(exc).splitlines()[0]})")
 
 
 def infer_schema(
@@ -242,7 +175,7 @@ def to_arrays(
         if count:
             first = int(np.flatnonzero(~np.isfinite(x[:, i]))[0])
             raise DataError(
-                f"{where}: feature {name!r} has {count} missing or infinite values{_first_in(layout, first)}; "
+                f"{where}: feature {name!r} has {count} missing or infinite values{first_in(layout, first)}; "
                 "fill or drop those rows"
             )
     check_labels(table, schema.label, where, layout)
@@ -260,7 +193,7 @@ def to_arrays(
                 hint = f"; the label column is {label.type} and the classes are {kinds}: give them in the labels' type"
             raise DataError(
                 f"{where}: label values {unknown[:5]} are not among the classes {schema.classes[:10]} "
-                f"(those of the train channel, or inputs.train.classes){_first_in(layout, int(np.argmin(known)))}"
+                f"(those of the train channel, or inputs.train.classes){first_in(layout, int(np.argmin(known)))}"
                 f"{hint}"
             )
     else:
@@ -273,7 +206,7 @@ def to_arrays(
             first = int(np.flatnonzero(beyond)[0])
             raise DataError(
                 f"{where}: label {schema.label!r} has {int(beyond.sum())} values beyond float32's range (about "
-                f"±3.4e38){_first_in(layout, first)}; rescale the label or fix those rows"
+                f"±3.4e38){first_in(layout, first)}; rescale the label or fix those rows"
             )
     return x, y
 
@@ -330,36 +263,8 @@ def check_labels(table: pa.Table, label: str, where: str, layout: list[dict] | N
         first = pc.index(missing, True).as_py()
         raise DataError(
             f"{where}: label {label!r} has {nulls} missing (null or NaN) or infinite values"
-            f"{_first_in(layout, first)}; drop or fix those rows"
+            f"{first_in(layout, first)}; drop or fix those rows"
         )
-
-
-def _first_in(layout: list[dict] | None, row: int) -> str:
-    """``", the first in <object> (its data row N)"`` for a row of a channel's table, given its layout; N
-    counts from 1, as a person reading the file counts (a CSV's header line not among them)."""
-    for entry in layout or ():
-        if entry["start"] <= row < entry["end"]:
-            return f", the first in {entry['id']} (its data row {row - entry['start'] + 1}, counting from 1)"
-    return ""
-
-
-def check_objects_have(required: Sequence[str], columns: dict[str, list[str]]) -> None:
-    """Name the first object (``columns``: each object's column names) without one of the ``required``
-    columns that the channel's other objects have. A column no object has is the spec's to fix, and
-    ``infer_schema`` says so (naming the field)."""
-    for column in required:
-        lacking = [uri for uri, names in columns.items() if column not in names]
-        if lacking and len(lacking) < len(columns):
-            raise DataError(
-                f"{lacking[0]}: no column {column!r} (its columns are {columns[lacking[0]]}), which the channel's "
-                "other objects have; every object needs the label and feature columns (add it, or list the features "
-                "to train on in the channel's features)"
-            )
-
-
-def required_columns(channel: Channel) -> list[str]:
-    """The columns every object of a channel must have, as far as the spec names them."""
-    return [c for c in (channel.label, *(channel.features or ())) if c]
 
 
 def is_numeric(dtype: pa.DataType) -> bool:
@@ -381,36 +286,6 @@ class StagedData:
     """True when ``train_data`` is only a scaling sample and the groups stream the channel from S3."""
     warnings: list[str] = field(default_factory=list)
     """What the staging stage should tell the user but does not fail on (``numbers_as_text``)."""
-
-
-_NUMBER = r"^\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*$"
-
-
-def numbers_as_text(
-    table: pa.Table, channel: Channel, channel_name: str = "train", layout: list[dict] | None = None
-) -> list[str]:
-    """A warning for each text column that inferred features left out though most of its values are
-    numbers: one stray value (``n/a ``, ``1,5``) makes CSV's reader type a numeric column as text, and the
-    model would silently train without it. Nothing when the channel lists its features."""
-    if channel.features is not None:
-        return []
-    where = f"channel {channel_name!r} ({channel.s3_uri})"
-    found = []
-    for name in table.column_names:
-        column = table[name]
-        if name == channel.label or not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-            continue
-        numeric = pc.match_substring_regex(column, _NUMBER)
-        values, numbers = len(column) - column.null_count, int(pc.sum(numeric).as_py() or 0)
-        if numbers * 2 < values:  # mostly text: an id, a name, a category
-            continue
-        first = pc.index(pc.invert(numeric), True).as_py()
-        found.append(
-            f"{where}: column {name!r} is left out of the features: it is text, though {numbers} of its {values} "
-            f"values are numbers ({column[first].as_py()!r} is not{_first_in(layout, first)}); fix those values to "
-            f"train on it, or list the features in inputs.{channel_name}.features to leave it out knowingly"
-        )
-    return found
 
 
 def schema_dict(schema: Schema) -> dict:
@@ -441,12 +316,14 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         warnings = described.warnings
     else:
         columns: dict[str, list[str]] = {}
-        train_table = read_channel(manifests["train"], layout, required_columns(channels["train"]), columns)
+        train_table = read_channel(
+            manifests["train"], layout, table_checks.required_columns(channels["train"]), columns
+        )
         schema = infer_schema(train_table, channels["train"], task, layout=layout)
-        warnings = numbers_as_text(train_table, channels["train"], layout=layout)
+        warnings = table_checks.numbers_as_text(train_table, channels["train"], layout=layout)
         # Features the spec does not list are inferred from all the objects together: a column only some
         # objects have would fail as the others' "missing values", naming an object that never had it.
-        check_objects_have(schema.features, columns)
+        table_checks.check_objects_have(schema.features, columns)
     for name, manifest in manifests.items():
         if name not in ("train", "validation"):
             extra[name] = str(staging.mirror(manifest, out_dir / "channels" / name))

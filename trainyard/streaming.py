@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from trainyard import cache, datasets, s3, sharding
+from trainyard import cache, datasets, s3, sharding, table_checks
 from trainyard.errors import DataError, StorageError
 from trainyard.listing import ChannelManifest
 from trainyard.spec import Channel
@@ -102,7 +102,7 @@ def describe(
     for obj in manifest.objects:
         parquet, size, etag = _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}")
         _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
-        datasets.check_unique_columns(obj.uri, parquet.schema_arrow.names)
+        table_checks.check_unique_columns(obj.uri, parquet.schema_arrow.names)
         counts = _row_counts(parquet)
         layout.append(
             {
@@ -128,7 +128,7 @@ def describe(
         raise DataError(f"{where}: the first objects disagree on column types ({str(exc).splitlines()[0]})") from exc
     # An object without a column the spec names is named (the sample's concatenation would show it only
     # as missing values); a column in no object is the spec's, and the inferred features are checked below.
-    datasets.check_objects_have(datasets.required_columns(channel), {u: s.names for u, s in schemas.items()})
+    table_checks.check_objects_have(table_checks.required_columns(channel), {u: s.names for u, s in schemas.items()})
     classes, label = channel.classes, channel.label
     if task == "classification" and not classes and label is not None and label in table.column_names:
         # From the whole label column, not the sample: a channel written sorted by label has one class in its
@@ -181,7 +181,7 @@ def describe(
     sample_path = out_dir / "train.sample.npz"
     np.savez(sample_path, x=x[:SAMPLE_ROWS], y=y[:SAMPLE_ROWS])
     meta = datasets.schema_dict(schema)
-    warnings = datasets.numbers_as_text(table, channel, manifest.name, layout)  # in the sample: a writer's typing
+    warnings = table_checks.numbers_as_text(table, channel, manifest.name, layout)  # in the sample: a writer's typing
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True, warnings=warnings)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests import s3_endpoints
 from tests.conftest import blobs_table, put_table
-from trainyard import datasets, listing, s3, staging
+from trainyard import datasets, listing, s3, staging, table_checks
 from trainyard.errors import DataError
 from trainyard.spec import Channel
 
@@ -155,10 +155,10 @@ def test_a_text_column_of_mostly_numbers_left_out_of_inferred_features_is_warned
     channel = Channel(s3_uri="s3://bkt/t/", label="label")
     layout = [{"id": "s3://b/t/a.csv", "start": 0, "end": 4}]
     assert datasets.infer_schema(table, channel, "classification").features == ["x"]
-    (warning,) = datasets.numbers_as_text(table, channel, "train", layout)
+    (warning,) = table_checks.numbers_as_text(table, channel, "train", layout)
     assert warning.startswith("channel 'train' (s3://bkt/t/): column 'y' is left out of the features")
     assert "3 of its 4 values are numbers ('n/a ' is not, the first in s3://b/t/a.csv (its data row 3" in warning
-    assert datasets.numbers_as_text(table, channel.model_copy(update={"features": ["x"]})) == []
+    assert table_checks.numbers_as_text(table, channel.model_copy(update={"features": ["x"]})) == []
 
 
 def test_a_header_that_is_not_utf8_is_named(tmp_path):
