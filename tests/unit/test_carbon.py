@@ -12,8 +12,9 @@ import time
 import pytest
 from codecarbon.input import DataSource
 
+from tests.unit.specs import minimal, problems
 from trainyard import carbon, esg
-from trainyard.spec import Carbon
+from trainyard.spec import Carbon, ignored_settings, parse_job
 
 
 @pytest.fixture
@@ -194,3 +195,24 @@ def test_a_stage_stopped_while_its_meter_starts_raises_the_stop_not_a_key_error(
     job = parse_job(job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"}))
     with pytest.raises(KeyboardInterrupt), stage_meter("staging", job):
         pass
+
+
+def test_a_grid_codecarbon_has_no_figures_for_is_refused_not_priced_at_the_world_average():
+    def carbon_problems(**carbon) -> list[str]:
+        return problems(minimal(carbon=carbon))
+
+    assert carbon_problems(country_iso_code="GER")[0].startswith(
+        "carbon.country_iso_code: 'GER': codecarbon has no grid figures for it; give an ISO 3166-1 alpha-3 code"
+    )
+    (found,) = carbon_problems(country_iso_code="CAN", region="ontari")
+    assert "region 'ontari': not a CAN region codecarbon has figures for; did you mean 'ontario'?" in found
+    assert carbon_problems(country_iso_code="USA", region="atlantis")
+    # as codecarbon matches them: USA and Canadian names in lower case, Nordic zones in either case
+    assert parse_job(minimal(carbon={"country_iso_code": "usa", "region": "New  York"})).carbon.region == "new york"
+    assert parse_job(minimal(carbon={"country_iso_code": "SWE", "region": "se3"})).carbon.region == "se3"
+    assert parse_job(minimal(carbon={"country_iso_code": "CHN", "region": "Beijing"})).carbon.country_iso_code == "CHN"
+    # a region where codecarbon has only the national figure: valid, and said to be ignored
+    ireland = parse_job(minimal(carbon={"country_iso_code": "IRL", "region": "dublin"}))
+    assert any(
+        w.startswith("carbon.region: codecarbon has regional figures for USA") for w in ignored_settings(ireland)
+    )

@@ -1,0 +1,39 @@
+"""What the command line prints, and checks before a job runs: problems one a line and literally, whatever
+a value holds or the terminal's width; a --summary-out that cannot be written; demo's option bounds."""
+
+from __future__ import annotations
+
+import yaml
+from typer.testing import CliRunner
+
+from tests.unit.specs import minimal
+from trainyard.cli import app
+
+
+def test_problems_print_literally_and_one_a_line_whatever_the_terminal(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    name = "a[/b]-" + "x" * 100  # rich read [/b] as a closing tag (MarkupError) and wrapped at 80 columns
+    result = CliRunner().invoke(app, ["validate", str(spec), "--set", f"name='{name}'"], env={"COLUMNS": "80"})
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert f"  - name: {name!r}: use 1-63 letters, digits or hyphens, not starting or ending with a hyphen" in lines
+
+
+def test_a_summary_out_path_that_cannot_be_written_is_refused_before_the_job_runs(tmp_path, monkeypatch):
+    from trainyard import cli
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    ran = []
+    monkeypatch.setattr(cli, "_run_job", lambda job, out: ran.append(out) or 0)
+    (tmp_path / "a-file").write_text("")
+    for bad, says in ((tmp_path, "is a folder; give the file to write"), (tmp_path / "a-file/s.json", "a file is in")):
+        result = CliRunner().invoke(app, ["run", str(spec), "--summary-out", str(bad)])
+        assert result.exit_code == 2 and says in result.output, result.output
+    assert ran == []  # nothing ran: the path was found wrong first, not after the job (a traceback, exit 1)
+    missing = tmp_path / "new" / "folder" / "summary.json"
+    assert CliRunner().invoke(app, ["run", str(spec), "--summary-out", str(missing)]).exit_code == 0
+    assert ran == [missing] and missing.parent.is_dir()  # its folder made for it
+    result = CliRunner().invoke(app, ["demo", "--replicas", "0"])
+    assert result.exit_code == 2 and "--replicas" in result.output
