@@ -1,5 +1,5 @@
 """The machine's cache under ``TRAINYARD_HOME/cache``: staged objects (``objects/``) and the row
-groups streamed channels have read (``rowgroups/``, named by ``streaming.unit_path``).
+groups streamed channels have read (``rowgroups/``, named by ``kept_rowgroups.path``).
 
 An object's cache name is a hash of (bucket, key, ETag): the same bytes are never fetched twice,
 and an object changed in place gets a new name. The cache is kept under one size cap
@@ -40,7 +40,7 @@ def objects_dir() -> Path:
 
 
 def rowgroups_dir() -> Path:
-    """Row groups of streamed channels, kept as arrays once read (``streaming.unit_path`` names them)."""
+    """Row groups of streamed channels, kept as arrays once read (``kept_rowgroups.path`` names them)."""
     return cache_dir() / "rowgroups"
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from flows import client
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
-from trainyard import STAGES, cache, listing, s3, streaming
+from trainyard import STAGES, cache, kept_rowgroups, listing, s3
 from trainyard.cli import app
 from trainyard.home import job_dir
 from trainyard.spec import parse_job
@@ -329,7 +329,7 @@ def test_streamed_train_channel_trains_without_staging_it(prefect_api, s3_server
     }
     spec = job_dict(uris, resources={"replicas": 2})
     spec["inputs"]["train"]["mode"] = "stream"
-    kept_before = set(cache.rowgroups_dir().glob(f"*{streaming.UNIT_SUFFIX}"))
+    kept_before = set(cache.rowgroups_dir().glob(f"*{kept_rowgroups.UNIT_SUFFIX}"))
     summary, job_id = run_pipeline(spec)
     assert summary["status"] == "Completed", summary.get("failure_reason")
     train = summary["data"]["channels"]["train"]
@@ -338,5 +338,5 @@ def test_streamed_train_channel_trains_without_staging_it(prefect_api, s3_server
     # 900 rows in 18 row groups, dealt 9 and 9: 450 rows a group, 32 a step -> 15 steps an epoch
     assert summary["compute"]["steps"] == 3 * 15
     assert summary["compute"]["samples_trained"] == 3 * 2 * 450
-    kept = set(cache.rowgroups_dir().glob(f"*{streaming.UNIT_SUFFIX}")) - kept_before
+    kept = set(cache.rowgroups_dir().glob(f"*{kept_rowgroups.UNIT_SUFFIX}")) - kept_before
     assert len(kept) == 18  # each row group read from S3 once, then reused, in the machine's cache

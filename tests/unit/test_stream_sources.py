@@ -16,22 +16,22 @@ from tests import s3_endpoints
 from tests.conftest import blobs_table
 from tests.unit.streams import stream_one_object
 from trainyard import cache as shared_cache
-from trainyard import streaming
+from trainyard import kept_rowgroups, streaming
 from trainyard.errors import DataError, StorageError
 
 s3_endpoint = s3_endpoints.s3_endpoint
 
 
 def test_a_kept_row_group_reads_back_as_it_was_written(tmp_path):
-    path = tmp_path / f"unit{streaming.UNIT_SUFFIX}"
+    path = tmp_path / f"unit{kept_rowgroups.UNIT_SUFFIX}"
     cases = [
         (np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(4)),
         (np.zeros((0, 3), np.float32), np.zeros(0, np.int64)),  # an empty row group: nothing to map
         (np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)), np.array([0.5, 1.5], np.float32)),
     ]
     for x, y in cases:
-        streaming._save(path, x, y)
-        got_x, got_y = streaming._load(path)
+        kept_rowgroups.save(path, x, y)
+        got_x, got_y = kept_rowgroups.load(path)
         np.testing.assert_array_equal(got_x, x)
         np.testing.assert_array_equal(got_y, y)
         assert got_x.shape == x.shape and got_y.dtype == y.dtype
@@ -69,7 +69,9 @@ def test_a_damaged_kept_row_group_is_read_from_s3_again(s3_endpoint, tmp_path, m
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, shared_cache.rowgroups_dir())
     unit = f"s3://{bucket}/t/a.parquet#rg1"
     x, y = source.load(unit)
-    (kept,) = [p for p in shared_cache.rowgroups_dir().iterdir() if p.name.endswith("-rg1" + streaming.UNIT_SUFFIX)]
+    (kept,) = [
+        p for p in shared_cache.rowgroups_dir().iterdir() if p.name.endswith("-rg1" + kept_rowgroups.UNIT_SUFFIX)
+    ]
     os.truncate(kept, kept.stat().st_size // 2 if damage == "cut short" else 0)
     again_x, again_y = source.load(unit)
     np.testing.assert_array_equal(again_x, x)
@@ -177,7 +179,7 @@ def test_row_groups_are_shared_by_later_jobs_that_read_them_alike_under_the_cach
     fewer = streaming.RowGroupSource(staged.train_layout, {**staged.schema, "features": ["f0", "f1"]}, rows)
     x, _ = fewer.load(units[0])  # other features: other arrays, read again
     assert x.shape == (100, 2) and reads == [0, 1, 2, 0]
-    kept = list(rows.glob(f"*{streaming.UNIT_SUFFIX}"))
+    kept = list(rows.glob(f"*{kept_rowgroups.UNIT_SUFFIX}"))
     assert len(kept) == 4
     # one cap for downloaded objects and kept row groups, least recently used first, whichever the kind
     objects = {}

@@ -13,7 +13,7 @@ import pytest
 from tests import s3_endpoints
 from tests.conftest import blobs_table
 from tests.unit.streams import put_parquet, schema_of, stream_one_object
-from trainyard import listing, staging, streaming
+from trainyard import kept_rowgroups, listing, staging, streaming
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel, parse_job
 from trainyard.training.plan import TrainingPlan
@@ -41,7 +41,7 @@ def test_describe_reads_footers_and_classes_without_downloading(s3_endpoint, tmp
     np.testing.assert_array_equal(y, want["label"].to_numpy())
     etag = {o.uri: o.etag for o in manifest.objects}[f"s3://{bucket}/t/b.parquet"]
     assert list((tmp_path / "cache").iterdir()) == [
-        streaming.unit_path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2", etag, schema_of(staged))
+        kept_rowgroups.path(tmp_path / "cache", f"s3://{bucket}/t/b.parquet#rg2", etag, schema_of(staged))
     ]
     kept_x, kept_y = source.load(f"s3://{bucket}/t/b.parquet#rg2")  # kept for the next epoch: mapped, not read
     np.testing.assert_array_equal(kept_x, x)
@@ -87,7 +87,7 @@ def test_the_scaling_sample_is_the_first_rows_and_their_row_groups_are_kept_for_
     # the whole row groups the sample came from are kept, exactly, for the first epoch
     etag = manifest.objects[0].etag
     units = [
-        streaming.unit_path(cache, f"s3://{bucket}/t/a.parquet#rg{i}", etag, schema_of(staged)) for i in range(groups)
+        kept_rowgroups.path(cache, f"s3://{bucket}/t/a.parquet#rg{i}", etag, schema_of(staged)) for i in range(groups)
     ]
     assert sorted(cache.iterdir()) == sorted(units)
     source = streaming.RowGroupSource(staged.train_layout, staged.schema, cache)
