@@ -31,6 +31,14 @@ def last_step(out: Path) -> int:
         return 0
 
 
+def silent_seconds(out: Path) -> float:
+    """Seconds since an attempt's last heartbeat (0 before its first)."""
+    try:
+        return time.time() - json.loads((out / "heartbeat.json").read_text())["unix"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return 0.0
+
+
 def job_step(job_dir: Path) -> int:
     """The furthest step any group of the job has reported, 0 if none."""
     return max((last_step(path.parent) for path in job_dir.glob("replicas/*/attempt-*/heartbeat.json")), default=0)

@@ -20,6 +20,7 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.accounting import energy_by_replica, sifting_totals, work_done
+from trainyard.training.attempt_files import last_step, silent_seconds
 from trainyard.training.failures import failure_record, recoveries, training_failed
 from trainyard.training.plan import (
     SUPERVISOR_FILE,
@@ -236,9 +237,9 @@ def _supervise(
             # Withdrawn at once: a queued group must not take the room a finishing group frees.
             scaler.withdraw_unstarted(live)
         elif not waiting:  # a request is acted on once no restart is pending, so that it counts every group
-            scaler.tick(live, max((_last_step(job_dir, p) for p in live.values()), default=0))
+            scaler.tick(live, max((last_step(attempt_dir(job_dir, r, p.attempt)) for r, p in live.items()), default=0))
         for replica, proc in live.items():
-            silent = _silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
+            silent = silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
             if silent > silent_limit and (replica, proc.attempt) not in silenced:
                 # hung (SIGSTOP, a wedged collective): its peers went on
                 silenced[replica, proc.attempt] = (silent, time.time() - silent)
@@ -359,21 +360,6 @@ def _ending(job_dir: Path, finished: dict[int, dict], live: dict) -> bool:
         except (FileNotFoundError, json.JSONDecodeError):
             continue
     return any(res["stop_reason"] != "Left" for res in results)
-
-
-def _last_step(job_dir: Path, proc) -> int:
-    try:
-        return json.loads((attempt_dir(job_dir, proc.replica, proc.attempt) / "heartbeat.json").read_text())["step"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
-        return 0
-
-
-def _silent_seconds(out: Path) -> float:
-    """Seconds since a training group's last heartbeat (0 before its first)."""
-    try:
-        return time.time() - json.loads((out / "heartbeat.json").read_text())["unix"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
-        return 0.0
 
 
 def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress) -> int:
