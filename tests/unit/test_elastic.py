@@ -314,3 +314,28 @@ def test_too_few_groups_left_for_min_replicas_fails_at_once_naming_the_settings(
     with pytest.raises(TrainingError, match="fewer than resources.min_replicas 2 a step needs: lower min_replicas"):
         run(job, *rest)
     assert time.monotonic() - started < 45  # the survivor waited out the quorum's 60 s timeout, then failed
+
+
+def test_a_group_dying_in_its_start_up_does_not_hold_the_others_at_the_start_barrier(trainyard_home):
+    import signal
+    import threading
+    import time
+
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 4, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        resources={"replicas": 2},
+    )
+
+    def crash():  # group 1's first attempt dies as soon as it exists, long before its manager is up
+        pid = folder / "replicas/1/attempt-0/pid"
+        while not pid.exists():
+            time.sleep(0.01)
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+
+    threading.Thread(target=crash, daemon=True).start()
+    started = time.monotonic()
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    assert [(f["replica"], f["attempt"]) for f in outcome.failures] == [(1, 0)]
+    assert time.monotonic() - started < 60  # group 0 waited out the barrier's 120 s for a group that had died

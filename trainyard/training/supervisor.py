@@ -20,7 +20,7 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.accounting import energy_by_replica, sifting_totals, work_done
-from trainyard.training.attempt_files import last_step, silent_seconds
+from trainyard.training.attempt_files import last_step, mark_ready, silent_seconds
 from trainyard.training.failures import failure_record, recoveries, training_failed
 from trainyard.training.plan import (
     SUPERVISOR_FILE,
@@ -186,6 +186,7 @@ def _supervise(
                 failure["detected_unix"] = last_beat
             failures.append(failure)
             emit("replica.failed", failure)
+            mark_ready(job_dir, replica)  # the others at the start barrier go on without it
             if failure["user_error"]:
                 launch.shutdown(handle)
                 raise training_failed(f"replica group {replica}: {failure['message']}", failures)

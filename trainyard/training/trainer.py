@@ -36,6 +36,7 @@ from trainyard.training.attempt_files import (
     StepLog,
     job_step,
     last_step,
+    start_barrier,
     write_progress,
 )
 from trainyard.training.batches import StepData
@@ -127,7 +128,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     )
     joining = replica >= plan.num_replicas  # added while the job runs (trainyard scale)
     if attempt == 0 and not joining:
-        _start_barrier(job_dir, replica, plan.num_replicas)
+        start_barrier(job_dir, replica, plan.num_replicas)
     ddp = SafeDistributedDataParallel(manager, model)
 
     previous = last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
@@ -269,20 +270,6 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     os.replace(out / ".model.pt.tmp", out / "model.pt")
     write_json_atomic(out / "result.json", result)
     return result
-
-
-def _start_barrier(job_dir: Path, replica: int, num_replicas: int, timeout_seconds: float = 120.0) -> None:
-    """Wait until every initial group's manager is heartbeating, so the first quorum has them all.
-
-    Without it the first group up forms a quorum alone and the others join late and heal, which is
-    correct but wastes their share of the first steps. Past the timeout the job starts elastically.
-    """
-    ready = job_dir / "replicas" / "ready"
-    ready.mkdir(parents=True, exist_ok=True)
-    (ready / str(replica)).touch()
-    deadline = time.monotonic() + timeout_seconds
-    while len(list(ready.iterdir())) < num_replicas and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
