@@ -12,7 +12,7 @@ from rich.table import Table
 
 from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
-from trainyard.spec.base import _check_s3_uri
+from trainyard.spec.base import check_s3_uri
 
 report_app = typer.Typer(help="Reports across jobs.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -35,7 +35,7 @@ def carbon(
             say(console, f"--since {since!r}: not a date; write it as YYYY-MM-DD, e.g. 2026-11-01", "red")
             raise typer.Exit(2) from None
     try:
-        _check_s3_uri(output_uri)
+        check_s3_uri(output_uri)
     except ValueError as exc:
         say(console, f"OUTPUT_URI: {exc} (the jobs' output.s3_uri)", "red")
         raise typer.Exit(2) from None

@@ -387,6 +387,8 @@ def test_an_output_prefix_with_dot_or_empty_segments_is_refused(uri):
     [
         ({"hyperparameters": {"epochs": True}}, "hyperparameters.epochs: true is not a number; give a number"),
         ({"resources": {"replicas": True}}, "resources.replicas: true is not a number"),
+        ({"hyperparameters": {"hidden_sizes": [64, True]}}, "hyperparameters.hidden_sizes: item 1 (true) is not a"),
+        ({"sifting": {"prefilter": {"reference_hidden_sizes": [False]}}}, "reference_hidden_sizes: item 0 (false)"),
         ({"resources": {"max_replicas": 100}}, "resources.max_replicas: Input should be less than or equal to 64"),
         ({"resources": {"replicas": 2, "min_replicas": 3}}, "got 3 <= 2 <= 2; lower min_replicas or raise replicas"),
         (

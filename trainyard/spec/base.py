@@ -25,8 +25,13 @@ class _Model(BaseModel):
         """Refuse true / false for a number: pydantic reads them as 1 and 0 (``epochs: true`` trained one epoch)."""
         field = cls.model_fields.get(info.field_name or "")
         kinds = str(field.annotation) if field is not None else ""
-        if isinstance(value, bool) and ("int" in kinds or "float" in kinds) and "bool" not in kinds:
-            raise ValueError(f"{str(value).lower()} is not a number; give a number")
+        if ("int" in kinds or "float" in kinds) and "bool" not in kinds:
+            if isinstance(value, bool):
+                raise ValueError(f"{str(value).lower()} is not a number; give a number")
+            if isinstance(value, list | tuple):  # a list of numbers (hidden_sizes: [true] was read as [1])
+                for index, item in enumerate(value):
+                    if isinstance(item, bool):
+                        raise ValueError(f"item {index} ({str(item).lower()}) is not a number; give numbers")
         return value
 
 
@@ -42,7 +47,8 @@ def _check_widths(v: list[int]) -> list[int]:
     return v
 
 
-def _check_s3_uri(v: str) -> str:
+def check_s3_uri(v: str) -> str:
+    """``v`` if it is an ``s3://bucket/...`` URI with a valid bucket name; else a ValueError saying how to write it."""
     if not v.startswith("s3://"):
         raise ValueError(f"{v!r} is not an S3 URI; write it as s3://bucket/prefix/")
     bucket = v[5:].split("/", 1)[0]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainyard.spec.base import _check_s3_uri, _Model
+from trainyard.spec.base import check_s3_uri, _Model
 
 
 class Channel(_Model):
@@ -48,7 +48,7 @@ class Channel(_Model):
     @field_validator("s3_uri")
     @classmethod
     def _s3_uri(cls, v: str) -> str:
-        return _check_s3_uri(v)
+        return check_s3_uri(v)
 
     @field_validator("features")
     @classmethod
@@ -111,7 +111,7 @@ class Output(_Model):
     @field_validator("s3_uri")
     @classmethod
     def _s3_uri(cls, v: str) -> str:
-        v = _check_s3_uri(v)
+        v = check_s3_uri(v)
         # S3 keeps "a/../b" as a key of its own, some endpoints refuse it (rclone), and a user reading the
         # outputs would look under b/: refused here, before the job trains, not at the upload after it.
         segments = v[len("s3://") :].rstrip("/").split("/")[1:]
