@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainyard.spec.base import check_s3_uri, _Model
+from trainyard.spec.base import _Model, check_s3_uri
 
 
 class Channel(_Model):
