@@ -3,6 +3,7 @@ the S3 checkpoint, the fallback when every group is lost at once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -339,3 +340,36 @@ def test_a_group_dying_in_its_start_up_does_not_hold_the_others_at_the_start_bar
     assert outcome.stop_reason == "Completed"
     assert [(f["replica"], f["attempt"]) for f in outcome.failures] == [(1, 0)]
     assert time.monotonic() - started < 60  # group 0 waited out the barrier's 120 s for a group that had died
+
+
+def test_a_group_killed_from_outside_fails_at_its_last_committed_step_not_its_last_heartbeat(
+    trainyard_home, monkeypatch
+):
+    import signal
+    import threading
+    import time
+
+    monkeypatch.setenv("TRAINYARD_STEP_LOG", "1")  # each committed step, as the group logs it
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 60, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
+        resources={"replicas": 2},
+        retries={"max_attempts": 1},
+    )
+    attempt = folder / "replicas/1/attempt-0"
+
+    def kill():  # mid-job, between heartbeats (every 0.2 s; a step takes milliseconds)
+        while True:
+            with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+                if json.loads((attempt / "heartbeat.json").read_text())["step"] >= 40:
+                    break
+            time.sleep(0.01)
+        time.sleep(0.13)
+        os.kill(int((attempt / "pid").read_text()), signal.SIGKILL)
+
+    threading.Thread(target=kill, daemon=True).start()
+    outcome, _ = run(job, job_id, folder, plan)
+    (failure,) = outcome.failures
+    committed = json.loads((attempt / "steps.jsonl").read_text().splitlines()[-1])["step"]
+    # the counts are written just after the step log: a kill between the two is one step short
+    assert committed - 1 <= failure["step"] <= committed

@@ -4,6 +4,7 @@ and the training stage's error, which carries them into the job summary."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -48,9 +49,10 @@ def failure_record(out: Path, replica: int, attempt: int, code: int) -> dict:
     """A failed attempt of group ``replica``, from its folder ``out``: the last step it reached, and the error
     it wrote (``error.json``: its message, whether it is the user's to fix, its kind), else its exit code."""
     step = 0
-    for name in ("heartbeat.json", "progress.json"):
-        if (out / name).exists():
-            step = max(step, json.loads((out / name).read_text())["step"])
+    # counts.json is rewritten at every committed step; the heartbeat (every 0.2 s) can be steps behind it
+    for name in ("heartbeat.json", "progress.json", "counts.json"):
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            step = max(step, json.loads((out / name).read_bytes())["step"])
     message, user_error, kind = f"exited with code {code}", False, None
     if (out / "error.json").exists():
         error = json.loads((out / "error.json").read_text())
