@@ -56,8 +56,10 @@ def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter:
     return metrics
 
 
-def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started: float) -> None:
-    history.epochs.append({"epoch": epoch, "elapsed_seconds": time.monotonic() - started, **metrics})
+def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started_unix: float) -> None:
+    """Record an epoch's metrics (``elapsed_seconds`` since ``started_unix``, the job's training start) and
+    decide whether the job stops there (diverged, target reached, no improvement for its patience)."""
+    history.epochs.append({"epoch": epoch, "elapsed_seconds": time.time() - started_unix, **metrics})
     if diverged(metrics, job):
         history.stop_reason = "Diverged"
         return

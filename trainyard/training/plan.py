@@ -46,6 +46,9 @@ class TrainingPlan:
     train_layout: list[dict] = field(default_factory=list)
     streamed: bool = False
     extra_channels: dict[str, str] = field(default_factory=dict)
+    # When the supervisor released the groups (Unix time): every group's epoch times count from it, so a
+    # restarted group's history, whose early epochs it healed from a peer, reads as one clock.
+    released_unix: float | None = None
 
     def export_channels(self) -> None:
         """Name each extra channel's folder in ``TRAINYARD_CHANNEL_<NAME>``, where entrypoints look."""

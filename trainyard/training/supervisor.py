@@ -127,6 +127,7 @@ def train(
     # plan is written, which the groups wait for: a bad value fails the job before any training.
     silent_limit = env_settings.seconds(SILENT_GROUP_SECONDS_ENV, SILENT_GROUP_SECONDS, PG_TIMEOUT.total_seconds() + 2)
     preflight(job, plan)
+    plan.released_unix = time.time()
     plan.write(job_dir)
     write_json_atomic(job_dir / SUPERVISOR_FILE, {"pid": os.getpid()})
     try:
@@ -314,7 +315,8 @@ def _collect(
 ) -> TrainingOutcome:
     """Pick the result (the group that got furthest; a group that left early is not it), check the
     groups agree, and add up what every attempt spent."""
-    first = max(finished, key=lambda r: (finished[r]["step"], -r))
+    # of those level, a first attempt's: a restart's first_batch_seconds counts from its restart
+    first = max(finished, key=lambda r: (finished[r]["step"], -finished[r]["attempt"], -r))
     result = finished[first]
     model_path = attempt_dir(job_dir, first, result["attempt"]) / "model.pt"
     reference = torch.load(model_path, weights_only=True, map_location="cpu")

@@ -70,7 +70,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     from trainyard.training import device as devices
     from trainyard.training.ddp import SafeDistributedDataParallel
 
-    started = time.monotonic()
+    started, started_unix = time.monotonic(), time.time()
     plan = TrainingPlan.read(job_dir)
     plan.export_channels()
     job = TrainingJob.model_validate(plan.job)
@@ -245,7 +245,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 metrics["group_train_flops"] = meter.forward + meter.backward + meter.scoring
                 if val is not None:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
-                end_epoch(history, cursor["epoch"] + 1, metrics, job, started)
+                end_epoch(history, cursor["epoch"] + 1, metrics, job, plan.released_unix or started_unix)
                 cursor.update(epoch=cursor["epoch"] + 1, start_step=manager.current_step(), slots=0)
                 heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
