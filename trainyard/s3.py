@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
+import botocore.session
 import urllib3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
@@ -24,22 +25,34 @@ from botocore.exceptions import (
     NoCredentialsError,
     ParamValidationError,
     PartialCredentialsError,
+    ProfileNotFound,
 )
 
 from trainyard import botocore_loader, collector
 from trainyard.errors import StorageError
 from trainyard.redaction import redact_text, redact_url
 
-
-# Throttling (503 SlowDown) and 5xx are retried with backoff by botocore's adaptive mode.
-# Response checksums are verified by staging itself, over the whole file: botocore's own check
+# Throttling (503 SlowDown) and 5xx are retried with backoff by botocore's adaptive mode, 9 attempts in
+# all. Response checksums are verified by staging itself, over the whole file: botocore's own check
 # misfires on ranged GETs from endpoints that send the whole object's checksum with each range.
-# AWS_MAX_ATTEMPTS / AWS_RETRY_MODE, the standard variables, override the defaults here.
-def _client_config() -> Config:
+DEFAULT_ATTEMPTS, DEFAULT_RETRY_MODE = 9, "adaptive"
+
+
+def _client_config(core: botocore.session.Session) -> Config:
+    """The client's settings. The standard retry settings, AWS_MAX_ATTEMPTS and AWS_RETRY_MODE or the
+    profile's max_attempts and retry_mode, replace the defaults above, counted as boto3 counts them
+    (attempts in all, the first included)."""
+    try:
+        profile = core.get_scoped_config()
+    except ProfileNotFound:
+        profile = {}  # the client's own creation says so
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS") or profile.get("max_attempts")
+    if attempts is not None and not str(attempts).strip().isdigit():
+        raise StorageError(f"AWS_MAX_ATTEMPTS (or the profile's max_attempts) {attempts!r} is not a whole number")
     return Config(
         retries={
-            "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or 8),
-            "mode": os.environ.get("AWS_RETRY_MODE") or "adaptive",
+            "total_max_attempts": int(attempts) if attempts is not None else DEFAULT_ATTEMPTS,
+            "mode": os.environ.get("AWS_RETRY_MODE") or profile.get("retry_mode") or DEFAULT_RETRY_MODE,
         },
         max_pool_connections=32,
         response_checksum_validation="when_required",
@@ -121,10 +134,11 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
             # the whole heap for (collector.py); the process's first client is frozen with the imports
             # before it, out of every later collection's walk.
             with collector.paused():
-                session = boto3.session.Session(botocore_session=botocore_loader.session())
+                core = botocore_loader.session()
+                session = boto3.session.Session(botocore_session=core)
                 refused = None
                 try:
-                    _clients[key] = (session, session.client("s3", config=_client_config()))
+                    _clients[key] = (session, session.client("s3", config=_client_config(core)))
                 except ValueError as exc:
                     if not str(exc).startswith("Invalid endpoint: "):  # another setting's (a region's): its own
                         raise
@@ -164,9 +178,18 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
             return StorageError(f"{uri}: no such object")
         if code == "NoSuchVersion":
             return StorageError(f"{uri}: no such version of the object; check the version id")
+        if code in ("ExpiredToken", "InvalidToken", "TokenRefreshRequired", "ExpiredTokenException"):
+            return StorageError(
+                f"{uri}: the AWS session credentials have expired ({code}); refresh them (aws sso login, or a new "
+                "role session) and run the job again"
+            )
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
             return StorageError(f"{uri}: access denied ({code}); check the AWS credentials and the bucket policy")
         message = exc.response.get("Error", {}).get("Message", "")
+        if code == "400" and exc.operation_name == "HeadObject":  # a HEAD's answer has no body to say why
+            message += (
+                "; S3 says no more to a HEAD: an expired session token is the usual cause, so refresh the credentials"
+            )
         # 501 NotImplemented: the endpoint lacks the feature; asking again will not add it
         transient = (status or 0) >= 500 and status != 501 and code != "NotImplemented"
         return StorageError(f"{uri}: S3 error {code or status}: {message}", transient=transient)

@@ -28,6 +28,7 @@ from pathlib import Path
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceeded
+from s3transfer.exceptions import S3DownloadFailedError
 
 from trainyard import cache, integrity, listing, progress, s3
 from trainyard.errors import DataError, StorageError
@@ -268,7 +269,7 @@ def _get_small(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
                 raise _changed(obj) from exc
-            raise s3.describe_error(exc, obj.uri) from exc
+            raise _deleted(obj, exc) or s3.describe_error(exc, obj.uri) from exc
         except (BotoCoreError, OSError) as exc:
             # The body broke off (a dropped connection):
             # take back the progress and try again, a bounded number of times.
@@ -297,11 +298,13 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
             )
         finally:
             target.close()
-        # The transfer manager's ranged GETs are not conditional on the ETag (it takes no IfMatch): an
-        # object replaced meanwhile by one of the same size would pass a size-only check. Asked again, S3
-        # says whether it was.
+        # The transfer manager's ranged GETs carry If-Match with the ETag of its own first look, which may
+        # already be the replacement's (replaced between our HEAD and its): asked again, S3 says whether
+        # what was downloaded is what was listed.
         if wrong := _not_as_listed(obj, client.head_object(Bucket=obj.bucket, Key=obj.key, **obj.version)):
             raise wrong
+    except S3DownloadFailedError as exc:  # a ranged GET's If-Match failed: replaced during the download
+        raise _changed(obj) from exc
     except (ClientError, BotoCoreError, Boto3Error, TransferRetriesExceeded, OSError) as exc:
         # botocore's timeouts are OSErrors too, as are a dropped connection's and a full disk's
         network = isinstance(exc, BotoCoreError | ConnectionError | TimeoutError)
@@ -311,7 +314,7 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
         # RetriesExceededError's last_exception): describe that one, naming the object.
         wrapped = isinstance(exc, Boto3Error | TransferRetriesExceeded)
         cause = (getattr(exc, "last_exception", None) or exc.__cause__) if wrapped else None
-        raise s3.describe_error(cause or exc, obj.uri) from exc
+        raise _deleted(obj, cause or exc) or s3.describe_error(cause or exc, obj.uri) from exc
     if target.rewritten:  # a retried part: what was digested on the way may not be what is on disk
         digester = _digest_file(tmp, etag, checksum, parts)
     return digester
@@ -327,6 +330,16 @@ def _not_as_listed(obj: StagedObject, response: dict) -> StorageError | None:
 
 def _changed(obj: StagedObject) -> StorageError:
     return StorageError(f"{obj.uri}: changed in S3 while it was being staged; run the job again", transient=True)
+
+
+def _deleted(obj: StagedObject, exc: BaseException) -> StorageError | None:
+    """The error for a listed object S3 no longer has (deleted since the listing), else None. Transient, as a
+    replaced one is: the stage's retry lists the channel again. Not for a pinned version, whose absence is
+    the manifest's to fix."""
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    if code in ("NoSuchKey", "404", "NotFound") and not obj.version:
+        return StorageError(f"{obj.uri}: deleted from S3 while it was being staged; run the job again", transient=True)
+    return None
 
 
 def _digest_file(path: Path, etag: str, checksum: dict | None, parts: list[int] | None) -> integrity.Digester:

@@ -139,3 +139,21 @@ def test_the_first_client_is_frozen_out_of_later_collections_and_a_later_one_is_
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
     s3.client()
     assert frozen == [1]  # once, with the first client built
+
+
+def test_the_standard_retry_settings_are_honoured_as_boto3_counts_them(fresh_clients, monkeypatch, tmp_path):
+    retries = lambda: s3.client().meta.config.retries  # noqa: E731
+    assert retries() == {"total_max_attempts": 9, "mode": "adaptive"}  # Trainyard's defaults
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # one attempt in all, as plain boto3 reads it
+    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+    assert retries() == {"total_max_attempts": 1, "mode": "standard"}
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS")
+    monkeypatch.delenv("AWS_RETRY_MODE")
+    config = tmp_path / "config"
+    config.write_text("[profile team]\nmax_attempts = 2\nretry_mode = standard\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    assert retries() == {"total_max_attempts": 2, "mode": "standard"}  # the profile's
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "three")
+    with pytest.raises(s3.StorageError, match="AWS_MAX_ATTEMPTS .* 'three' is not a whole number"):
+        s3.client()

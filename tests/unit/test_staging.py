@@ -271,7 +271,7 @@ def test_part_heads_stay_within_the_connection_pool_however_many_objects_need_th
         sizes = list(pool.map(lambda obj: staging._part_sizes(client, obj), objects))
     assert sizes == [[5 << 20] * 3 + [1 << 19]] * len(objects)
     # room for them beside the objects' GETs
-    assert client.most + listing.MAX_CONCURRENT_OBJECTS <= s3._client_config().max_pool_connections, client.most
+    assert client.most + listing.MAX_CONCURRENT_OBJECTS <= s3.client().meta.config.max_pool_connections, client.most
 
 
 def test_the_parts_of_an_object_with_over_a_thousand_are_listed_page_by_page_not_headed():

@@ -1,10 +1,13 @@
 """What staging refuses, and the failures it names: keys that would escape the staging folder or cannot be
-laid out as files, a missing bucket, prefix or object, denied requests and missing credentials, a full disk, and
-requests that time out (transient, so retried by the task)."""
+laid out as files, a missing bucket, prefix or object, denied requests, missing or expired credentials, a full
+disk, requests that time out, and objects deleted or replaced while they download (transient, so retried by the
+task)."""
 
 from __future__ import annotations
 
 import errno
+import http.server
+import threading
 
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
@@ -14,6 +17,7 @@ from tests import s3_endpoints
 from tests.unit.objects import put_big, stage
 from trainyard import cache, integrity, listing, s3, staging
 from trainyard.errors import DataError, StorageError
+from trainyard.spec import Channel
 
 s3_endpoint = s3_endpoints.s3_endpoint
 
@@ -179,3 +183,80 @@ def test_a_large_objects_requests_timing_out_or_dropped_are_named_and_transient(
     with pytest.raises(StorageError, match=f"s3://{bucket}/ch/a.bin: could not reach S3") as failed:
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert failed.value.transient
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_an_object_deleted_after_listing_is_named_as_such_and_transient(s3_endpoint, tmp_path, size):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    if size == "large":
+        put_big(client, bucket, "ch/a.bin", tmp_path)
+    else:
+        client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 100)
+    manifest = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/", format="raw"))
+    client.delete_object(Bucket=bucket, Key="ch/a.bin")
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/ch/a.bin: deleted from S3 while it was being staged"):
+        staging.fetch_channel(manifest)
+    # (a retry lists the channel again, without it; "no such object" was not retried)
+    assert pytest.raises(StorageError, staging.fetch_channel, manifest).value.transient
+
+
+def test_a_large_object_replaced_during_its_ranged_download_is_named_and_transient(s3_endpoint, tmp_path):
+    s3_endpoint.skip_unless("if_match_honoured")
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    put_big(client, bucket, "ch/big.bin", tmp_path, seed=1)
+    manifest = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/", format="raw"))
+    arrived = []
+
+    def replace_part_way(n: int) -> None:  # the transfer manager's callback, as its parts land
+        arrived.append(n)
+        if sum(arrived) >= 4 << 20 and not hasattr(replace_part_way, "done"):
+            replace_part_way.done = True  # type: ignore[attr-defined]
+            put_big(client, bucket, "ch/big.bin", tmp_path, seed=2)  # same size, other bytes
+
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/ch/big.bin: changed in S3") as failed:
+        staging.fetch_channel(manifest, on_bytes=replace_part_way)
+    assert failed.value.transient
+
+
+class _ExpiredTokenS3(http.server.BaseHTTPRequestHandler):
+    """What S3 answers a request signed with an expired session token: 400, the code in the body (none for a HEAD)."""
+
+    def _answer(self, body: bool) -> None:
+        xml = b"<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>"
+        self.send_response(400)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(xml)))
+        self.end_headers()
+        if body:
+            self.wfile.write(xml)
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self._answer(body=True)
+
+    def do_HEAD(self):  # noqa: N802
+        self._answer(body=False)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("uri", ["s3://bkt/ch/", "s3://bkt/ch/a.bin"])
+def test_expired_session_credentials_are_named_with_what_to_do(tmp_path, monkeypatch, uri):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ExpiredTokenS3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        with pytest.raises(StorageError) as failed:
+            stage(uri, tmp_path, format="raw")
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(failed.value)
+    if uri.endswith("/"):  # a listing: S3 names the code
+        assert "the AWS session credentials have expired (ExpiredToken); refresh them" in message
+    else:  # a one-object URI is asked with a HEAD, whose answer has no body
+        assert "an expired session token is the usual cause, so refresh the credentials" in message
+    assert not failed.value.transient
