@@ -74,16 +74,24 @@ class Pruner:
     alone, so every group takes the same steps). The thresholds (the mean of the known
     losses, and the loss above which a row is among the hardest) are fixed once per epoch from the
     group's loss memory and are part of the torchft state, so a group that heals from a peer
-    mid-epoch prunes as its peer does. Which learnt rows sit out is a hash of (seed, epoch, row): the
-    same in every group and on a redone step. Rows with no known loss yet always train.
+    mid-epoch prunes as its peer does. In a classification job the hardest are counted within each
+    class (``labels``, each row's class index): a class the model still gets wrong, all of whose rows
+    are harder than the others', would otherwise sit out whole, and for good (a row left out is not
+    measured again), where ``hardest_fraction`` of it is all that may. Which learnt rows sit out is a
+    hash of (seed, epoch, row): the same in every group and on a redone step. Rows with no known loss
+    yet always train.
     """
 
-    def __init__(self, config: Pruning, epochs: int, seed: int, classes: int | None = None):
+    def __init__(
+        self, config: Pruning, epochs: int, seed: int, classes: int | None = None, labels: np.ndarray | None = None
+    ):
         self.config, self.epochs, self.seed = config, epochs, seed
+        self.classes, self.labels = classes or 0, labels if classes and labels is not None else None
         # the loss a row must also exceed to count among the hardest (hardest_min_loss)
         floor = config.hardest_min_loss
         self.hardest_floor = (math.log(classes) if classes and classes > 1 else 0.0) if floor == "chance" else floor
-        self.thresholds: tuple[int, float, float] | None = None  # (epoch, mean, hardest cut) of the epoch
+        # (epoch, mean, hardest cut: one per class, or one for all) of the epoch
+        self.thresholds: tuple[int, float, np.ndarray] | None = None
         self.dealt = 0  # rows that came to the pruner (those with no known loss included)
         self.pruned = 0  # learnt rows left out
         self.hardest = 0  # rows left out as among the hardest
@@ -102,7 +110,8 @@ class Pruner:
         weights = np.ones(len(rows), dtype=np.float32)
         if not (learnt_on or hardest_on) or not len(rows):
             return np.arange(len(rows)), weights
-        _, mean, cut = self._epoch_thresholds(memory, epoch)
+        _, mean, cuts = self._epoch_thresholds(memory, epoch)
+        cut = cuts[self.labels[rows]] if self.labels is not None else cuts[0]
         loss = memory.loss[rows]
         known = memory.epoch[rows] >= 0
         out = np.zeros(len(rows), dtype=bool)
@@ -120,19 +129,25 @@ class Pruner:
         kept = np.flatnonzero(~out)
         return kept, weights[kept]
 
-    def _epoch_thresholds(self, memory: LossMemory, epoch: int) -> tuple[int, float, float]:
+    def _epoch_thresholds(self, memory: LossMemory, epoch: int) -> tuple[int, float, np.ndarray]:
         if self.thresholds is None or self.thresholds[0] != epoch:
-            known = memory.loss[memory.epoch >= 0]
-            if len(known):
-                cut = (
-                    float(np.quantile(known, 1.0 - self.config.hardest_fraction))
-                    if self.config.hardest_fraction
-                    else np.inf
-                )
-                self.thresholds = (epoch, float(known.mean()), cut)
-            else:
-                self.thresholds = (epoch, -np.inf, np.inf)  # nothing known yet: every row trains
+            is_known = memory.epoch >= 0
+            known = memory.loss[is_known]
+            groups = (
+                [known]
+                if self.labels is None
+                else [memory.loss[is_known & (self.labels == c)] for c in range(self.classes)]
+            )
+            cuts = np.array([self._cut(losses) for losses in groups])
+            # nothing known yet (a job's first epoch): every row trains
+            self.thresholds = (epoch, float(known.mean()) if len(known) else -np.inf, cuts)
         return self.thresholds
+
+    def _cut(self, known: np.ndarray) -> float:
+        """The loss above which a row of ``known`` losses is among the hardest (inf: none is)."""
+        if not self.config.hardest_fraction or not len(known):
+            return np.inf
+        return float(np.quantile(known, 1.0 - self.config.hardest_fraction))
 
     def _begin(self, step: int) -> None:
         """A redone step (torchft) counts once."""
@@ -145,13 +160,13 @@ class Pruner:
         return {"prune_dealt": self.dealt, "pruned_learnt": self.pruned, "pruned_hardest": self.hardest}
 
     def state_dict(self) -> dict:
-        epoch, mean, cut = self.thresholds or (-1, 0.0, 0.0)
-        return {"prune_thresholds": torch.tensor([epoch, mean, cut], dtype=torch.float64)}
+        epoch, mean, cuts = self.thresholds or (-1, 0.0, np.zeros(1))
+        return {"prune_thresholds": torch.tensor([epoch, mean, *cuts.tolist()], dtype=torch.float64)}
 
     def load_state_dict(self, state: dict) -> None:
         if "prune_thresholds" in state:
-            epoch, mean, cut = state["prune_thresholds"].tolist()
-            self.thresholds = (int(epoch), mean, cut) if epoch >= 0 else None
+            epoch, mean, *cuts = state["prune_thresholds"].tolist()
+            self.thresholds = (int(epoch), mean, np.array(cuts)) if epoch >= 0 else None
             self._undo = None
 
 

@@ -83,6 +83,25 @@ def test_only_rows_the_model_finds_less_likely_than_chance_count_among_the_harde
     assert not decide_all(Pruner(high, 4, seed=0, classes=4), memory, epoch=1)[0].any()
 
 
+def test_the_hardest_are_counted_within_each_class_so_no_class_sits_out_whole():
+    # A 5% class the model still gets wrong: every row of it is harder than any other row. Counted over
+    # all rows, the hardest 10% was that class whole, left out for good (a row left out is not measured again).
+    rng = np.random.default_rng(2)
+    labels = (np.arange(4_000) < 200).astype(np.int64)
+    losses = np.where(labels == 1, rng.uniform(3.0, 4.0, 4_000), rng.uniform(0.0, 2.0, 4_000))
+    config = Pruning(hardest_fraction=0.1, hardest_after=0, hardest_min_loss=0)
+    out, _ = decide_all(Pruner(config, 4, seed=0, classes=2, labels=labels), known_memory(losses), epoch=1)
+    assert out[labels == 1].sum() == 20 and out[labels == 0].sum() == 380  # a tenth of each
+    # the cuts per class travel with the torchft state: a healed group leaves out the same rows
+    peer = Pruner(config, 4, seed=0, classes=2, labels=labels)
+    peer.decide(np.arange(10), known_memory(losses), epoch=1, step=0)
+    healed = Pruner(config, 4, seed=0, classes=2, labels=labels)
+    healed.load_state_dict({k: v.clone() for k, v in peer.state_dict().items()})
+    np.testing.assert_array_equal(healed.thresholds[2], peer.thresholds[2])
+    # a regression job (no classes): the hardest over all rows, as before
+    assert decide_all(Pruner(config, 4, seed=0), known_memory(losses), epoch=1)[0][labels == 1].all()
+
+
 def test_rows_with_no_known_loss_always_train():
     memory = LossMemory(1000, max_age=0)
     memory.remember(np.arange(500), np.linspace(0, 1, 500, dtype=np.float32), epoch=0)

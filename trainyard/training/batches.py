@@ -61,7 +61,8 @@ class StepData:
         prune = job.sifting.settled()[1] if job.sifting.prunes else None
         classes = len(plan.schema.get("classes") or []) or plan.schema.get("num_outputs")
         classes = classes if self.classification else None
-        self.pruner = Pruner(prune, hp.epochs, hp.seed, classes) if prune else None
+        labels = np.asarray(y) if classes and prune and not plan.streamed else None  # each row's class index
+        self.pruner = Pruner(prune, hp.epochs, hp.seed, classes, labels) if prune else None
         # the keep rule reuses losses only up to `reuse` epochs old; pruning reads any age (InfoBatch)
         self.memory = LossMemory(len(x), reuse) if reuse or prune else None
         self.weights: torch.Tensor | None = None  # the last batch's loss weights (pruning), None when all are 1
