@@ -31,6 +31,7 @@ LAUNCHER_VALUES = {
     "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     "shm_size": "16Gi",
+    "shared_memory_mib": 16384,
 }
 KIND_VALUES = {"process": {}, "kubernetes": {}, "ecs": {"cpu": 4096, "memory": "32768"}}
 
@@ -172,7 +173,7 @@ def test_ecs_pool_renders_a_task_definition_ecs_accepts():
     )
     container = task_definition["containerDefinitions"][0]
     assert container["resourceRequirements"] == [{"type": "GPU", "value": "2"}]  # ECS wants text
-    assert container["linuxParameters"] == {"sharedMemorySize": 8192}
+    assert container["linuxParameters"] == {"sharedMemorySize": 16384}  # the job's, over the pool's default
     assert container["mountPoints"] == [{"sourceVolume": "trainyard-home", "containerPath": "/var/lib/trainyard"}]
     assert task_definition["volumes"][0]["efsVolumeConfiguration"]["fileSystemId"] == "fs-0123456789abcdef0"
     shape = botocore.session.get_session().get_service_model("ecs").operation_model("RegisterTaskDefinition")

@@ -77,7 +77,17 @@ class Hyperparameters(_Model):
 
 # The work-pool job variables every Trainyard pool template declares (infra/apply.py builds the templates
 # from this list): a job may set these, and no others, for its groups' flow runs.
-LAUNCHER_JOB_VARIABLES = ("env", "gpus", "image", "cpu", "memory", "node_selector", "tolerations", "shm_size")
+LAUNCHER_JOB_VARIABLES = (
+    "env",
+    "gpus",
+    "image",
+    "cpu",
+    "memory",
+    "node_selector",
+    "tolerations",
+    "shm_size",
+    "shared_memory_mib",
+)
 MOST_REPLICAS = 64
 
 
@@ -102,7 +112,7 @@ class Resources(_Model):
     job_variables: dict[str, Any] = Field(
         default_factory=dict,
         description="Work-pool job variables for each group's flow run: image, cpu, memory, node_selector, "
-        "tolerations, shm_size, env (see infra/).",
+        "tolerations, shm_size (shared_memory_mib on ECS), env (see infra/).",
     )
 
     @field_validator("job_variables")
