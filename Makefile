@@ -1,8 +1,9 @@
-# One-command set-up: a virtual environment in .venv with the CPU build of torch, then the project.
+# One-command set-up: a virtual environment in .venv with torch (TORCH_INDEX: where from), then the project.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
@@ -13,8 +14,10 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	# torch first, pinned to the CPU build, so that torch>=2.7 is already met and no CUDA build is pulled.
-	$(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"
+	# torch first, pinned, so that torch>=2.7 is already met. On Linux, PyPI's torch is the CUDA build (GBs of
+	# nvidia wheels): TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU build instead. Empty, pip's
+	# configured index decides (a CI machine's own index may hold the CPU build).
+	$(BIN)/pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 

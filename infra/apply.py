@@ -39,7 +39,7 @@ GPU_TEMPLATES = {
 # a variable a template forgot to use is still caught.
 NOT_APPLIED_KEY = "accepted_not_applied"
 
-HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"  # PREFECT_RUNNER_HEARTBEAT_FREQUENCY before Prefect 3.5
+HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"  # from Prefect 3.5 (pyproject requires it); RUNNER_ before
 DEFAULT_HEARTBEAT_SECONDS = 30
 MIN_HEARTBEAT_SECONDS = 30  # Prefect's floor for flow run heartbeats
 MISSED_HEARTBEATS = 3  # a run silent for this many heartbeats is a zombie

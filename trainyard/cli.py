@@ -34,6 +34,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="markdown",  # a help text's paragraphs re-wrapped to the terminal, not cut at its lines
 )
 console = Console(stderr=True)
 app.add_typer(models_app, name="models")
@@ -46,7 +47,12 @@ SummaryOption = Annotated[Path | None, typer.Option("--summary-out", help="Write
 
 @app.command()
 def validate(spec: SpecArgument, set_: SetOption = None) -> None:
-    """Check a job spec without running it: prints every problem with the field and the fix."""
+    """Check a job spec without running it: prints each problem with the field and the fix.
+
+    Every field is checked at once; the checks across sections (a label the train channel must have, a
+    drill's group among the replicas) run once the fields they read are valid, so fixing a field can
+    bring one of those to light on the next try.
+    """
     job = load(spec, set_)
     say(console, f"{spec}: valid job {job.name!r}, {job.resources.replicas} replica group(s)", "green")
     warn(job)

@@ -22,6 +22,7 @@ infra_app = typer.Typer(
     help="Set up a Prefect server for Trainyard: work pools (process, Kubernetes or ECS GPU templates from infra/), "
     "the GPU pool's concurrency limit, block types, and the automation that marks zombie flow runs Crashed.",
     no_args_is_help=True,
+    rich_markup_mode="markdown",
 )
 out = Console()
 err = Console(stderr=True)

@@ -16,7 +16,9 @@ from trainyard.cli_spec import SetOption, SpecArgument, load, warn
 from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 
-jobs_app = typer.Typer(help="Jobs on the Prefect API named by PREFECT_API_URL.", no_args_is_help=True)
+jobs_app = typer.Typer(
+    help="Jobs on the Prefect API named by PREFECT_API_URL.", no_args_is_help=True, rich_markup_mode="markdown"
+)
 console = Console(stderr=True)
 RunId = Annotated[str, typer.Argument(help="The job's flow run id (trainyard jobs list shows it).")]
 WaitOption = Annotated[bool, typer.Option("--wait", help="Follow the job to its end; exit 0 only if it completed.")]

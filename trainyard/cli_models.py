@@ -25,6 +25,7 @@ models_app = typer.Typer(
     "PendingManualApproval; the promotion gate (registry.promote_if) moves champion automatically, "
     "'promote' moves it by hand.",
     no_args_is_help=True,
+    rich_markup_mode="markdown",
 )
 out = Console()
 err = Console(stderr=True)

@@ -14,7 +14,7 @@ from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 from trainyard.spec.base import check_s3_uri
 
-report_app = typer.Typer(help="Reports across jobs.", no_args_is_help=True)
+report_app = typer.Typer(help="Reports across jobs.", no_args_is_help=True, rich_markup_mode="markdown")
 console = Console(stderr=True)
 
 

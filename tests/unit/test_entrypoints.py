@@ -85,6 +85,7 @@ def channel_reading_build(num_features, num_outputs, hyperparameters):
     from pathlib import Path
 
     config = json.loads((Path(os.environ["TRAINYARD_CHANNEL_CONFIG"]) / "model.json").read_text())
+    assert os.environ["SM_CHANNEL_CONFIG"] == os.environ["TRAINYARD_CHANNEL_CONFIG"]  # SageMaker's name too
     model = torch.nn.Sequential(
         torch.nn.Linear(num_features, config["width"]), torch.nn.ReLU(), torch.nn.Linear(config["width"], num_outputs)
     )
@@ -108,6 +109,7 @@ def test_the_early_algorithm_check_sees_the_extra_channels_and_names_a_failing_e
 ):
 
     monkeypatch.delenv("TRAINYARD_CHANNEL_CONFIG", raising=False)
+    monkeypatch.delenv("SM_CHANNEL_CONFIG", raising=False)
     job, _, _, plan = make_job(
         trainyard_home, algorithm={"entrypoint": "tests.unit.test_entrypoints:channel_reading_build"}
     )

@@ -21,15 +21,18 @@ from trainyard.home import write_json_atomic
 
 PLAN_FILE = "plan.json"
 CHANNEL_ENV_PREFIX = "TRAINYARD_CHANNEL_"
+SAGEMAKER_CHANNEL_ENV_PREFIX = "SM_CHANNEL_"
 STOP_FILE = "stop.json"
 SCALE_FILE = "scale.json"
 SUPERVISOR_FILE = "supervisor.json"
 
 
 def export_channels(extra_channels: dict[str, str]) -> None:
-    """Name each extra channel's folder in ``TRAINYARD_CHANNEL_<NAME>``, where entrypoints look."""
+    """Name each extra channel's folder in ``TRAINYARD_CHANNEL_<NAME>``, where entrypoints look, and in
+    SageMaker's ``SM_CHANNEL_<NAME>``, where a script ported from SageMaker looks."""
     for name, folder in extra_channels.items():
-        os.environ[f"{CHANNEL_ENV_PREFIX}{name.upper()}"] = folder
+        for prefix in (CHANNEL_ENV_PREFIX, SAGEMAKER_CHANNEL_ENV_PREFIX):
+            os.environ[f"{prefix}{name.upper()}"] = folder
 
 
 @dataclass(slots=True)
@@ -51,7 +54,7 @@ class TrainingPlan:
     released_unix: float | None = None
 
     def export_channels(self) -> None:
-        """Name each extra channel's folder in ``TRAINYARD_CHANNEL_<NAME>``, where entrypoints look."""
+        """Name each extra channel's folder where entrypoints look (``export_channels``)."""
         export_channels(self.extra_channels)
 
     def write(self, job_dir: Path) -> None:
