@@ -54,8 +54,14 @@ class LossMemory:
         self.loss[rows] = losses
         self.epoch[rows] = epoch
 
-    def state_dict(self) -> dict:
-        return {"memory_loss": torch.from_numpy(self.loss.copy()), "memory_epoch": torch.from_numpy(self.epoch.copy())}
+    def state_dict(self, step: int | None = None) -> dict:
+        """The remembered losses; without what an uncommitted try of ``step`` (the group's current step)
+        wrote, which its redo will undo (``Sifter.state_dict``)."""
+        loss, epoch = self.loss.copy(), self.epoch.copy()
+        if step is not None and self._undo is not None and self._undo[0] == step:
+            for rows, was_loss, was_epoch in reversed(self._undo[2]):
+                loss[rows], epoch[rows] = was_loss, was_epoch
+        return {"memory_loss": torch.from_numpy(loss), "memory_epoch": torch.from_numpy(epoch)}
 
     def load_state_dict(self, state: dict) -> None:
         if "memory_loss" in state:

@@ -212,9 +212,12 @@ class Sifter:
         for value, count in zip(values.tolist(), counts.tolist(), strict=True):
             table[str(value)] = table.get(str(value), 0) + count
 
-    def state_dict(self) -> dict:
-        """What a healing group takes from its peer."""
-        return {"history": torch.from_numpy(self.history.copy())}
+    def state_dict(self, step: int | None = None) -> dict:
+        """What a healing group takes from its peer. ``step``: the group's current (next uncommitted) step;
+        when its last try was of that step, the try did not commit and is left out, as its redo will undo it
+        here (a group healed now would otherwise keep it, and rank against another history)."""
+        history = self._undo[1][0] if step is not None and self._undo is not None and self._undo[0] == step else None
+        return {"history": torch.from_numpy((self.history if history is None else history).copy())}
 
     def load_state_dict(self, state: dict) -> None:
         self.history = state["history"].numpy().astype(np.float32)

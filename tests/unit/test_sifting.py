@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 
 def test_the_keep_rule_keeps_one_in_one_plus_beta_in_steady_state():
@@ -108,6 +109,33 @@ def test_a_step_redone_at_another_rank_is_counted_once():
         before["passed_over"] + 16,
     )
     assert len(sifter.history) == history + 32
+
+
+def test_a_group_healed_while_its_peer_redoes_a_step_gets_the_committed_state():
+    """torchft may hand a peer's state to a joining group between a try that did not commit and its redo:
+    the try's losses are not part of it (the peer's redo undoes them; the healed group could not)."""
+    from trainyard.pruning import LossMemory
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=1.0, delay_steps=0), seed=0)
+    memory = LossMemory(100, max_age=1)
+    rng = np.random.default_rng(3)
+    for step in range(4):
+        memory.begin(step)
+        memory.remember(rng.choice(100, 10, replace=False), rng.random(10).astype(np.float32), epoch=0)
+        sifter.select(rng.random(22), None, 11, step, 0)
+    committed = sifter.state_dict(step=4)["history"].clone(), memory.state_dict(step=4)
+    memory.begin(4)
+    memory.remember(np.arange(10), np.full(10, 9.0, dtype=np.float32), epoch=1)  # step 4's try: not committed
+    sifter.select(rng.random(22), None, 11, 4, 0)
+    # asked at step 4 (still the current step: the try did not commit), the state is the committed one
+    assert torch.equal(sifter.state_dict(step=4)["history"], committed[0])
+    for key, value in memory.state_dict(step=4).items():  # (rows never measured are NaN)
+        torch.testing.assert_close(value, committed[1][key], rtol=0, atol=0, equal_nan=True)
+    # once step 4 commits (the current step is 5), it is part of the state
+    assert len(sifter.state_dict(step=5)["history"]) == len(committed[0]) + 22
+    assert (memory.state_dict(step=5)["memory_loss"][:10] == 9.0).all()
 
 
 def test_a_class_with_only_a_few_easy_candidates_keeps_at_least_one():

@@ -216,10 +216,12 @@ class StepData:
         names = self._class_names
         return {names[int(c)] if int(c) < len(names) else c: v for c, v in by_class.items()}
 
-    def state_dict(self) -> dict:
-        state = self.sifter.state_dict() if self.sifter else {}
+    def state_dict(self, step: int | None = None) -> dict:
+        """What a healing group takes from this one; ``step``: this group's current step (what a try of it
+        that did not commit added is left out)."""
+        state = self.sifter.state_dict(step) if self.sifter else {}
         state |= self.pruner.state_dict() if self.pruner else {}
-        return state | (self.memory.state_dict() if self.memory else {})
+        return state | (self.memory.state_dict(step) if self.memory else {})
 
     def load_state_dict(self, state: dict) -> None:
         if self.sifter and state:

@@ -97,7 +97,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             "optim": optimizer.state_dict(),
             "history": history_state(history),
             "cursor": dict(cursor),
-            "sifter": data.state_dict(),
+            # the current step: a try of it that did not commit is not part of the state (torchft redoes it)
+            "sifter": data.state_dict(manager.current_step()),
         }
 
     def load_state_dict(state: dict) -> None:
