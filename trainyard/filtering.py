@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from trainyard.datasets import StagedData
+from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
 from trainyard.reference_losses import HOLDOUT, Champion, JobLoss, champion_losses, held_out_losses, job_loss
 from trainyard.spec import Algorithm, Hyperparameters, Prefilter, Sifting
@@ -205,6 +206,7 @@ def prefilter(
     if losses is None:
         losses, flops = held_out_losses(x, y, keep, config, task, num_outputs, loss_fn)
     candidates = np.flatnonzero(keep)
+    _check_finite(losses, candidates, reference, loss_fn is not None)
     order = candidates[np.argsort(losses[candidates], kind="stable")]
     n_learnt = math.floor(config.drop_learnt_fraction * len(order))
     n_unlearnable = math.floor(config.drop_unlearnable_fraction * len(order))
@@ -220,6 +222,26 @@ def prefilter(
         losses = losses / ((float(y[keep].std()) or 1.0) ** 2)
     balanced = n_learnt + n_unlearnable - len(learnt) - len(unlearnable)
     return Prefiltered(keep, dropped, flops, reference, reasons, losses, kept_for_balance=balanced)
+
+
+def _check_finite(losses: np.ndarray, rows: np.ndarray, reference: str, entrypoint: bool) -> None:
+    """Refuse reference losses that are not numbers: ranked, they would sit at the unlearnable end, and as
+    RHO-LOSS's irreducible losses every later score of their rows would be NaN."""
+    bad = rows[~np.isfinite(losses[rows])]
+    if not len(bad):
+        return
+    fix = (
+        "algorithm.entrypoint's loss must be finite on every row (a -log p where p underflows to 0 is inf: take "
+        "log_softmax, or clamp)"
+        if entrypoint
+        else "the champion's outputs are not finite on them: use sifting.prefilter.reference holdout"
+        if reference.startswith("champion")
+        else "lower sifting.prefilter.reference_learning_rate"
+    )
+    raise TrainingError(
+        f"sifting.prefilter: the reference loss ({reference.split(':')[0]}) is {losses[bad[0]]} on {len(bad)} of "
+        f"{len(rows)} training rows (row {int(bad[0])} first); {fix}"
+    )
 
 
 def _guard_classes(

@@ -315,3 +315,25 @@ def test_a_regression_entrypoints_loss_gets_the_shape_its_model_gives():
     loss = reference_losses.job_loss(algorithm, Hyperparameters(), x, y, 1)
     losses = loss(torch.zeros(200), torch.from_numpy(y))  # a built-in reference gives (N,)
     np.testing.assert_allclose(losses.numpy(), y**2, rtol=1e-6)
+
+
+def sharp_probabilities_build(num_features, num_outputs, hyperparameters):
+    """A loss that is inf where the true class's probability underflows to 0 (-log of a softmax)."""
+    model = torch.nn.Linear(num_features, num_outputs)
+    return model, lambda out, y: -torch.log(torch.softmax(out * 200, dim=1).gather(1, y[:, None])[:, 0])
+
+
+def test_reference_losses_that_are_not_numbers_are_named_before_training(tmp_path):
+    from trainyard.errors import TrainingError
+    from trainyard.spec import Algorithm, Hyperparameters
+
+    x, y, _ = noisy_blobs()
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    staged = StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": 2100}, [])
+    entrypoint = Algorithm(entrypoint="tests.unit.test_filtering:sharp_probabilities_build")
+    sifting = Sifting(enabled=True, score="reducible_loss")
+    # (written as irreducible losses, every later score of those rows was NaN, and the groups failed saying
+    # the file's losses did not match its rows)
+    with pytest.raises(TrainingError, match=r"the reference loss \(holdout\) is inf on \d+ of 2000 training rows"):
+        filtering.filter_samples(staged, sifting, "classification", None, entrypoint, Hyperparameters())
+    assert not (tmp_path / "train.filtered.npz").exists()

@@ -241,8 +241,11 @@ def _reference_losses(train_data: str, rows: int) -> torch.Tensor:
                 "writes them when the prefilter runs; leave sifting.prefilter.enabled unset or true"
             )
         losses = data["irreducible"]
-    if len(losses) != rows or not np.isfinite(losses).all():
-        raise TrainingError(f"{train_data}: its reference losses do not match its {rows} rows")
+    if len(losses) != rows:
+        raise TrainingError(f"{train_data}: its {len(losses)} reference losses do not match its {rows} rows")
+    if not np.isfinite(losses).all():  # (the filtering stage refuses these: a file written otherwise)
+        bad = int((~np.isfinite(losses)).sum())
+        raise TrainingError(f"{train_data}: {bad} of its reference losses are not numbers")
     return torch.from_numpy(losses.astype(np.float32))
 
 
