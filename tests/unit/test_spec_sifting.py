@@ -41,6 +41,17 @@ def test_prefilter_settings_that_cannot_work_are_refused():
     assert parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting.enabled  # unset: not run, no error
 
 
+@pytest.mark.parametrize("beta, batch_size", [(0.01, 32), (0.2, 2), (0.4, 1)])
+def test_a_beta_too_small_to_pass_any_candidate_over_is_refused(beta, batch_size):
+    # round(batch_size * (1 + beta)) candidates for batch_size kept: every step scored, nothing passed over
+    job = minimal(sifting={"enabled": True, "beta": beta}, hyperparameters={"batch_size": batch_size})
+    (problem,) = problems(job)
+    assert problem.startswith(f"sifting.beta: {beta:g} draws round(") and "every scoring pass is wasted" in problem
+    hint = float(problem.split("raise sifting.beta to at least ")[1].split()[0])
+    raised = minimal(sifting={"enabled": True, "beta": hint}, hyperparameters={"batch_size": batch_size})
+    assert parse_job(raised).sifting.beta == hint  # the least beta it names passes a candidate over
+
+
 def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
     sifting = parse_job(minimal(sifting={"enabled": True, "beta_value": 0.5, "sift_delay": 1000})).sifting
     assert (sifting.beta, sifting.delay_steps) == (0.5, 1000)

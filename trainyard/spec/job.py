@@ -155,6 +155,15 @@ class TrainingJob(_Model):
                 "sifting.prune: a streamed channel's rows are not all in memory to remember their losses: "
                 "set learnt_fraction and hardest_fraction to 0, or inputs.train.mode: file"
             )
+        if self.sifting.enabled and self.sifting.beta:
+            beta, prune = self.sifting.settled()
+            dealt = prune.dealt_batch(self.hyperparameters.batch_size)
+            if round(dealt * (1 + beta)) <= dealt:  # sifting.candidate_batch: every candidate would be kept
+                problems.append(
+                    f"sifting.beta: {beta:g} draws round({dealt} * {1 + beta:g}) = {dealt} candidates a step for "
+                    f"{dealt} kept, so none is passed over and every scoring pass is wasted; raise sifting.beta to "
+                    f"at least {1 / dealt:.2g} or hyperparameters.batch_size, or set sifting.beta 0"
+                )
         if self.sifting.enabled and self.sifting.reuse_loss_epochs and self.inputs.train.mode == "stream":
             problems.append(
                 "sifting.reuse_loss_epochs: a streamed channel's rows are not all in memory to remember their losses: "
