@@ -32,7 +32,6 @@ CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 100 * 2**30
 PART_SUFFIX = ".part"  # a download being written, under a dot name
 META_XATTR = "user.trainyard.verified"  # on an object: what was checked when it was fetched (remember)
-STALE_PART_SECONDS = 3600  # a download writes every few seconds at worst: one this old was abandoned (killed)
 
 
 def objects_dir() -> Path:
@@ -135,6 +134,38 @@ def _eviction_lock(kind: int) -> Iterator[None]:
         os.close(fd)
 
 
+def claim_part(path: Path) -> int:
+    """Make the part file a download writes into, locked for as long as the returned descriptor is open
+    (close it once the part is renamed or removed): an eviction then tells a live download's part from one
+    a killed job left, which it removes at once (the rerun after an OOM kill needs the room)."""
+    # Locked under another name first, then renamed: an eviction never sees a live part unlocked.
+    claiming = path.with_name(path.name + ".claim")
+    fd = os.open(claiming, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(claiming, path)
+    except OSError:
+        os.close(fd)
+        claiming.unlink(missing_ok=True)
+        raise
+    return fd
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether a part file's writer is gone: nobody holds its lock (it died with its process)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def remember(path: Path, record: dict) -> None:
     """Keep what was checked of a fetched object (its checksum, how it was verified) with the file, so a
     later staging that finds it cached can put the same in its manifest, and the file's modification
@@ -205,18 +236,20 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
     """Delete the least recently used of ``paths`` until they fit ``limit`` (``TRAINYARD_CACHE_MAX_BYTES``);
     never those in ``keep``, nor names starting with a dot (being written)."""
     limit = max_bytes() if limit is None else limit
-    entries = []
+    entries, writing = [], 0
     for path in paths:
         try:
             st = path.stat()
         except FileNotFoundError:
             continue  # another job's eviction took it meanwhile
-        if path.name.startswith("."):  # a download in progress; one left by a killed job goes
-            if path.name.endswith(PART_SUFFIX) and time.time() - st.st_mtime > STALE_PART_SECONDS:
+        if path.name.startswith("."):  # a download in progress (its room counted); one left by a killed job goes
+            if path.name.endswith(PART_SUFFIX) and _abandoned(path):
                 path.unlink(missing_ok=True)
+            else:
+                writing += st.st_size
             continue
         entries.append((st.st_atime, st.st_size, path))  # last used (``hit``, or read) first
-    total = sum(size for _, size, _ in entries)
+    total = writing + sum(size for _, size, _ in entries)
     evicted, freed = 0, 0
     for _, size, path in sorted(entries):
         if total - freed <= limit:

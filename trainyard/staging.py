@@ -116,6 +116,10 @@ def fetch_channel(
             continue
         (large if obj.size >= s3.TRANSFER_CONFIG.multipart_threshold else small).append(obj)
     on_objects(len(manifest.objects) - len(small) - len(large))  # the cached ones
+    if pin is not None and (needed := sum(obj.size for obj in small + large)):
+        # Room made before fetching, not only after: a cache at its cap on a disk that holds little more
+        # would fail every rerun for want of the room the trim after it frees. The hits are pinned.
+        cache.evict(limit=max(0, cache.max_bytes() - needed))
 
     def fetch(obj: StagedObject, getter) -> int:
         transferred = _fetch_verified(client, obj, on_bytes, getter)
@@ -200,6 +204,10 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{cache.PART_SUFFIX}")
     moved = 0
     try:
+        claim = cache.claim_part(tmp)
+    except OSError as exc:
+        raise s3.describe_error(exc, obj.uri) if s3.disk_full(exc) else exc from exc
+    try:
         for attempt in (1, 2):
             shown: list[int] = []  # what the progress bar was told
             told = _telling(on_bytes, shown) if on_bytes else None
@@ -219,6 +227,7 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
                 on_bytes(-sum(shown))  # fetched again: the bar counts the object's bytes once
     finally:
         tmp.unlink(missing_ok=True)
+        os.close(claim)
     raise AssertionError("unreachable")
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests import s3_endpoints
 from tests.unit.objects import stage
-from trainyard import cache, staging
+from trainyard import cache, listing, staging
 from trainyard.errors import TrainyardError
 from trainyard.spec import Channel
 
@@ -39,6 +39,24 @@ def test_cache_evicts_least_recently_used_but_never_the_current_channel(s3_endpo
     assert Path(new.objects[0].path).exists()
     old = [cache.path_for(bucket, f"old{i}/x.bin", new.objects[0].etag) for i in range(3)]
     assert [p.exists() for p in old] == [False, False, True]  # the two least recently used went
+
+
+def test_room_is_made_before_a_channel_is_fetched_not_only_after(s3_endpoint, tmp_path, monkeypatch):
+    # A cache at its cap on a disk that holds little more: the trim after staging came too late, and every
+    # rerun failed with the disk full.
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="old/x.bin", Body=bytes(1000))
+    client.put_object(Bucket=bucket, Key="new/x.bin", Body=b"n" * 1000)
+    kept = stage(f"s3://{bucket}/old/", tmp_path, format="raw").objects[0]
+    monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "1500")  # room for one of the two
+    seen = []
+    manifest = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/new/", format="raw"))
+    with cache.Pin() as pin:
+        staging.fetch_channel(manifest, lambda n: seen.append(Path(kept.path).exists()), pin)
+    assert seen and not any(seen)  # gone before the first byte of the new channel arrived
+    assert Path(manifest.objects[0].path).read_bytes() == b"n" * 1000
 
 
 def test_another_jobs_eviction_spares_the_objects_a_job_has_pinned_until_it_releases_them(
@@ -91,20 +109,41 @@ def test_a_pin_left_by_a_process_that_died_is_removed_by_the_next_eviction(tmp_p
     assert cache.evict(limit=0)["evicted_objects"] == 1 and not obj.exists()
 
 
-def test_a_download_abandoned_by_a_killed_job_is_removed_and_one_in_progress_is_not(tmp_path, monkeypatch):
+def test_a_download_abandoned_by_a_killed_job_is_removed_at_once_and_one_in_progress_is_not(tmp_path, monkeypatch):
     import os
-    import time
+    import subprocess
+    import sys
 
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     folder = cache.path_for("b", "k", "e").parent
     folder.mkdir(parents=True)
-    old, fresh = folder / ".x.123.ab.part", folder / ".y.456.cd.part"
-    old.write_bytes(b"x" * 100)
-    fresh.write_bytes(b"y" * 100)
-    hours_ago = time.time() - 2 * cache.STALE_PART_SECONDS
-    os.utime(old, (hours_ago, hours_ago))
-    cache.evict()
-    assert not old.exists() and fresh.exists()
+    killed, live = folder / ".x.123.ab.part", folder / ".y.456.cd.part"
+    writer = subprocess.Popen(  # a staging killed mid-download (OOM, preemption): its part file stays
+        [sys.executable, "-c", WRITE_AND_WAIT, str(killed)],
+        stdout=subprocess.PIPE,
+        env=os.environ | {"PYTHONPATH": "."},
+    )
+    assert writer.stdout.readline() == b"writing\n"
+    writer.kill()
+    writer.wait()
+    claim = cache.claim_part(live)  # this process's download, under way
+    try:
+        os.write(claim, b"y" * 100)
+        assert cache.evict()["cache_bytes"] == 100  # the download's room counted; the killed one's gone
+        assert not killed.exists() and live.exists()  # at once: the rerun after a kill needs the room
+    finally:
+        os.close(claim)
+    assert cache.evict()["cache_bytes"] == 0 and not live.exists()  # its writer gone (here: its claim closed)
+
+
+WRITE_AND_WAIT = """
+import os, sys, time
+from pathlib import Path
+from trainyard import cache
+os.write(cache.claim_part(Path(sys.argv[1])), b"x" * 100)
+print("writing", flush=True)
+time.sleep(60)
+"""
 
 
 def test_a_pin_added_while_an_eviction_runs_waits_for_it_and_then_holds(tmp_path, monkeypatch):
