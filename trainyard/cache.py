@@ -151,6 +151,22 @@ def claim_part(path: Path) -> int:
     return fd
 
 
+@contextlib.contextmanager
+def fetching(path: Path) -> Iterator[None]:
+    """Held while one object is looked up and fetched into ``path``: a second staging of it (another job
+    on this machine, or another thread) waits, then finds it cached, instead of downloading it again.
+    One of 4,096 lock files, chosen by the object's cache name: a rare wait on another object's fetch
+    costs less than a lock file left per object."""
+    folder = cache_dir() / "fetching"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / path.name[:3], os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # per open file: threads of one process wait on each other too
+        yield
+    finally:
+        os.close(fd)
+
+
 def _abandoned(path: Path) -> bool:
     """Whether a part file's writer is gone: nobody holds its lock (it died with its process)."""
     try:

@@ -105,14 +105,7 @@ def fetch_channel(
     small: list[StagedObject] = []
     large: list[StagedObject] = []
     for obj in manifest.objects:
-        target = Path(obj.path)
-        if (known := cache.hit(target, obj.size)) is not None:
-            # verified when it was fetched: its manifest entry says how, and with which checksum
-            obj.checksum = obj.checksum or known.get("checksum")
-            if not obj.verified_by:
-                obj.verified_by = f"cache ({known['verified_by']})" if known.get("verified_by") else "cache"
-            if on_bytes:
-                on_bytes(obj.size)
+        if _cached(obj, on_bytes):
             continue
         (large if obj.size >= s3.TRANSFER_CONFIG.multipart_threshold else small).append(obj)
     on_objects(len(manifest.objects) - len(small) - len(large))  # the cached ones
@@ -121,8 +114,10 @@ def fetch_channel(
         # would fail every rerun for want of the room the trim after it frees. The hits are pinned.
         cache.evict(limit=max(0, cache.max_bytes() - needed))
 
-    def fetch(obj: StagedObject, getter) -> int:
-        transferred = _fetch_verified(client, obj, on_bytes, getter)
+    def fetch(obj: StagedObject, getter) -> int | None:
+        """Bytes moved fetching ``obj``; None if another staging of it (a job beside this one) just did."""
+        with cache.fetching(Path(obj.path)):
+            transferred = None if _cached(obj, on_bytes) else _fetch_verified(client, obj, on_bytes, getter)
         on_objects(1)
         return transferred
 
@@ -130,9 +125,23 @@ def fetch_channel(
         moved = list(pool.map(lambda o: fetch(o, _get_small), small))
     # Large objects one at a time: the transfer manager already fetches each in concurrent parts.
     moved += [fetch(o, _get_large) for o in large]
-    manifest.bytes_downloaded = sum(moved)
-    manifest.objects_downloaded = len(small) + len(large)
+    manifest.bytes_downloaded = sum(n for n in moved if n is not None)
+    manifest.objects_downloaded = sum(1 for n in moved if n is not None)
     return manifest
+
+
+def _cached(obj: StagedObject, on_bytes: ProgressFn | None) -> bool:
+    """Whether ``obj`` is in the cache, whole and unchanged; if so its manifest entry says how it was verified
+    when it was fetched, and with which checksum."""
+    known = cache.hit(Path(obj.path), obj.size)
+    if known is None:
+        return False
+    obj.checksum = obj.checksum or known.get("checksum")
+    if not obj.verified_by:
+        obj.verified_by = f"cache ({known['verified_by']})" if known.get("verified_by") else "cache"
+    if on_bytes:
+        on_bytes(obj.size)
+    return True
 
 
 def mirror(manifest: ChannelManifest, folder: Path) -> Path:

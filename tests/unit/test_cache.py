@@ -59,6 +59,29 @@ def test_room_is_made_before_a_channel_is_fetched_not_only_after(s3_endpoint, tm
     assert Path(manifest.objects[0].path).read_bytes() == b"n" * 1000
 
 
+def test_two_stagings_of_one_channel_at_once_download_each_object_once(s3_endpoint, tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))  # two jobs on one machine share its cache
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    for i in range(30):
+        client.put_object(Bucket=bucket, Key=f"ch/{i}.bin", Body=bytes([i]) * 5000)
+    channel = Channel(s3_uri=f"s3://{bucket}/ch/", format="raw")
+
+    def one_job(_) -> listing.ChannelManifest:
+        with cache.Pin() as pin:
+            return staging.fetch_channel(listing.list_channel("train", channel), pin=pin)
+
+    with ThreadPoolExecutor(2) as jobs:
+        first, second = jobs.map(one_job, range(2))
+    assert first.bytes_downloaded + second.bytes_downloaded == 30 * 5000  # (each had fetched nearly all)
+    assert first.objects_downloaded + second.objects_downloaded == 30
+    for manifest in (first, second):
+        assert sorted(Path(o.path).read_bytes()[:1][0] for o in manifest.objects) == list(range(30))
+        assert all(o.verified_by for o in manifest.objects)
+
+
 def test_another_jobs_eviction_spares_the_objects_a_job_has_pinned_until_it_releases_them(
     s3_endpoint, tmp_path, monkeypatch
 ):
