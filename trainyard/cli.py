@@ -37,6 +37,25 @@ app = typer.Typer(
     rich_markup_mode="markdown",  # a help text's paragraphs re-wrapped to the terminal, not cut at its lines
 )
 console = Console(stderr=True)
+
+
+def _version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        print(f"trainyard {version('trainyard')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print Trainyard's version and exit.")
+    ] = False,
+) -> None:
+    """Trainyard: managed ML training as Prefect pipelines."""
+
+
 app.add_typer(models_app, name="models")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(infra_app, name="infra")
@@ -201,6 +220,33 @@ def _check_summary_out(path: Path | None) -> None:
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
+
+
+@app.command()
+def clean(
+    older_than: Annotated[
+        float, typer.Option("--older-than", min=0, help="Days since anything was written to a job's folders.")
+    ] = 30,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; remove nothing.")] = False,
+) -> None:
+    """Remove the folders of jobs idle for --older-than days: TRAINYARD_HOME's jobs/JOB_ID (manifests,
+    logs, every group's model) and prefect/JOB_ID (a job run without a Prefect API).
+
+    A running job is never removed. Registered models and their lineage stay in MLflow, outputs in S3;
+    the cache keeps its own cap (TRAINYARD_CACHE_MAX_BYTES).
+    """
+    from trainyard import housekeeping
+
+    found = housekeeping.old_jobs(older_than * 86_400)
+    table = Table(title=f"{'would remove' if dry_run else 'removed'}: jobs idle for {older_than:g} days or more")
+    for column, justify in (("job", "left"), ("idle (days)", "right"), ("MiB", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for job in found:
+        if not dry_run:
+            housekeeping.remove(job)
+        table.add_row(job.job_id, f"{job.idle_seconds / 86_400:.1f}", f"{job.size / 2**20:.1f}")
+    Console().print(table)
+    say(console, f"{len(found)} job(s), {sum(job.size for job in found) / 2**20:.1f} MiB", "green")
 
 
 def print_summary(summary: dict) -> None:

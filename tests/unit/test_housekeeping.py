@@ -1,0 +1,78 @@
+"""``trainyard clean``: old jobs' folders go, recent and running ones stay; ``trainyard --version``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from trainyard import housekeeping
+from trainyard.cli import app
+from trainyard.home import home, jobs_dir
+
+
+@pytest.fixture
+def trainyard_home(tmp_path, monkeypatch):
+    """A TRAINYARD_HOME of the test's own: it counts every job in it."""
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def make_job(job_id: str, days_idle: float, prefect: bool = True) -> None:
+    """A job's folders as a run leaves them, last written ``days_idle`` days ago."""
+    folders = [jobs_dir() / job_id] + ([home() / "prefect" / job_id] if prefect else [])
+    then = time.time() - days_idle * 86_400
+    for folder in folders:
+        (folder / "replicas/0/attempt-0").mkdir(parents=True)
+        (folder / "replicas/0/attempt-0/model.pt").write_bytes(b"m" * 2**20)
+        for path in [*folder.rglob("*"), folder]:
+            os.utime(path, (then, then))
+
+
+def test_jobs_idle_longer_than_asked_are_removed_and_the_others_kept(trainyard_home):
+    make_job("old-20260101-000000-aaaaaa", days_idle=40)
+    make_job("recent-20261201-000000-bbbbbb", days_idle=2)
+    make_job("quiet-but-running-20260101-000000-cccccc", days_idle=40, prefect=False)
+    running = jobs_dir() / "quiet-but-running-20260101-000000-cccccc"
+    (running / "supervisor.json").write_text(json.dumps({"pid": os.getpid()}))  # its supervisor alive
+    os.utime(running / "supervisor.json", (time.time() - 40 * 86_400,) * 2)
+    # one written to a minute ago, in a group's folder: not idle
+    make_job("touched-20260101-000000-dddddd", days_idle=40)
+    (jobs_dir() / "touched-20260101-000000-dddddd/replicas/0/attempt-0/steps.jsonl").write_text("{}\n")
+
+    listed = CliRunner().invoke(app, ["clean", "--older-than", "30", "--dry-run"])
+    assert listed.exit_code == 0 and "old-20260101-000000-aaaaaa" in listed.output
+    assert "1 job(s), 2.0 MiB" in listed.output  # its job folder and its Prefect home
+    assert (jobs_dir() / "old-20260101-000000-aaaaaa").exists()  # a dry run removes nothing
+
+    removed = CliRunner().invoke(app, ["clean", "--older-than", "30"])
+    assert removed.exit_code == 0 and "1 job(s)" in removed.output
+    assert sorted(p.name for p in jobs_dir().iterdir()) == [
+        "quiet-but-running-20260101-000000-cccccc",
+        "recent-20261201-000000-bbbbbb",
+        "touched-20260101-000000-dddddd",
+    ]
+    assert not (home() / "prefect" / "old-20260101-000000-aaaaaa").exists()
+    assert (home() / "prefect" / "recent-20261201-000000-bbbbbb").exists()
+
+
+def test_files_hard_linked_from_the_cache_are_not_counted_as_freed(trainyard_home):
+    make_job("raw-20260101-000000-eeeeee", days_idle=40, prefect=False)
+    cached = home() / "cached.bin"
+    cached.write_bytes(b"c" * 2**20)
+    os.link(cached, jobs_dir() / "raw-20260101-000000-eeeeee" / "config.bin")  # a raw channel's layout
+    then = time.time() - 40 * 86_400
+    for path in (cached, jobs_dir() / "raw-20260101-000000-eeeeee"):
+        os.utime(path, (then, then))
+    (found,) = housekeeping.old_jobs(30 * 86_400)
+    assert found.size == 2**20  # the model only: the link frees nothing
+
+
+def test_the_version_is_printed():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"trainyard {version('trainyard')}\n"

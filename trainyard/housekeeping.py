@@ -1,0 +1,79 @@
+"""What ``trainyard clean`` removes: the folders of old jobs under ``TRAINYARD_HOME``.
+
+Each job leaves ``jobs/<job id>/`` (manifests, replica logs, every group's model) and, run without a
+Prefect API, ``prefect/<job id>/`` (its ephemeral Prefect database): nothing else reads them once the
+job is over (its model and lineage are in MLflow, its outputs in S3), but they add up on a laptop. The
+cache has its own cap (``TRAINYARD_CACHE_MAX_BYTES``) and MLflow's store is never touched here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard.home import home, is_job_id, jobs_dir
+from trainyard.training.plan import SUPERVISOR_FILE
+
+
+@dataclass(frozen=True)
+class OldJob:
+    """A job's folders, how long since anything in them was written, and their size."""
+
+    job_id: str
+    folders: tuple[Path, ...]
+    idle_seconds: float
+    size: int  # the bytes removing them frees: files hard-linked from the cache (a raw channel's) not counted
+
+
+def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob]:
+    """The jobs nothing has written to for ``older_than_seconds``, oldest first; never one still running
+    (its supervisor alive), however long it has been quiet."""
+    now = time.time() if now is None else now
+    found = []
+    for folder in sorted(jobs_dir().iterdir()):
+        if not folder.is_dir() or not is_job_id(folder.name) or _running(folder):
+            continue
+        folders = (folder, *[p for p in [home() / "prefect" / folder.name] if p.is_dir()])
+        newest, size = 0.0, 0
+        for path in folders:
+            last, bytes_ = _walk(path)
+            newest, size = max(newest, last), size + bytes_
+        if now - newest >= older_than_seconds:
+            found.append(OldJob(folder.name, folders, now - newest, size))
+    return sorted(found, key=lambda job: -job.idle_seconds)
+
+
+def remove(job: OldJob) -> None:
+    """Delete a job's folders."""
+    for folder in job.folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _walk(folder: Path) -> tuple[float, int]:
+    """The latest modification time in ``folder`` (itself included) and the bytes of its files that have
+    no other name (a raw channel's objects are hard links to the cache's)."""
+    newest, size = folder.stat().st_mtime, 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(root, name), follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            newest, size = max(newest, st.st_mtime), size + (st.st_size if st.st_nlink == 1 else 0)
+    return newest, size
+
+
+def _running(folder: Path) -> bool:
+    """Whether the job's training supervisor is alive (``supervisor.json`` names its process)."""
+    try:
+        pid = json.loads((folder / SUPERVISOR_FILE).read_text())["pid"]
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, KeyError, TypeError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
