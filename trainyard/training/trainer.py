@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.distributed import TCPStore
 
 from trainyard import algorithms, cache
 from trainyard.home import write_json_atomic
@@ -42,6 +41,7 @@ from trainyard.training.attempt_files import (
 from trainyard.training.batches import StepData
 from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate
 from trainyard.training.flops import FlopMeter
+from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
 from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
 
 LEAVE = threading.Event()
@@ -109,8 +109,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         cursor.update(state["cursor"])
         data.load_state_dict(state.get("sifter", {}))
 
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = group_store()
     pg = devices.process_group(device, PG_TIMEOUT)
+    confine_manager_server()  # torchft's manager server on 127.0.0.1 too, unless TRAINYARD_HOST is set
     manager = Manager(
         pg=pg,
         load_state_dict=load_state_dict,
@@ -126,6 +127,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         lighthouse_addr=os.environ.get(LIGHTHOUSE_ENV) or plan.lighthouse_addr,
         replica_id=f"{plan.job_id}-g{replica}",
         hostname=advertised_host(),  # where a healing peer fetches this group's state (TRAINYARD_HOST)
+        checkpoint_transport=HealTransport(timeout=MANAGER_TIMEOUT),
     )
     joining = replica >= plan.num_replicas  # added while the job runs (trainyard scale)
     if attempt == 0 and not joining:
