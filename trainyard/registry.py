@@ -14,19 +14,21 @@ version are deleted. Gate decisions are recorded on the version (``trainyard.gat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from trainyard import model_card, promotion
-from trainyard.errors import RegistryError, StorageError, TrainyardError
 from trainyard.home import home
 from trainyard.redaction import redact_spec, redact_text
+from trainyard.registry_errors import ModelNotFound, RegistryUnavailable, service_errors, translate
 from trainyard.spec import METRICS, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -35,26 +37,12 @@ JOB_ID_TAG = "trainyard.job_id"
 APPROVAL_TAG = "approval_status"
 APPROVAL_STATUSES = ("PendingManualApproval", "Approved", "Rejected")  # SageMaker's ModelApprovalStatus
 
-# MLflow error codes after which the same request may succeed (the server or its database was away).
-_TRANSIENT_CODES = {"INTERNAL_ERROR", "TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "DEADLINE_EXCEEDED"}
-
-
-class RegistryUnavailable(RegistryError, StorageError):
-    """The tracking server or its artifact store did not answer, or failed: trying again may help.
-
-    A ``StorageError`` with ``transient`` True, so the registry task's retry condition retries it.
-    """
-
-    def __init__(self, message: str):
-        super().__init__(message, transient=True)
-
-
-class ModelNotFound(RegistryError, LookupError):
-    """No such registered model, version or alias; the message names it."""
-
 
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else the embedded SQLite store."""
+    # MLflow prints each run's URL to stdout (past Prefect's log capture, into worker and pod logs), a
+    # password in the tracking URI included; Trainyard's own messages name runs without it.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
 
 
@@ -65,8 +53,8 @@ def ensure_store(uri: str | None = None) -> str:
     uri = uri or tracking_uri()
     try:
         mlflow.MlflowClient(uri).search_experiments(max_results=1)
-    except _service_errors() as exc:
-        raise _translate(exc, "checking the tracking store", uri, registering=False) from exc
+    except service_errors() as exc:
+        raise translate(exc, "checking the tracking store", uri, registering=False) from exc
     return uri
 
 
@@ -97,8 +85,8 @@ def register(
         if promotion.GATE_TAG not in (version.tags or {}):  # new, or an earlier attempt stopped before the gate
             promotion.gate(client, job.gate, name, version)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
-    except _service_errors() as exc:
-        raise _translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
+    except service_errors() as exc:
+        raise translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
 
 
 def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
@@ -117,9 +105,14 @@ def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
         # A models:/ URI is resolved in MLflow's process-wide store, which is ./mlflow.db in a process
         # that has not set it (not the embedded store); the version the alias named, not the alias again.
         mlflow.set_tracking_uri(uri)
-        model = mlflow.pytorch.load_model(f"models:/{name}/{version.version}", map_location="cpu")
-    except _service_errors() as exc:
-        raise _translate(exc, f"loading the champion of {name!r}", uri, registering=False) from exc
+        # A pickled model would run whatever it holds in this process (whoever can register a version or
+        # write the artifact store could). Unless the operator allows it, only a pt2 archive MLflow finds
+        # free of pickles loads; a pickled champion (one torch.export could not trace) is refused, and
+        # the prefilter falls back to its own reference models, saying why.
+        with _environment("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false"):
+            model = mlflow.pytorch.load_model(f"models:/{name}/{version.version}", map_location="cpu")
+    except service_errors() as exc:
+        raise translate(exc, f"loading the champion of {name!r}", uri, registering=False) from exc
     return model, f"{name} v{version.version}"
 
 
@@ -167,8 +160,8 @@ def list_versions(name: str | None = None) -> list[dict]:
         rows = [model_summary(client, v.name, v, uri) for v in found]
         # search_model_versions leaves out the aliases: the registered model holds them
         aliases = {n: client.get_registered_model(n).aliases or {} for n in {r["name"] for r in rows}}
-    except _service_errors() as exc:
-        raise _translate(exc, f"listing {name or 'registered models'}", uri, registering=False) from exc
+    except service_errors() as exc:
+        raise translate(exc, f"listing {name or 'registered models'}", uri, registering=False) from exc
     for row in rows:
         row["aliases"] = sorted(a for a, v in aliases[row["name"]].items() if int(v) == row["version"])
     return sorted(rows, key=lambda r: (r["name"], -r["version"]))
@@ -218,8 +211,8 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
             raise ModelNotFound(f"{label}: no such registered model or alias")
         action(client, version)
         version = client.get_model_version(name, version.version)
-    except _service_errors() as exc:
-        raise _translate(exc, f"{what} {label}", uri, registering=False) from exc
+    except service_errors() as exc:
+        raise translate(exc, f"{what} {label}", uri, registering=False) from exc
     return {**model_summary(client, name, version, uri), "tags": dict(version.tags or {}), "card": version.description}
 
 
@@ -355,33 +348,14 @@ def model_summary(client, name: str, version, uri: str) -> dict:
     }
 
 
-def _service_errors() -> tuple[type[BaseException], ...]:
-    """What the MLflow client and its artifact stores raise when a request fails."""
-    from botocore.exceptions import BotoCoreError, ClientError
-    from mlflow.exceptions import MlflowException
-
-    return (MlflowException, OSError, BotoCoreError, ClientError)
-
-
-def _translate(exc: BaseException, what: str, uri: str, registering: bool = True) -> RegistryError:
-    """A ``RegistryError`` naming what failed: unavailable (transient), not found, or refused.
-    ``registering``: the failure interrupted a registration (its message says how to finish it)."""
-    from mlflow.exceptions import MlflowException
-
-    uri = redact_text(uri)  # a password in the tracking URI stays out of messages (MLflow's own quote it too)
-    if isinstance(exc, TrainyardError):
-        return exc if isinstance(exc, RegistryError) else RegistryError(f"{what} in {uri} failed: {exc}")
-    if isinstance(exc, MlflowException):
-        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return ModelNotFound(f"{what}: {redact_text(exc.message)}")
-        if exc.error_code not in _TRANSIENT_CODES and exc.get_http_status_code() < 500:
-            return RegistryError(f"{what} in {uri} was refused: {redact_text(exc.message)}")
-        detail = redact_text(exc.message)
-    else:
-        detail = redact_text(f"{type(exc).__name__}: {exc}")
-    finish = (
-        " No version was left half-made; registering the same job again finishes it without a second version."
-        if registering
-        else ""
-    )
-    return RegistryUnavailable(f"{what} failed: MLflow at {uri} is unavailable ({detail}).{finish}")
+@contextlib.contextmanager
+def _environment(name: str, default: str) -> Iterator[None]:
+    """``name`` set to ``default`` for the block, unless already set (the operator's choice stands)."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = default
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)

@@ -4,6 +4,7 @@ server that is down or fails mid-registration leaving nothing half-made."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -138,6 +139,16 @@ def test_version_carries_lineage_and_card_and_the_champion_loads_back(tracking, 
 
     loaded = mlflow.pyfunc.load_model("models:/lineage-model@champion")
     assert accuracy(loaded.predict(x_val), y_val) == pytest.approx(val_accuracy, abs=1e-6)
+
+
+def test_a_password_in_the_tracking_uri_is_not_printed(mlflow_server, tmp_path, monkeypatch, capfd):
+    # MLflow printed "View run ... at: http://user:password@host/..." to stdout for every run it ended
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server["url"].replace("http://", "http://ci:TRACKINGPW@"))
+    job, model, x = trained("password-model", steps=5)
+    info = register(job, model, x, "job-password", 0.5, tmp_path)
+    out, err = capfd.readouterr()
+    assert "TRACKINGPW" not in out + err and "TRACKINGPW" not in json.dumps(info)
 
 
 def test_gate_promotes_a_better_model_and_keeps_worse_ones_off_champion(tracking, tmp_path):

@@ -4,6 +4,7 @@ the model card, and ``trainyard models``."""
 from __future__ import annotations
 
 import json
+import os
 
 import mlflow
 import numpy as np
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from trainyard import algorithms, filtering, model_card, promotion, registry
 from trainyard.cli import app
+from trainyard.errors import RegistryError
 from trainyard.promotion import decide
 from trainyard.spec import Prefilter, PromoteIf, parse_job
 
@@ -301,6 +303,31 @@ def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
     result = filtering.prefilter(x, y, config, "classification", 2, filtering.Champion(champion, label))
     assert result.reference == "champion reg-test v2"
     assert (~result.keep[:20]).sum() >= 15 and (~result.keep[20:]).sum() <= 5
+
+
+class Untraceable(torch.nn.Module):
+    """A model torch.export cannot trace (a branch on the data): registered pickled."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, 2)
+
+    def forward(self, x):
+        return self.linear(x) if float(x.sum()) > 0 else -self.linear(x)
+
+
+def test_a_pickled_champion_is_not_unpickled_as_the_prefilters_reference(tracking, tmp_path, monkeypatch):
+    # Unpickled, a model runs whatever it holds in the pipeline's process, credentials and all: only a
+    # pt2 archive free of pickles loads, unless the operator allows pickles.
+    job, _, x = trained()
+    register(job, Untraceable(x.shape[1]), x, "p", 0.9, tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
+    with pytest.raises(RegistryError, match="pickle"):
+        registry.load_champion("reg-test")
+    assert "MLFLOW_ALLOW_PICKLE_DESERIALIZATION" not in os.environ  # as it was
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")  # the operator's choice stands
+    champion, label = registry.load_champion("reg-test")
+    assert isinstance(champion, Untraceable) and label == "reg-test v1"
 
 
 def test_the_champion_loads_from_the_embedded_store_in_a_process_that_did_not_register_it(tmp_path, monkeypatch):
