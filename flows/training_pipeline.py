@@ -33,7 +33,7 @@ from trainyard import STAGES, carbon, esg, launch, outputs, registry, sifting, s
 from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
-from trainyard.redaction import redact_exception
+from trainyard.redaction import redact_exception, redact_text
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import accounting, supervisor
 from trainyard.training.plan import TrainingPlan
@@ -123,8 +123,11 @@ def training_pipeline(
             None if primary == "Completed" else status.failure_reason(outcome.stop_reason, outcome.history),
         )
     except TrainyardError as exc:
-        error = exc
-        log.finish("Failed", "Failed", str(exc), failure_reason=str(exc))
+        # masked: it may quote the user's code's own error (an entrypoint's build failing on a URL with its
+        # password), and it goes to the summary, the Prefect run's state and artifacts
+        error = redact_exception(exc)
+        message = redact_text(str(exc))
+        log.finish("Failed", "Failed", message, failure_reason=message)
         failed_groups = getattr(exc, "failures", [])
         _add_failed_stage(stages, exc)
     except TerminationSignal as exc:
@@ -137,7 +140,7 @@ def training_pipeline(
         # a bug, not the user's mistake: the job still ends Failed with its summary, and the
         # traceback is kept (raised below)
         error = redact_exception(exc)  # where a bug quotes a URL: raised below, for Prefect to log
-        reason = f"internal error: {exc!r}; please report it"
+        reason = redact_text(f"internal error: {exc!r}; please report it")
         log.finish("Failed", "Failed", reason, failure_reason=reason)
         _add_failed_stage(stages, exc)
     finally:

@@ -17,10 +17,11 @@ from typing import Any
 MASK = "***"
 
 # Names whose values are secrets by convention (AWS_SECRET_ACCESS_KEY, HF_TOKEN, DB_PASSWORD,
-# WANDB_API_KEY, GOOGLE_APPLICATION_CREDENTIALS, ...): one of these words as a whole part of the name.
+# WANDB_API_KEY, GOOGLE_APPLICATION_CREDENTIALS, SENTRY_DSN, ...): one of these words as a whole part of the
+# name; or a name ending in PASSWORD / PASSWD run together (PGPASSWORD, the PostgreSQL clients' own).
 SECRET_NAME = re.compile(
-    r"(^|[_.-])(secret|token|password|passwd|pwd|credentials?|private_?key|api_?key|access_?key|auth|session|cookie)s?"
-    r"($|[_.-])",
+    r"(^|[_.-])(secret|token|password|passwd|pwd|credentials?|private_?key|api_?key|access_?key|auth|session|cookie"
+    r"|dsn|connection_?string)s?($|[_.-])|(password|passwd)$",
     re.I,
 )
 
@@ -28,11 +29,24 @@ SECRET_NAME = re.compile(
 # before the path, as URL parsers (botocore's among them) read an unencoded "@" in it, and stops at a
 # quote or bracket (a URL inside JSON or markup).
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<password>[^/\s\"'<>]+)@")
+# A URL whose userinfo is a token alone (https://ghp_...@github.com, a Sentry DSN's key): no user name
+# is that long and mixed, and one that is stays readable up to its masked part.
+_URL_TOKEN = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<token>(?=[^/@\s:]*\d)[A-Za-z0-9_-]{20,})@")
+# A secret-named query parameter (?password=, &token=, a presigned URL's X-Amz-Signature and
+# X-Amz-Security-Token), or a connection string's key (AccountKey=...;, Password=...;).
+_SECRET_PARAMETER = re.compile(
+    r"(?P<head>(?:[?&;]|\b)(?:[\w.-]*?)(?:password|passwd|pwd|secret|token|signature|credential|accountkey"
+    r"|sharedaccesskey|api_?key)=)(?P<value>[^&;\s\"'<>]+)",
+    re.I,
+)
 
 
 def redact_text(text: str) -> str:
-    """``text`` with the password of every URL in it masked (the user name is kept: it says who)."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
+    """``text`` with the password of every URL in it masked (the user name is kept: it says who), a URL's
+    token-only userinfo, and the values of secret-named query parameters and connection-string keys."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{MASK}@", text)
+    text = _URL_TOKEN.sub(lambda m: f"{m['head']}{MASK}@", text)
+    return _SECRET_PARAMETER.sub(lambda m: f"{m['head']}{MASK}", text)
 
 
 def redact_url(url: str) -> str:
@@ -85,10 +99,28 @@ def redact_exception(exc: BaseException) -> BaseException:
             continue
         seen.add(id(current))
         with contextlib.suppress(AttributeError, TypeError):  # args that cannot be set: left as they are
-            current.args = tuple(redact_text(a) if isinstance(a, str) else a for a in current.args)
-        if isinstance(current, OSError):  # "[Errno N] strerror: 'filename'", not its args
-            for name in ("strerror", "filename", "filename2"):
-                if isinstance(getattr(current, name), str):
-                    setattr(current, name, redact_text(getattr(current, name)))
+            current.args = tuple(_redacted(a) for a in current.args)
+        # attributes some exceptions' messages come from: OSError's "[Errno N] strerror: 'filename'",
+        # CalledProcessError's command, urllib's HTTPError's url and msg
+        for name in ("strerror", "filename", "filename2", "cmd", "url", "msg", "reason"):
+            with contextlib.suppress(AttributeError, TypeError):
+                if isinstance(getattr(current, name, None), str | list | tuple):
+                    setattr(current, name, _redacted(getattr(current, name)))
+        with contextlib.suppress(AttributeError, TypeError):
+            if isinstance(getattr(current, "__notes__", None), list):
+                current.__notes__ = [_redacted(note) for note in current.__notes__]
+        if isinstance(current, BaseExceptionGroup):
+            pending += list(current.exceptions)
         pending += [current.__cause__, current.__context__]
     return exc
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with URL passwords masked in its text, and in the text inside it (tuples stay tuples)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, tuple | list):
+        return type(value)(_redacted(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    return value

@@ -227,6 +227,11 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
     assert summary["model"]["version"] >= 1
 
 
+def password_quoting_build(num_features, num_outputs, hyperparameters):
+    """An entrypoint whose build fails quoting a URL with its password (a model hub's, say)."""
+    raise ConnectionError("could not fetch https://svc:HUBPASSWORD@models.internal/churn.pt")
+
+
 @pytest.mark.parametrize(
     ("breakage", "message"),
     [
@@ -238,6 +243,10 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
         ("mean-loss", "algorithm.entrypoint: the loss function returned shape ()"),
         ("sifting-draw", "sifting.beta: each step draws hyperparameters.batch_size * (1 + beta) = 64 * 5 = 320"),
         ("lost-group", "failed after 1 attempt(s) (retries.max_attempts 3)"),
+        (
+            "build-quotes-a-password",
+            "failed to build: ConnectionError: could not fetch https://svc:***@models.internal",
+        ),
     ],
 )
 def test_bad_data_fails_clearly_and_registers_nothing(
@@ -266,7 +275,10 @@ def test_bad_data_fails_clearly_and_registers_nothing(
         spec["sifting"] = {"enabled": True, "beta": 4}
     elif breakage == "lost-group":  # the only group dies; nothing to heal from and no checkpoint
         spec["elastic"] = {"fault_injection": [{"replica": 0, "at_step": 2, "kind": "kill"}]}
+    elif breakage == "build-quotes-a-password":  # the user's code's own error, quoted in the job's
+        spec["algorithm"] = {"entrypoint": "tests.flows.test_training_pipeline:password_quoting_build"}
     summary, _ = run_pipeline(spec)
+    assert "HUBPASSWORD" not in json.dumps(summary) + caplog.text
     if breakage == "lost-group":  # the group failure that ended training is in the summary
         assert [(f["replica"], f["attempt"]) for f in summary["elastic"]["failure_details"]] == [(0, 0)]
         # and the failed stage's time and energy count: a failed job's footprint is not only its finished stages

@@ -144,3 +144,46 @@ def test_a_bugs_exception_is_masked_in_place_with_its_chain_and_traceback_kept()
     assert password not in shown and shown.count(MASK) == 2, shown
     assert raised.value.args[1] == 3 and raised.value.__cause__.errno == 111  # what is not text is left alone
     assert "in fails" in shown  # the traceback is the bug's own
+
+
+def test_tokens_in_urls_query_parameters_and_connection_strings_are_masked_and_plain_text_kept():
+    github = "ghp_" + "a1B2c3D4e5F6g7H8i9J0"
+    assert redact_text(f"cloning https://{github}@github.com/org/repo") == f"cloning https://{MASK}@github.com/org/repo"
+    assert redact_text("https://alice@github.com/org/repo") == "https://alice@github.com/org/repo"  # a user name
+    presigned = "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA1&X-Amz-Signature=abc123&partNumber=2"
+    assert redact_text(presigned) == (
+        f"https://b.s3.amazonaws.com/k?X-Amz-Credential={MASK}&X-Amz-Signature={MASK}&partNumber=2"
+    )
+    azure = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFy==;EndpointSuffix=core.windows.net"
+    assert redact_text(azure) == (
+        f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={MASK};EndpointSuffix=core.windows.net"
+    )
+    assert (
+        redact_text("postgres://db/x?sslmode=require&password=hunter2")
+        == f"postgres://db/x?sslmode=require&password={MASK}"
+    )
+    for plain in ("max_tokens=512 tokenizer=bpe", "s3://bucket/tokens/part-0.parquet", "val_loss=0.25"):
+        assert redact_text(plain) == plain
+    names = ["PGPASSWORD", "SENTRY_DSN", "AZURE_STORAGE_CONNECTION_STRING", "MYSQL_PWD", "PASSWORD_LENGTH_MIN"]
+    assert [bool(SECRET_NAME.search(n)) for n in names] == [True, True, True, True, True]
+    assert not any(SECRET_NAME.search(n) for n in ("OMP_NUM_THREADS", "AUTHOR", "DSNX", "tokenizer"))
+
+
+def test_exceptions_whose_messages_come_from_elsewhere_than_their_text_args_are_masked_too():
+    import subprocess
+    import traceback
+    import urllib.error
+
+    from trainyard.redaction import redact_exception
+
+    secret = "hunter" + "3"
+    failed = subprocess.CalledProcessError(1, ["git", "clone", f"https://u:{secret}@git.example/r"])
+    http = urllib.error.HTTPError(f"https://u:{secret}@api.example/x", 401, "denied", {}, None)
+    nested = KeyError(("http://a:" + secret + "@h/", 3))
+    noted = ValueError("plain")
+    noted.add_note(f"while reading http://u:{secret}@h/")
+    group = ExceptionGroup("several", [failed, http, nested, noted])
+    shown = "".join(traceback.format_exception(redact_exception(group)))
+    assert secret not in shown and shown.count(MASK) == 3, shown  # the command, the key, the note
+    assert http.url == f"https://u:{MASK}@api.example/x"  # not in its message, but in what a handler logs
+    assert nested.args[0][1] == 3 and failed.returncode == 1  # what is not text is left alone
