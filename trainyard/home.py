@@ -24,7 +24,9 @@ TRAINYARD_HOME_ENV = "TRAINYARD_HOME"
 def home() -> Path:
     """The state folder, created on first use."""
     path = Path(os.environ.get(TRAINYARD_HOME_ENV) or Path.home() / ".trainyard").expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        # its owner's alone: it holds job specs, staged data and the embedded MLflow and Prefect databases
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 
 

@@ -62,11 +62,15 @@ def redact_url(url: str) -> str:
 def redact_spec(spec: dict) -> dict:
     """A copy of a job spec (``model_dump(mode="json")``) fit for lineage: secret-named values under
     ``resources.job_variables`` masked, URL passwords masked everywhere."""
-    out = redact(spec)
-    variables = (out.get("resources") or {}).get("job_variables")
-    if isinstance(variables, dict):
-        out["resources"]["job_variables"] = redact(variables, by_name=True)
-    return out
+    return redact_job_variables(redact(spec))
+
+
+def redact_job_variables(spec: dict) -> dict:
+    """A copy of a job spec with the secret-named values under ``resources.job_variables`` masked."""
+    variables = (spec.get("resources") or {}).get("job_variables")
+    if not isinstance(variables, dict):
+        return spec
+    return spec | {"resources": spec["resources"] | {"job_variables": redact(variables, by_name=True)}}
 
 
 def redact(value: Any, by_name: bool = False) -> Any:

@@ -187,3 +187,32 @@ def test_exceptions_whose_messages_come_from_elsewhere_than_their_text_args_are_
     assert secret not in shown and shown.count(MASK) == 3, shown  # the command, the key, the note
     assert http.url == f"https://u:{MASK}@api.example/x"  # not in its message, but in what a handler logs
     assert nested.args[0][1] == 3 and failed.returncode == 1  # what is not text is left alone
+
+
+def test_the_groups_plan_holds_no_secret_named_job_variable_and_a_new_home_is_its_owners(tmp_path, monkeypatch):
+    from tests.conftest import job_dict
+    from trainyard.home import home
+    from trainyard.spec import TrainingJob, parse_job
+    from trainyard.training.plan import TrainingPlan
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "new-home"))
+    assert (home().stat().st_mode & 0o777) == 0o700  # job specs, data and the embedded stores: not other users'
+    spec = job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"})
+    spec["resources"] = {"work_pool": "gpu", "job_variables": {"env": {"DB_PASSWORD": "pw-7", "OMP_NUM_THREADS": "2"}}}
+    job = parse_job(spec).model_dump(mode="json")
+    TrainingPlan("j", job, "train.npz", None, {}, 1, "127.0.0.1:1").write(tmp_path)
+    written = (tmp_path / "plan.json").read_text()
+    assert "pw-7" not in written  # a shared TRAINYARD_HOME volume shows it to every job on it
+    read = TrainingJob.model_validate(TrainingPlan.read(tmp_path).job)  # what a group parses
+    assert read.resources.job_variables["env"] == {"DB_PASSWORD": MASK, "OMP_NUM_THREADS": "2"}
+
+
+def test_a_hyperparameter_named_as_a_secret_is_warned_of():
+    from tests.conftest import job_dict
+    from trainyard.spec import ignored_settings, parse_job
+
+    spec = job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"})
+    spec["algorithm"] = {"entrypoint": "pkg.mod:build", "task": "classification"}
+    spec["hyperparameters"] |= {"hf_token": "hf_abc", "max_tokens": 512}
+    warned = [w for w in ignored_settings(parse_job(spec)) if "secret" in w]
+    assert len(warned) == 1 and warned[0].startswith("hyperparameters.hf_token: named as a secret")

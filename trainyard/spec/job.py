@@ -7,6 +7,7 @@ import difflib
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainyard import grid_data
+from trainyard.redaction import SECRET_NAME
 from trainyard.spec.base import _NAME_RE, _Model
 from trainyard.spec.data import Channel, Inputs, Output
 from trainyard.spec.sections import (
@@ -259,8 +260,8 @@ class TrainingJob(_Model):
 
 
 def ignored_settings(job: TrainingJob) -> list[str]:
-    """Settings the job gives that will not do what they seem to (ignored, or read as something else),
-    each worded for a warning.
+    """Settings the job gives that will not do what they seem to (ignored, read as something else, or a
+    secret recorded in the clear), each worded for a warning.
 
     Settings under a switched-off stage are warned about, not refused: turning a stage off with
     ``enabled: false`` while keeping its tuning in the file is how such a stage is paused.
@@ -274,6 +275,13 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"rename it inputs.{close[0]} if that is what it is"
             )
     ignored += _ignored_hyperparameters(job)
+    for key, value in sorted((job.hyperparameters.model_extra or {}).items()):
+        if SECRET_NAME.search(key) and isinstance(value, str):  # (max_tokens: 512 is a count)
+            ignored.append(
+                f"hyperparameters.{key}: named as a secret, but hyperparameters are recorded as given (MLflow "
+                "params, the job's lineage, Prefect's run parameters); give the entrypoint a secret through the "
+                "work pool's env, from a secret store"
+            )
     if job.carbon.region is not None and grid_data.regions(job.carbon.country_iso_code) is None:
         ignored.append(
             f"carbon.region: codecarbon has regional figures for USA, CAN, CHN, SWE, NOR and FIN only; "

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainyard.home import write_json_atomic
+from trainyard.redaction import redact_job_variables
 
 PLAN_FILE = "plan.json"
 CHANNEL_ENV_PREFIX = "TRAINYARD_CHANNEL_"
@@ -58,7 +59,10 @@ class TrainingPlan:
         export_channels(self.extra_channels)
 
     def write(self, job_dir: Path) -> None:
-        write_json_atomic(job_dir / PLAN_FILE, asdict(self))
+        # The groups read no work-pool job variables (the launcher passes them): secret-named ones (an env's
+        # DB_PASSWORD) are masked in the file, which a shared TRAINYARD_HOME volume may show other jobs.
+        plan = asdict(self)
+        write_json_atomic(job_dir / PLAN_FILE, plan | {"job": redact_job_variables(plan["job"])})
 
     @classmethod
     def read(cls, job_dir: Path) -> TrainingPlan:
