@@ -71,6 +71,9 @@ def training_pipeline(
     terminated: TerminationSignal | None = None
     try:
         registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
+        earlier = _registered_earlier(job, job_id, job_dir, logger)
+        if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
+            return earlier
         outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
         if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
             check_deployment(job.resources.work_pool)
@@ -168,6 +171,35 @@ def training_pipeline(
         # and automations see, without reading the job's status events
         return Completed(name="Stopped", message=f"job {job_id} stopped: {summary.get('failure_reason')}", data=summary)
     return summary
+
+
+def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) -> dict | State | None:
+    """What a rerun of a job id that an earlier run registered returns (a retry of a run killed after its
+    registration): that run's summary, published again, and nothing trained. Training again would upload
+    another model over the registered one's outputs while the version, registered once per job id, kept
+    the first. None for a job id with no registered version (its first run, or one that never got that far).
+    """
+    version = registry.job_version(job.model_name, job_id)
+    if version is None:
+        return None
+    written = job_dir / "summary.json"
+    summary = json.loads(written.read_text()) if written.exists() else None
+    if summary is not None and (summary.get("model") or {}).get("version") == version:
+        logger.info(
+            "job %s was registered as %s v%s by an earlier run: nothing is trained again",
+            job_id,
+            job.model_name,
+            version,
+        )
+        _publish(job, job_id, summary, summary["model"], logger)
+        write_json_atomic(written, summary)
+        return summary
+    failed = JobFailed(
+        f"job {job_id} was registered as {job.model_name} v{version} by an earlier run, which ended before its "
+        "summary was written here; that model and its outputs stand, and a rerun would train another under the "
+        "same id: submit the job under a new id to train it again"
+    )
+    return Failed(message=str(failed), data=failed)
 
 
 def _add_failed_stage(stages: dict, exc: BaseException) -> None:

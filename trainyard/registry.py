@@ -89,6 +89,18 @@ def register(
         raise translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
 
 
+def job_version(name: str, job_id: str) -> int | None:
+    """The version of ``name`` that job ``job_id`` registered, None if it has none (yet)."""
+    import mlflow
+
+    uri = ensure_store()
+    try:
+        version = _version_of_job(mlflow.MlflowClient(uri), name, job_id)
+    except service_errors() as exc:
+        raise translate(exc, f"looking up the version of job {job_id}", uri, registering=False) from exc
+    return None if version is None else int(version.version)
+
+
 def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
     """The current ``champion`` of ``name`` as a torch module, and ``"<name> v<N>"``; None if there is none.
 

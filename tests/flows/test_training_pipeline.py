@@ -177,6 +177,29 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     assert uploaded == filtered and all(o["etag"] and o["id"].startswith("s3://") for o in filtered["objects"])
 
 
+def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(prefect_api, s3_server, bucket, mlflow_uri):
+    # A retry of a run killed after its registration trained again: it uploaded another model over the
+    # registered one's, while the version (one per job id) kept the first.
+    job = parse_job(job_dict(upload_dataset(bucket, rows=400)))
+    job_id = f"rerun-{np.random.default_rng().integers(1e9)}"
+    first = training_pipeline(job, job_id=job_id)
+    model_key = f"output/{job_id}/model/model.pt"
+    etag = s3.client().head_object(Bucket=bucket, Key=model_key)["ETag"]
+    trained = lambda: [p.stat().st_mtime_ns for p in job_dir(job_id).glob("replicas/*/attempt-*/*")]  # noqa: E731
+    before = trained()
+    again = training_pipeline(job, job_id=job_id)
+    assert again["model"] == first["model"] and again["metrics"] == first["metrics"]
+    assert trained() == before  # no group started (a retrained job's rewrote its files, the same ones)
+    assert s3.client().head_object(Bucket=bucket, Key=model_key)["ETag"] == etag
+    tracking = mlflow.MlflowClient(mlflow_uri)
+    assert [int(v.version) for v in tracking.search_model_versions(f"name='{job.model_name}'")] == [1]
+    # killed before it wrote its summary: nothing to publish again, and nothing is trained
+    (job_dir(job_id) / "summary.json").unlink()
+    with pytest.raises(JobFailed, match=f"job {job_id} was registered as {job.model_name} v1 by an earlier run"):
+        training_pipeline(job, job_id=job_id)
+    assert trained() == before and not (job_dir(job_id) / "summary.json").exists()
+
+
 def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlflow_uri):
     uris = upload_dataset(bucket, rows=800)
     spec = job_dict(uris, carbon={"country_iso_code": "IRL", "budget_kg": 1e-9, "renewable_share": 0.25})
