@@ -148,9 +148,12 @@ def log_summary(run_id: str, summary: dict) -> None:
         return
     name, number = model["name"], str(model["version"])
     tags = dict(client.get_model_version(name, number).tags or {})
-    final = {"carbon.energy_kwh": f"{carbon['energy_kwh']:.6g}", "carbon.emissions_kg": f"{carbon['emissions_kg']:.6g}"}
+    final = {}
     if promotion.EMISSIONS_TAG in tags and "carbon.emissions_kg_at_gate" not in tags:
+        # first: a process killed after the gate's figure is overwritten would lose it for good
         final["carbon.emissions_kg_at_gate"] = tags[promotion.EMISSIONS_TAG]
+    final["carbon.energy_kwh"] = f"{carbon['energy_kwh']:.6g}"
+    final["carbon.emissions_kg"] = f"{carbon['emissions_kg']:.6g}"
     for key, value in final.items():
         client.set_model_version_tag(name, number, key, value)
         client.set_tag(run_id, key, value)

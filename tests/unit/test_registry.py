@@ -389,6 +389,31 @@ def test_the_versions_carbon_figures_become_the_jobs_final_ones(tracking, tmp_pa
     assert client.get_run(info["run_id"]).data.tags["carbon.emissions_kg"] == "0.0031"
 
 
+def test_a_process_killed_while_it_gives_the_version_its_final_carbon_keeps_the_gates_figure(
+    tracking, tmp_path, monkeypatch
+):
+    job, model, x = trained()
+    info = register(job, model, x, "job-1", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    client.set_model_version_tag("reg-test", "1", "carbon.emissions_kg", "0.002")  # what the gate saw
+    summary = {"job_id": "job-1", "model": info, "carbon": {"energy_kwh": 0.0125, "emissions_kg": 0.0031}}
+    real, calls = mlflow.MlflowClient.set_model_version_tag, []
+
+    def killed_after_two(self, *args):  # the process dies after two of the version's tags
+        if len(calls) == 2:
+            raise SystemExit("killed")
+        calls.append(args)
+        return real(self, *args)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "set_model_version_tag", killed_after_two)
+    with pytest.raises(SystemExit):
+        registry.log_summary(info["run_id"], summary)
+    monkeypatch.setattr(mlflow.MlflowClient, "set_model_version_tag", real)
+    registry.log_summary(info["run_id"], summary)  # the rerun's
+    tags = client.get_model_version("reg-test", "1").tags
+    assert tags["carbon.emissions_kg_at_gate"] == "0.002" and tags["carbon.emissions_kg"] == "0.0031"
+
+
 def test_a_gate_whose_champion_another_gate_moved_meanwhile_judges_again(tracking, tmp_path, monkeypatch):
     job, model, x = trained()
     register(job, model, x, "a", 0.60, tmp_path)  # champion
