@@ -37,8 +37,8 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
     """Upload the trained parameters and what is needed to rebuild the model; return the model folder URI.
 
     ``model.json`` goes first and ``model.pt`` last, so a ``model.pt`` in S3 always has its ``model.json``;
-    when ``model.pt`` fails, or a signal interrupts either upload, what is already up is deleted (best
-    effort), leaving no half model.
+    when ``model.pt`` fails, or a signal interrupts either upload, both are deleted (best effort), leaving
+    no half model: not even an earlier run's ``model.pt`` under this job id without its ``model.json``.
     """
     target = job_prefix(job, job_id).join("model")
     meta = {
@@ -50,9 +50,10 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
     try:
         _upload_json(meta, str(target.join("model.json")))
         s3.upload_file(model_path, str(target.join("model.pt")))
-    except BaseException as exc:  # a failed upload, or a signal (SIGTERM's TerminationSignal, Ctrl-C)
-        if not isinstance(exc, StorageError):  # a single PUT in flight may still land as the transfer
-            s3.delete_quietly(str(target.join("model.pt")))  # manager winds down after a signal
+    except BaseException:  # a failed upload, or a signal (SIGTERM's TerminationSignal, Ctrl-C)
+        # model.pt too: an earlier run's (a rerun of the job id), or a single PUT still landing as the
+        # transfer manager winds down after a signal
+        s3.delete_quietly(str(target.join("model.pt")))
         s3.delete_quietly(str(target.join("model.json")))
         raise
     return str(target) + "/"

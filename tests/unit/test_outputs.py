@@ -99,6 +99,11 @@ def test_a_model_that_fails_to_upload_leaves_no_half_model(s3_endpoint, fault_pr
     listed = s3_endpoint.client().list_objects_v2(Bucket=bucket, Prefix="output/job-3/")["Contents"]
     assert uri == f"s3://{bucket}/output/job-3/model/"
     assert sorted(o["Key"] for o in listed) == ["output/job-3/model/model.json", "output/job-3/model/model.pt"]
+    fault_proxy.drop(1000, method="PUT", key=failing)  # a rerun of the job id whose upload fails
+    with pytest.raises(StorageError):
+        outputs.upload_model(job, "job-3", model, {"num_outputs": 2})
+    # not the earlier run's model.pt left without its model.json
+    assert "Contents" not in s3_endpoint.client().list_objects_v2(Bucket=bucket, Prefix="output/job-3/")
 
 
 @pytest.mark.parametrize("interrupt", ["model.json", "model.pt"])
