@@ -7,6 +7,7 @@ profile, credentials from the usual chain. ``s3://`` URIs stay strings; they nev
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -253,6 +254,8 @@ def upload_file(path: Path, uri: str) -> str:
     (per part for multipart uploads). A failed multipart upload is aborted, so no partial object is
     left. Returns the object's URI."""
     target = S3Uri.parse(uri)
+    if path.stat().st_size >= TRANSFER_CONFIG.multipart_threshold:
+        _abort_abandoned_uploads(target)
     try:
         client().upload_file(
             str(path), target.bucket, target.key, Config=TRANSFER_CONFIG, ExtraArgs={"ChecksumAlgorithm": "SHA256"}
@@ -263,6 +266,17 @@ def upload_file(path: Path, uri: str) -> str:
     except (ClientError, BotoCoreError) as exc:
         raise describe_error(exc, str(target)) from exc
     return str(target)
+
+
+def _abort_abandoned_uploads(target: S3Uri) -> None:
+    """Abort the multipart uploads of ``target``'s key left open: a process killed mid-upload (a job's
+    earlier run) cannot abort its own, and S3 keeps (and bills) their parts until someone does. Best
+    effort: a role that may not list them leaves them to the bucket's lifecycle rule."""
+    with contextlib.suppress(ClientError, BotoCoreError):
+        listed = client().list_multipart_uploads(Bucket=target.bucket, Prefix=target.key)
+        for upload in listed.get("Uploads", []):
+            if upload["Key"] == target.key:
+                client().abort_multipart_upload(Bucket=target.bucket, Key=target.key, UploadId=upload["UploadId"])
 
 
 def put_bytes(uri: str, data: bytes) -> str:

@@ -123,3 +123,21 @@ def test_a_signal_during_the_model_upload_leaves_no_half_model(s3_endpoint, tmp_
     with pytest.raises(KeyboardInterrupt):
         outputs.upload_model(output_job(bucket), "job-3", model, {"num_outputs": 2})
     assert "Contents" not in s3_endpoint.client().list_objects_v2(Bucket=bucket, Prefix="output/job-3/")
+
+
+def test_a_multipart_upload_a_killed_run_left_open_is_aborted_by_the_next_upload_of_its_key(s3_server, tmp_path):
+    # moto's server (rclone's lists no multipart uploads): the parts of an upload nobody aborts are kept
+    # (and billed) for good
+    client = s3.client()
+    bucket = f"left-open-{tmp_path.name[-8:].lower().replace('_', '-')}"
+    client.create_bucket(Bucket=bucket)
+    key = "output/job-9/model/model.pt"
+    started = client.create_multipart_upload(Bucket=bucket, Key=key)  # the killed run's, one part up
+    client.upload_part(Bucket=bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"p" * 5 * 2**20)
+    other = client.create_multipart_upload(Bucket=bucket, Key=key + ".other")  # another key's: left alone
+    big = tmp_path / "model.pt"
+    big.write_bytes(b"m" * (s3.TRANSFER_CONFIG.multipart_threshold + 1))
+    s3.upload_file(big, f"s3://{bucket}/{key}")
+    open_uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["UploadId"] for u in open_uploads] == [other["UploadId"]]
+    assert client.head_object(Bucket=bucket, Key=key)["ContentLength"] == big.stat().st_size
