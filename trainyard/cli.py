@@ -155,7 +155,7 @@ def _embedded_defaults(job_id: str) -> None:
 def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     job_id = new_job_id(job.name)
     _embedded_defaults(job_id)
-    from flows.ephemeral_api import stop_ephemeral_api
+    from flows.ephemeral_api import start_ephemeral_api, stop_ephemeral_api
     from flows.training_pipeline import training_pipeline
     from trainyard.home import job_dir
 
@@ -164,6 +164,7 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     # first (the flow writes its summary as Stopped), then passes it on to this handler.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        start_ephemeral_api()  # here, not in the flow: its watchdog stops it should this process be killed
         training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:
         say(console, exc, "red")
