@@ -87,6 +87,10 @@ def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
         now = alias_version(client, name, CHAMPION)
         if now is None or str(now.version) == str(version.version):
             break
+    if decision.wins:  # an earlier attempt's gate may have made it candidate, then stopped before its tag
+        candidate = alias_version(client, name, CANDIDATE)
+        if candidate is not None and str(candidate.version) == str(version.version):
+            client.delete_registered_model_alias(name, CANDIDATE)
     client.set_model_version_tag(name, version.version, GATE_TAG, f"{_role(decision)}: {decision.reason}")
     return decision
 

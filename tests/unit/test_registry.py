@@ -414,6 +414,18 @@ def test_a_process_killed_while_it_gives_the_version_its_final_carbon_keeps_the_
     assert tags["carbon.emissions_kg_at_gate"] == "0.002" and tags["carbon.emissions_kg"] == "0.0031"
 
 
+def test_a_version_an_earlier_gate_made_candidate_is_not_left_candidate_when_it_wins(tracking, tmp_path):
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)  # champion
+    register(job, model, x, "b", 0.70, tmp_path)  # loses: candidate
+    client = mlflow.MlflowClient(tracking)
+    # b's gate ran, killed before its tag; meanwhile the champion went (deleted by an operator)
+    client.delete_model_version_tag("reg-test", "2", promotion.GATE_TAG)
+    client.delete_model_version("reg-test", "1")
+    assert register(job, model, x, "b", 0.70, tmp_path)["aliases"] == ["champion"]  # the rerun's gate: it wins
+    assert "candidate" not in client.get_registered_model("reg-test").aliases
+
+
 def test_a_gate_whose_champion_another_gate_moved_meanwhile_judges_again(tracking, tmp_path, monkeypatch):
     job, model, x = trained()
     register(job, model, x, "a", 0.60, tmp_path)  # champion
