@@ -306,8 +306,15 @@ def _version_of_job(client, name: str, job_id: str):
 
 
 def _discard_unregistered_runs(client, experiment_id: str, job_id: str) -> None:
-    """Delete the runs of earlier attempts of this job that never became a version."""
+    """Delete the runs of earlier attempts of this job that never became a version, and the models they
+    logged (a run killed mid-registration left one ready, which search and the UI list as the job's)."""
+    from mlflow.exceptions import MlflowException
+
     for run in client.search_runs([experiment_id], f"tags.`{JOB_ID_TAG}` = '{job_id}'"):
+        with contextlib.suppress(MlflowException):  # a server before MLflow 3 has no logged models
+            for logged in client.search_logged_models([experiment_id], f"source_run_id = '{run.info.run_id}'"):
+                client.delete_logged_model(logged.model_id)
+        client.set_terminated(run.info.run_id, "KILLED")
         client.delete_run(run.info.run_id)
 
 

@@ -218,6 +218,27 @@ def test_a_crash_after_the_version_is_made_is_finished_by_the_retry(tracking, tm
     assert len(mlflow.MlflowClient(tracking).search_model_versions("name='reg-test'")) == 1
 
 
+def test_a_crash_after_the_model_is_logged_leaves_no_second_model_or_live_run_after_the_retry(
+    tracking, tmp_path, monkeypatch
+):
+    job, model, x = trained()
+    real_check = registry._check_artifacts
+
+    def crash(*args):  # the model is logged; the process dies before the version is made
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(registry, "_check_artifacts", crash)
+    with pytest.raises(SystemExit):
+        register(job, model, x, "job-8", 0.9, tmp_path)
+    monkeypatch.setattr(registry, "_check_artifacts", real_check)
+    info = register(job, model, x, "job-8", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    experiment = client.get_run(info["run_id"]).info.experiment_id
+    assert [m.source_run_id for m in client.search_logged_models([experiment])] == [info["run_id"]]
+    killed = client.search_runs([experiment], run_view_type=mlflow.entities.ViewType.DELETED_ONLY)
+    assert [r.info.status for r in killed] == ["KILLED"]
+
+
 def test_models_cli_lists_shows_approves_rejects_and_promotes(tracking, tmp_path):
     job, model, x = trained()
     register(job, model, x, "a", 0.80, tmp_path)
