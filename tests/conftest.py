@@ -108,6 +108,14 @@ def job_dict(uris: dict[str, str], **overrides) -> dict:
     return job
 
 
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    """A test's own MLflow store (SQLite), as MLFLOW_TRACKING_URI."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
 def rejoined(attempt: Path) -> bool:
     """Whether a restarted or added group's attempt (its folder) has committed a step with the others."""
     try:

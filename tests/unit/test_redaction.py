@@ -9,7 +9,7 @@ import mlflow
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from tests.unit.test_registry import register, tracking, trained  # noqa: F401 (a fixture)
+from tests.unit.models import register, trained
 from trainyard import registry, s3
 from trainyard.errors import StorageError
 from trainyard.redaction import MASK, SECRET_NAME, redact_spec, redact_text, redact_url
@@ -55,7 +55,7 @@ def test_secret_named_job_variables_are_masked_and_other_names_kept():
     assert [bool(SECRET_NAME.search(n)) for n in names] == [True, True, True, True, False]
 
 
-def test_secrets_in_the_job_spec_never_reach_the_registry(tracking, tmp_path):  # noqa: F811
+def test_secrets_in_the_job_spec_never_reach_the_registry(tracking, tmp_path):
     job, model, x = trained()
     job = job.model_copy(
         update={
@@ -76,7 +76,7 @@ def test_secrets_in_the_job_spec_never_reach_the_registry(tracking, tmp_path):  
     assert json.loads(spec)["resources"]["job_variables"]["env"]["OMP_NUM_THREADS"] == "3"
 
 
-def test_the_summary_names_the_tracking_server_without_its_password(tracking, tmp_path):  # noqa: F811
+def test_the_summary_names_the_tracking_server_without_its_password(tracking, tmp_path):
     job, model, x = trained()
     register(job, model, x, "job-1", 0.9, tmp_path)
     version = mlflow.MlflowClient(tracking).get_model_version("reg-test", "1")

@@ -1,0 +1,45 @@
+"""Models for the registry's tests: a small trained classifier, its job, and registering it (in the store
+the ``tracking`` fixture of ``tests/conftest.py`` names)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainyard import algorithms, registry
+from trainyard.spec import parse_job
+
+
+def trained(seed: int = 0, steps: int = 60):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(400, 3)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    job = parse_job(
+        {
+            "name": "reg-test",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "hyperparameters": {"hidden_sizes": [8], "seed": seed},
+            "inputs": {
+                "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
+                "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
+            },
+            "output": {"s3_uri": "s3://bkt/o/"},
+            "registry": {"promote_if": {"metric": "val_accuracy", "mode": "max"}},
+        }
+    )
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y)).mean().backward()
+        opt.step()
+    return job, model.eval(), x
+
+
+def register(job, model, x, job_id, accuracy, tmp_path):
+    plot = tmp_path / f"{job_id}.png"
+    plot.write_bytes(b"\x89PNG")
+    history = [{"epoch": 1, "train_loss": 0.5, "val_accuracy": accuracy}]
+    return registry.register(
+        model, job, job_id, x[:5], history, {"hp.seed": 0}, {"data.train.manifest_digest": "d"}, {"curves": plot}
+    )

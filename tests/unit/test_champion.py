@@ -1,0 +1,91 @@
+"""The registry's champion as the prefilter's reference model: loaded from the store it was registered in,
+never unpickled, and a missing one a fallback, not a failure."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tests.unit.models import register, trained
+from trainyard import filtering, registry
+from trainyard.errors import RegistryError
+from trainyard.spec import Prefilter
+
+
+def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
+    assert registry.load_champion("reg-test") is None  # nothing registered yet
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    register(job, model, x, "b", 0.90, tmp_path)
+    champion, label = registry.load_champion("reg-test")
+    assert label == "reg-test v2"
+    with torch.no_grad():
+        np.testing.assert_allclose(champion(torch.from_numpy(x)).numpy(), model(torch.from_numpy(x)).numpy(), atol=1e-5)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    y[:20] = 1 - y[:20]  # wrong labels: the champion finds them the least learnable
+    config = Prefilter(enabled=True, drop_unlearnable_fraction=0.05, reference="champion")
+    result = filtering.prefilter(x, y, config, "classification", 2, filtering.Champion(champion, label))
+    assert result.reference == "champion reg-test v2"
+    assert (~result.keep[:20]).sum() >= 15 and (~result.keep[20:]).sum() <= 5
+
+
+class Untraceable(torch.nn.Module):
+    """A model torch.export cannot trace (a branch on the data): registered pickled."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, 2)
+
+    def forward(self, x):
+        return self.linear(x) if float(x.sum()) > 0 else -self.linear(x)
+
+
+def test_a_pickled_champion_is_not_unpickled_as_the_prefilters_reference(tracking, tmp_path, monkeypatch):
+    # Unpickled, a model runs whatever it holds in the pipeline's process, credentials and all: only a
+    # pt2 archive free of pickles loads, unless the operator allows pickles.
+    job, _, x = trained()
+    register(job, Untraceable(x.shape[1]), x, "p", 0.9, tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
+    with pytest.raises(RegistryError, match="pickle"):
+        registry.load_champion("reg-test")
+    assert "MLFLOW_ALLOW_PICKLE_DESERIALIZATION" not in os.environ  # as it was
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")  # the operator's choice stands
+    champion, label = registry.load_champion("reg-test")
+    assert isinstance(champion, Untraceable) and label == "reg-test v1"
+
+
+def test_the_champion_loads_from_the_embedded_store_in_a_process_that_did_not_register_it(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the embedded default, under TRAINYARD_HOME
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    # A new process (the filtering task's, before any registration): MLflow's process-wide store is its
+    # default there, ./mlflow.db, not ours.
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    code = "from trainyard import registry; print(registry.load_champion('reg-test')[1])"
+    root = Path(__file__).parents[2]
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "reg-test v1", done.stderr[-2000:]
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was looked for in the working directory
+
+
+def test_the_filtering_task_falls_back_when_there_is_no_champion_to_load(tracking, monkeypatch):
+    from tasks.filtering import _champion
+
+    job, _, _ = trained()
+    assert _champion(job) == filtering.Champion(None, "'reg-test' has no champion yet")
+    # A registry that cannot be reached is not fatal to the prefilter either: it says so and falls back.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    down = _champion(job)
+    assert down.model is None and down.label.startswith("the registry could not be read")
