@@ -134,15 +134,21 @@ def test_deployments_land_on_the_pools_a_group_beyond_the_limit_waits_and_a_zomb
     )
     other = client.create_flow_run_from_deployment(other_deployment)
     client.set_flow_run_state(other.id, Running(), force=True)
-    time.sleep(1)  # let the triggers service load the new automation
-    _heartbeat(client, running, replica.flow_id, "train-replica", replica.id)
-    _heartbeat(client, other, other_flow, "someone-elses-flow", other_deployment)
+    # A heartbeat a second for three: the triggers service loads a new automation within a few seconds (a
+    # heartbeat before it has would start no window), and both runs fall silent at the same moment.
+    for _ in range(3):
+        _heartbeat(client, running, replica.flow_id, "train-replica", replica.id)
+        _heartbeat(client, other, other_flow, "someone-elses-flow", other_deployment)
+        time.sleep(1)
     deadline = time.monotonic() + 45
     while client.read_flow_run(running.id).state.type == StateType.RUNNING and time.monotonic() < deadline:
         time.sleep(1)
     state = client.read_flow_run(running.id).state
     assert state.type == StateType.CRASHED, state
     assert "heartbeats stopped" in (state.message or "")
+    # The other run fell silent at the same moment: had the automation matched it, it would be Crashed by
+    # now, or within moments (3 s: a margin for its evaluation after the replica run's).
+    time.sleep(3)
     assert client.read_flow_run(other.id).state.type == StateType.RUNNING
     # The crashed group's slot is free again: the waiting one is offered.
     offered = client.get_scheduled_flow_runs_for_work_pool(infra.GPU_POOL)

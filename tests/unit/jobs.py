@@ -73,3 +73,14 @@ def slow_build(num_features, num_outputs, hyperparameters):
             return super().forward(x)
 
     return Slow(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def threads_recording_build(num_features, num_outputs, hyperparameters):
+    """A linear model whose build records the process's torch threads in ``<threads_file>.<pid>``."""
+    import os
+
+    with open(f"{hyperparameters['threads_file']}.{os.getpid()}", "w") as f:
+        f.write(str(torch.get_num_threads()))
+    return torch.nn.Linear(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(
+        out, y, reduction="none"
+    )

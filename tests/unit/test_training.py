@@ -53,7 +53,11 @@ def test_a_worker_sets_each_groups_cpu_threads_and_a_bad_count_fails_before_anyt
     from trainyard import launch
     from trainyard.errors import TrainyardError
 
-    job, job_id, folder, plan = make_job(trainyard_home, hyperparameters={"epochs": 1, "batch_size": 64})
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.jobs:threads_recording_build"},
+        hyperparameters={"epochs": 1, "batch_size": 64, "threads_file": str(trainyard_home / "threads")},
+    )
     monkeypatch.delenv(launch.THREADS_ENV, raising=False)
     unset = launch.launch(job_id, folder, job.resources)  # the machine's cores dealt among the 2 groups
     launch.shutdown(unset)
@@ -61,6 +65,9 @@ def test_a_worker_sets_each_groups_cpu_threads_and_a_bad_count_fails_before_anyt
     monkeypatch.setenv(launch.THREADS_ENV, "1")  # two jobs sharing a 2-core machine
     outcome, handle = run(job, job_id, folder, plan)
     assert handle.num_threads == 1 and outcome.stop_reason == "Completed"
+    # what each group's torch ran with (its build recorded it), not only what the launcher meant to give
+    recorded = [(trainyard_home / f"threads.{group.pid}").read_text() for group in handle.replicas]
+    assert recorded == ["1", "1"]
     for bad in ("0", "two", "-1", "1.5", "²"):
         monkeypatch.setenv(launch.THREADS_ENV, bad)
         other = make_job(trainyard_home)[2]
@@ -76,6 +83,7 @@ def test_max_runtime_stops_every_group(trainyard_home):
     outcome, _ = run(job, *rest)
     assert outcome.stop_reason == "MaxRuntimeExceeded"
     assert 0 < outcome.steps < 100_000 * 75
+    assert outcome.replicas_finished == [0, 1] and not outcome.failures  # each group stopped, none killed
 
 
 def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_path):
@@ -112,7 +120,7 @@ def test_killed_group_is_restarted_and_heals_from_its_peer(trainyard_home, tmp_p
     assert recovery["replica"] == 1 and recovery["failed_at_step"] == 15
     assert recovery["source"] == "peer"  # healed from the live group: no checkpoint exists
     assert recovery["rejoined_at_step"] > 15
-    assert 0 < recovery["recovery_seconds"] < 60
+    assert recovery["recovery_seconds"] > 0  # (how fast: benchmarks/recovery.py)
     params = sum(t.numel() for t in survivor.values())
     assert recovery["bytes_moved"] >= 3 * 4 * params  # parameters and Adam's two moments, float32
 

@@ -123,9 +123,7 @@ def train(
     """
     emit = on_event or (lambda kind, payload: None)
     job_dir = Path(handle.job_dir)
-    # Below the collective timeout a group waiting on a dead peer would be taken for hung. Read before the
-    # plan is written, which the groups wait for: a bad value fails the job before any training.
-    silent_limit = env_settings.seconds(SILENT_GROUP_SECONDS_ENV, SILENT_GROUP_SECONDS, PG_TIMEOUT.total_seconds() + 2)
+    silent_limit = silent_seconds_limit()  # before the plan the groups wait for: a bad value trains nothing
     preflight(job, plan)
     plan.released_unix = time.time()
     plan.write(job_dir)
@@ -134,6 +132,12 @@ def train(
         return _supervise(handle, plan, job, job_dir, on_progress, emit, silent_limit)
     finally:
         (job_dir / SUPERVISOR_FILE).unlink(missing_ok=True)
+
+
+def silent_seconds_limit() -> float:
+    """How long a group may go without a heartbeat before it is taken for hung: TRAINYARD_SILENT_GROUP_SECONDS
+    (120), never below the collectives' timeout (a group waiting on a dead peer is silent that long)."""
+    return env_settings.seconds(SILENT_GROUP_SECONDS_ENV, SILENT_GROUP_SECONDS, PG_TIMEOUT.total_seconds() + 2)
 
 
 def _supervise(
