@@ -18,7 +18,8 @@ import torch
 
 from tasks._metering import retry_transient
 from tests.fault_proxy import FaultProxy
-from trainyard import algorithms, registry, s3
+from tests.unit.models import fit
+from trainyard import registry, s3
 from trainyard.servers import free_port, stop_process, wait_until_answering
 from trainyard.spec import parse_job
 
@@ -78,13 +79,7 @@ def trained(model_name: str, steps: int = 60, **promote_if):
             "registry": {"model_name": model_name, "promote_if": {"metric": "val_accuracy", **promote_if}},
         }
     )
-    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    for _ in range(steps):
-        opt.zero_grad()
-        loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y)).mean().backward()
-        opt.step()
-    return job, model.eval(), x
+    return job, fit(job, x, y, steps), x
 
 
 def lineage(emissions_kg: float = 0.001) -> dict[str, str]:

@@ -27,13 +27,18 @@ def trained(seed: int = 0, steps: int = 60):
             "registry": {"promote_if": {"metric": "val_accuracy", "mode": "max"}},
         }
     )
+    return job, fit(job, x, y, steps), x
+
+
+def fit(job, x: np.ndarray, y: np.ndarray, steps: int) -> torch.nn.Module:
+    """``job``'s built-in model, trained full-batch for ``steps`` steps, in eval mode."""
     model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     for _ in range(steps):
         opt.zero_grad()
         loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y)).mean().backward()
         opt.step()
-    return job, model.eval(), x
+    return model.eval()
 
 
 def register(job, model, x, job_id, accuracy, tmp_path):

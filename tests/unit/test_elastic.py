@@ -274,7 +274,6 @@ def test_a_group_lost_for_good_after_the_others_left_fails_the_job_not_stops_it(
 
 def test_a_group_wedged_before_its_first_heartbeat_does_not_hold_a_finished_job(trainyard_home, monkeypatch):
     import signal
-    import threading
     import time
 
     from trainyard.training import supervisor
@@ -288,13 +287,8 @@ def test_a_group_wedged_before_its_first_heartbeat_does_not_hold_a_finished_job(
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
     )
 
-    def wedge():  # the restart stops as soon as it is up (a stuck import or connect): it never beats
-        pid = folder / "replicas/1/attempt-1/pid"
-        while not pid.exists():
-            time.sleep(0.01)
-        os.kill(int(pid.read_text()), signal.SIGSTOP)
-
-    threading.Thread(target=wedge, daemon=True).start()
+    # the restart stops as soon as it is up (a stuck import or connect): it never beats
+    signal_when_up(folder / "replicas/1/attempt-1/pid", signal.SIGSTOP)
     started = time.monotonic()
     outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed" and time.monotonic() - started < 60  # not max_runtime's 120 s
@@ -319,7 +313,6 @@ def test_too_few_groups_left_for_min_replicas_fails_at_once_naming_the_settings(
 
 def test_a_group_dying_in_its_start_up_does_not_hold_the_others_at_the_start_barrier(trainyard_home):
     import signal
-    import threading
     import time
 
     job, job_id, folder, plan = make_job(
@@ -328,13 +321,8 @@ def test_a_group_dying_in_its_start_up_does_not_hold_the_others_at_the_start_bar
         resources={"replicas": 2},
     )
 
-    def crash():  # group 1's first attempt dies as soon as it exists, long before its manager is up
-        pid = folder / "replicas/1/attempt-0/pid"
-        while not pid.exists():
-            time.sleep(0.01)
-        os.kill(int(pid.read_text()), signal.SIGKILL)
-
-    threading.Thread(target=crash, daemon=True).start()
+    # group 1's first attempt dies as soon as it exists, long before its manager is up
+    signal_when_up(folder / "replicas/1/attempt-0/pid", signal.SIGKILL)
     started = time.monotonic()
     outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
@@ -373,3 +361,16 @@ def test_a_group_killed_from_outside_fails_at_its_last_committed_step_not_its_la
     committed = json.loads((attempt / "steps.jsonl").read_text().splitlines()[-1])["step"]
     # the counts are written just after the step log: a kill between the two is one step short
     assert committed - 1 <= failure["step"] <= committed
+
+
+def signal_when_up(pid_file, signum: int) -> None:
+    """Send ``signum`` to the group attempt whose ``pid`` file this is, as soon as it exists (a thread)."""
+    import threading
+    import time
+
+    def send() -> None:
+        while not pid_file.exists():
+            time.sleep(0.01)
+        os.kill(int(pid_file.read_text()), signum)
+
+    threading.Thread(target=send, daemon=True).start()
