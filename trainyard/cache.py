@@ -204,7 +204,7 @@ def recall(path: Path) -> dict | None:
 def hit(path: Path, size: int) -> dict | None:
     """What ``remember`` kept of the cached object (``{}`` where nothing could be), or None when it is not
     cached whole and unchanged: only verified files get their final name, but a job's hard link to one
-    (``staging.mirror``) can still write to it where the read-only mode is not enforced (root), and a
+    (``raw_layout.mirror``) can still write to it where the read-only mode is not enforced (root), and a
     file written since it was verified is fetched again."""
     try:
         st = path.stat()

@@ -17,7 +17,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from trainyard import cache, staging, table_checks
+from trainyard import cache, raw_layout, table_checks
 from trainyard.errors import DataError
 from trainyard.listing import ChannelManifest
 from trainyard.spec import Channel
@@ -326,7 +326,7 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
         table_checks.check_objects_have(schema.features, columns)
     for name, manifest in manifests.items():
         if name not in ("train", "validation"):
-            extra[name] = str(staging.mirror(manifest, out_dir / "channels" / name))
+            extra[name] = str(raw_layout.mirror(manifest, out_dir / "channels" / name))
             continue
         if name == "train" and channels["train"].mode == "stream":
             continue

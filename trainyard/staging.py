@@ -17,7 +17,6 @@ transfer manager (ranged, concurrent parts).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
 import uuid
@@ -32,7 +31,7 @@ from s3transfer.exceptions import S3DownloadFailedError
 
 from trainyard import cache, integrity, listing, progress, s3
 from trainyard.errors import DataError, StorageError
-from trainyard.home import link_or_copy, write_json_atomic
+from trainyard.home import write_json_atomic
 from trainyard.listing import ChannelManifest, StagedObject, list_channel
 from trainyard.spec import Channel
 
@@ -144,53 +143,6 @@ def _cached(obj: StagedObject, on_bytes: ProgressFn | None) -> bool:
     return True
 
 
-def mirror(manifest: ChannelManifest, folder: Path) -> Path:
-    """Lay a channel's cached objects out under ``folder`` by their relative keys (hard links, no copies).
-
-    Every target is checked to resolve inside ``folder``: nothing is ever written outside it.
-    """
-    folder = folder.resolve()
-    by_rel = {obj.rel: obj for obj in manifest.objects}
-    for obj in manifest.objects:
-        parts = obj.rel.split("/")
-        for above in ("/".join(parts[:n]) for n in range(1, len(parts))):
-            if above in by_rel:  # "a" and "a/b": one path cannot be both a file and a folder
-                raise DataError(
-                    f"{by_rel[above].uri} and {obj.uri}: the first would be laid out as a file where the second "
-                    "needs a folder; rename one of them in S3"
-                )
-    for obj in manifest.objects:
-        target = (folder / obj.rel).resolve()
-        if not target.is_relative_to(folder):
-            raise DataError(f"{obj.uri}: its key would be written outside the channel folder; rename it in S3")
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            link_or_copy(Path(obj.path), target)
-        except OSError as exc:
-            if s3.disk_full(exc):
-                raise s3.describe_error(exc, obj.uri) from exc
-            if exc.errno in (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL):  # a key no path here can hold
-                raise DataError(
-                    f"{obj.uri}: cannot be laid out as a file under the channel folder ({exc.strerror or exc}); "
-                    "rename it in S3"
-                ) from exc
-            raise StorageError(f"{obj.uri}: laying it out under {folder} failed ({exc}); check that folder") from exc
-    _remove_unlisted(folder, set(by_rel))
-    return folder
-
-
-def _remove_unlisted(folder: Path, listed: set[str]) -> None:
-    """Remove what an earlier layout of ``folder`` left that the channel no longer lists (a retried task or a
-    rerun of the same job id, after an object was deleted in S3): the folder holds the manifest's objects and
-    nothing else, so an entrypoint reads what the lineage records."""
-    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # files before their folders
-        if path.is_dir() and not path.is_symlink():
-            if not any(path.iterdir()):
-                path.rmdir()
-        elif path.relative_to(folder).as_posix() not in listed:
-            path.unlink()
-
-
 def fetch_object(uri: str, target: Path) -> StagedObject:
     """One object outside any channel (a checkpoint) fetched to ``target`` as channel objects are:
     under a temporary name, checked against S3's record (size and a checksum), renamed once whole."""
@@ -215,7 +167,9 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
     try:
         claim = cache.claim_part(tmp)
     except OSError as exc:
-        raise s3.describe_error(exc, obj.uri) if s3.disk_full(exc) else exc from exc
+        if s3.disk_full(exc):
+            raise s3.describe_error(exc, obj.uri) from exc
+        raise
     try:
         for attempt in (1, 2):
             shown: list[int] = []  # what the progress bar was told

@@ -10,7 +10,7 @@ import pytest
 
 from tests import s3_endpoints
 from tests.unit.objects import stage
-from trainyard import cache, listing, staging
+from trainyard import cache, listing, raw_layout, staging
 from trainyard.errors import TrainyardError
 from trainyard.spec import Channel
 
@@ -200,7 +200,7 @@ def test_a_cached_object_written_to_since_it_was_verified_is_fetched_again(s3_en
     cached = Path(first.objects[0].path)
     assert stage(f"s3://{bucket}/raw/", tmp_path, format="raw").objects_downloaded == 0  # a plain re-stage: a hit
     # A root entrypoint writes through its hard link despite the read-only mode (as root ignores it).
-    laid_out = staging.mirror(first, tmp_path / "job-folder") / "a.bin"
+    laid_out = raw_layout.mirror(first, tmp_path / "job-folder") / "a.bin"
     os.chmod(laid_out, 0o644)
     time.sleep(0.05)  # past the file system's timestamp tick (a few ms): a write any later changes the mtime
     laid_out.write_bytes(b"EVILGOODGOOD")  # same size: a size check alone would take it

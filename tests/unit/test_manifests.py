@@ -10,7 +10,7 @@ import pytest
 
 from tests import s3_endpoints
 from tests.unit.objects import put_big, stage
-from trainyard import listing, staging
+from trainyard import listing, raw_layout
 from trainyard.errors import DataError, StorageError
 
 s3_endpoint = s3_endpoints.s3_endpoint
@@ -43,7 +43,7 @@ def test_manifest_channels_and_raw_mirrors(s3_endpoint, tmp_path):
     client.put_object(Bucket=bucket, Key="m.jsonl", Body=lines.encode())
     m = stage(f"s3://{bucket}/m.json", tmp_path, s3_data_type="manifest", format="raw")
     assert [o.rel for o in m.objects] == ["a/1.bin", "b/3.bin"]
-    folder = staging.mirror(m, tmp_path / "mirror")
+    folder = raw_layout.mirror(m, tmp_path / "mirror")
     assert (folder / "a/1.bin").read_bytes() == b"a/1.bin" and (folder / "b/3.bin").read_bytes() == b"b/3.bin"
     # a prefix without its closing slash is joined to the entries as written, as SageMaker joins them
     no_slash = [{"prefix": f"s3://{bucket}/files"}, "/a/1.bin", "/b/3.bin"]

@@ -15,7 +15,7 @@ from botocore.config import Config
 
 from tests import s3_endpoints
 from tests.unit.objects import MULTIPART, put_big, put_parquet, stage
-from trainyard import cache, integrity, listing, s3, staging
+from trainyard import cache, integrity, listing, raw_layout, s3, staging
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel
 
@@ -63,7 +63,7 @@ def test_a_raw_channel_keeps_what_a_tables_channel_skips_as_side_files(s3_endpoi
         client.put_object(Bucket=bucket, Key=key, Body=key.encode() if key in kept else b"")
     raw = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert [o.rel for o in raw.objects] == [".vocab/words.txt", "_SUCCESS", "_config.json", "part-000.parquet"]
-    folder = staging.mirror(raw, tmp_path / "mirror")
+    folder = raw_layout.mirror(raw, tmp_path / "mirror")
     assert (folder / "_config.json").read_bytes() == b"ch/_config.json"
     assert (folder / ".vocab/words.txt").read_bytes() == b"ch/.vocab/words.txt"
     table = stage(f"s3://{bucket}/ch/", tmp_path, format="parquet")

@@ -15,7 +15,7 @@ from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceede
 
 from tests import s3_endpoints
 from tests.unit.objects import put_big, stage
-from trainyard import cache, integrity, listing, s3, staging
+from trainyard import cache, integrity, listing, raw_layout, s3, staging
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel
 
@@ -46,7 +46,7 @@ def test_a_key_that_is_a_folder_of_another_is_named_before_anything_is_laid_out(
     objects = [listing.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source)) for rel in ("a", "a/b", "c")]
     manifest = listing.ChannelManifest("train", "s3://b/ch/", "raw", objects)
     with pytest.raises(DataError, match="s3://b/ch/a and s3://b/ch/a/b: the first would be laid out as a file"):
-        staging.mirror(manifest, tmp_path / "mirror")
+        raw_layout.mirror(manifest, tmp_path / "mirror")
     assert not (tmp_path / "mirror").exists()
 
 
@@ -59,10 +59,10 @@ def test_a_channel_laid_out_again_holds_only_what_its_manifest_lists(tmp_path):
         objects = [listing.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source)) for rel in rels]
         return listing.ChannelManifest("extra", "s3://b/ch/", "raw", objects)
 
-    folder = staging.mirror(manifest("vocab.txt", "old/config.json", "old/notes.txt"), tmp_path / "mirror")
-    staging.mirror(manifest("vocab.txt", "old/notes.txt"), folder)
+    folder = raw_layout.mirror(manifest("vocab.txt", "old/config.json", "old/notes.txt"), tmp_path / "mirror")
+    raw_layout.mirror(manifest("vocab.txt", "old/notes.txt"), folder)
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == ["old", "old/notes.txt", "vocab.txt"]
-    staging.mirror(manifest("vocab.txt"), folder)
+    raw_layout.mirror(manifest("vocab.txt"), folder)
     assert [p.name for p in folder.iterdir()] == ["vocab.txt"]  # the emptied folder too
 
 
@@ -73,11 +73,11 @@ def test_a_key_too_long_for_a_file_name_is_named_not_a_traceback(tmp_path):
     objects = [listing.StagedObject("b", f"ch/{rel}", 1, "etag", rel, path=str(source))]
     manifest = listing.ChannelManifest("extra", "s3://b/ch/", "raw", objects)
     with pytest.raises(DataError, match=f"s3://b/ch/{rel}: cannot be laid out as a file.*rename it in S3"):
-        staging.mirror(manifest, tmp_path / "mirror")
+        raw_layout.mirror(manifest, tmp_path / "mirror")
     # a local failure (here the cached file is gone) is not the key's: no advice to rename it
     gone = [listing.StagedObject("b", "ch/a.bin", 1, "etag", "a.bin", path=str(tmp_path / "evicted"))]
     with pytest.raises(StorageError, match="s3://b/ch/a.bin: laying it out under .* failed"):
-        staging.mirror(listing.ChannelManifest("extra", "s3://b/ch/", "raw", gone), tmp_path / "mirror2")
+        raw_layout.mirror(listing.ChannelManifest("extra", "s3://b/ch/", "raw", gone), tmp_path / "mirror2")
 
 
 def test_missing_bucket_prefix_and_empty_channel_are_named(s3_endpoint, tmp_path):
