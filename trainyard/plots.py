@@ -49,7 +49,8 @@ def _plot_kept_fraction(ax, epochs: list[int], history: list[dict]) -> None:
     (full batches); the dashed line is what the keep rule alone would have kept (the mean keep
     probability), which falls while the losses fall faster than the history it ranks them against;
     the classes' show which ones the sifter found informative as training went on. With
-    ``sifting.prune``, the dotted line is the share of the rows dealt that trained once pruned."""
+    ``sifting.prune``, the dotted line is the share of the rows dealt that trained once pruned, and with
+    pruning alone the classes' lines are their own such shares."""
     ax.plot(epochs, [h.get("kept_fraction") for h in history], marker="o", color="black", label="all")
     if any(h.get("mean_keep_probability") is not None for h in history):
         rule = [h.get("mean_keep_probability") for h in history]
@@ -57,9 +58,14 @@ def _plot_kept_fraction(ax, epochs: list[int], history: list[dict]) -> None:
     if any("pruned_fraction" in h for h in history):  # sifting.prune: the share of the rows dealt that trained
         trained = [1 - h["pruned_fraction"] if "pruned_fraction" in h else None for h in history]
         ax.plot(epochs, trained, linestyle=":", marker="x", color="tab:red", label="trained after pruning")
-    classes = sorted({c for h in history for c in h.get("kept_fraction_by_class", {})})
+    # per class: the keep rule's kept fraction; with pruning alone (beta 0: nothing ranked), the share of
+    # each class's rows that trained once pruned, which shows a class sitting out
+    by_class = "kept_fraction_by_class"
+    if not any(h.get(by_class) for h in history):
+        by_class = "trained_fraction_by_class"
+    classes = sorted({c for h in history for c in h.get(by_class, {})})
     for cls in classes:
-        fractions = [h.get("kept_fraction_by_class", {}).get(cls) for h in history]
+        fractions = [h.get(by_class, {}).get(cls) for h in history]
         ax.plot(epochs, fractions, marker=".", linewidth=1, label=f"class {cls}")
     ax.set(xlabel="epoch", ylabel="kept fraction", title="sifting: kept fraction", ylim=(0, 1.05))
     if len(classes) <= 12:  # a legend of more would hide the plot

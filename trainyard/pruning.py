@@ -101,7 +101,10 @@ class Pruner:
         self.dealt = 0  # rows that came to the pruner (those with no known loss included)
         self.pruned = 0  # learnt rows left out
         self.hardest = 0  # rows left out as among the hardest
-        self._undo: tuple[int, tuple[int, int, int]] | None = None
+        # per class (classification): rows dealt, and rows left out (learnt or hardest), by class index
+        self.dealt_by_class = np.zeros(self.classes if self.labels is not None else 0, dtype=np.int64)
+        self.out_by_class = np.zeros_like(self.dealt_by_class)
+        self._undo: tuple[int, tuple] | None = None  # the step, and the counts before it
 
     def phase(self, epoch: int) -> tuple[bool, bool]:
         """``(learnt rows pruned, hardest rows left out)`` in ``epoch`` (0-based)."""
@@ -112,6 +115,8 @@ class Pruner:
         """``(kept, weights)``: the positions in ``rows`` that train this step, and each one's loss weight."""
         self._begin(step)
         self.dealt += len(rows)
+        if self.labels is not None:
+            np.add.at(self.dealt_by_class, self.labels[rows], 1)
         learnt_on, hardest_on = self.phase(epoch)
         weights = np.ones(len(rows), dtype=np.float32)
         if not (learnt_on or hardest_on) or not len(rows):
@@ -132,6 +137,8 @@ class Pruner:
             out |= drawn
             weights[learnt & ~drawn] = 1.0 / (1.0 - r)
             self.pruned += int(drawn.sum())
+        if self.labels is not None:
+            np.add.at(self.out_by_class, self.labels[rows[out]], 1)
         kept = np.flatnonzero(~out)
         return kept, weights[kept]
 
@@ -158,12 +165,22 @@ class Pruner:
     def _begin(self, step: int) -> None:
         """A redone step (torchft) counts once."""
         if self._undo is not None and self._undo[0] == step:
-            self.dealt, self.pruned, self.hardest = self._undo[1]
-        self._undo = (step, (self.dealt, self.pruned, self.hardest))
+            self.dealt, self.pruned, self.hardest, dealt_by_class, out_by_class = self._undo[1]
+            self.dealt_by_class, self.out_by_class = dealt_by_class.copy(), out_by_class.copy()
+        counts = (self.dealt, self.pruned, self.hardest, self.dealt_by_class.copy(), self.out_by_class.copy())
+        self._undo = (step, counts)
 
     def counts(self) -> dict:
-        """Rows dealt to the pruner, and those it left out: learnt, and among the hardest."""
-        return {"prune_dealt": self.dealt, "pruned_learnt": self.pruned, "pruned_hardest": self.hardest}
+        """Rows dealt to the pruner, and those it left out: learnt, and among the hardest; and per class
+        (by class index, classification), the rows dealt and those left out either way."""
+        counts = {"prune_dealt": self.dealt, "pruned_learnt": self.pruned, "pruned_hardest": self.hardest}
+        if self.labels is None:
+            return counts
+        by_class = {
+            "prune_dealt_by_class": {str(c): int(n) for c, n in enumerate(self.dealt_by_class) if n},
+            "pruned_by_class": {str(c): int(n) for c, n in enumerate(self.out_by_class) if n},
+        }
+        return counts | by_class
 
     def state_dict(self) -> dict:
         epoch, mean, cuts = self.thresholds or (-1, 0.0, np.zeros(1))

@@ -116,6 +116,12 @@ def pruned_fraction(counts: dict) -> float:
     return pruned_rows(counts) / dealt if dealt else 0.0
 
 
+def trained_fraction_by_class(dealt: dict[str, int], left_out: dict[str, int]) -> dict[str, float]:
+    """Each class's share of its rows dealt to the pruner that trained (classes dealt at least once): what
+    shows a class sitting out, which the keep rule's per-class kept fraction does not (beta 0: no ranking)."""
+    return {c: 1 - left_out.get(c, 0) / n for c, n in sorted(dealt.items()) if n}
+
+
 def untrained(sifting: dict | None) -> int:
     """The candidates online sifting drew and did not train on: passed over by the keep rule, left out
     unscored before it started, or pruned by their last loss (``sifting.prune``) (``sifting``: the
@@ -184,7 +190,14 @@ def _prefilter_cost_warning(job, report, outcome) -> str | None:
 # Per-epoch bookkeeping in the history, not the model's metrics: the FLOPs and the job's steps are in the
 # summary's `compute`, the steps of an epoch in `training.steps_per_epoch` (an epoch's own "steps" was the
 # last epoch's, which the end-of-job table printed beside the job's total under the same name)
-NOT_METRICS = ("epoch", "elapsed_seconds", "group_train_flops", "kept_fraction_by_class", "steps")
+NOT_METRICS = (
+    "epoch",
+    "elapsed_seconds",
+    "group_train_flops",
+    "kept_fraction_by_class",
+    "trained_fraction_by_class",
+    "steps",
+)
 
 
 def final_metrics(history: list[dict]) -> dict:

@@ -259,6 +259,12 @@ def test_two_groups_prune_by_their_losses_and_agree_after_a_heal(trainyard_home,
     assert outcome.samples_trained == sifting["prune_dealt"] - left_out  # dealt rows either train or sit out
     assert compute_section(outcome)["samples_seen"] == sifting["prune_dealt"]
     assert outcome.history[0]["pruned_fraction"] == 0  # nothing known yet
+    # per class, what trained of what was dealt: the keep rule ranks nothing here, so this is what shows a
+    # class sitting out (under a tenth of each class as the hardest, the learnt ones drawn at 0.7)
+    trained = sifting["trained_fraction_by_class"]
+    assert set(trained) == {"0", "1"} and all(0.3 < f < 1 for f in trained.values()), trained
+    assert outcome.history[0]["trained_fraction_by_class"] == {"0": 1.0, "1": 1.0}
+    assert all(set(h["trained_fraction_by_class"]) == {"0", "1"} for h in outcome.history)
     assert all(h["pruned_fraction"] > 0.1 for h in outcome.history[6:21])  # hardest out from epoch 6 (0.25)
     section = sifting_section(job, None, outcome)
     assert section["pruned_fraction_by_epoch"] == [h["pruned_fraction"] for h in outcome.history]

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from trainyard.sifting import fractions_by_class
-from trainyard.status import pruned_fraction, pruned_rows
+from trainyard.status import pruned_fraction, pruned_rows, trained_fraction_by_class
 from trainyard.training.attempt_files import latest_counts
 
 
@@ -82,6 +82,15 @@ def sifting_totals(reports: list[dict], flops: dict) -> dict:
     }
     if any("prune_dealt" in r for r in reports):  # sifting.prune: rows left out of their steps by their last loss
         totals |= pruned | {"pruned_fraction": pruned_fraction(pruned)}
+        dealt_by_class: dict[str, int] = {}
+        out_by_class: dict[str, int] = {}
+        for report in reports:
+            for cls, n in report.get("prune_dealt_by_class", {}).items():
+                dealt_by_class[cls] = dealt_by_class.get(cls, 0) + n
+            for cls, n in report.get("pruned_by_class", {}).items():
+                out_by_class[cls] = out_by_class.get(cls, 0) + n
+        if dealt_by_class:
+            totals["trained_fraction_by_class"] = trained_fraction_by_class(dealt_by_class, out_by_class)
     if any("losses_reused" in r for r in reports):
         totals["losses_reused"] = sum(r.get("losses_reused", 0) for r in reports)
     return totals

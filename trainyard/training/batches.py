@@ -31,7 +31,7 @@ from trainyard.errors import TrainingError
 from trainyard.pruning import LossMemory, Pruner
 from trainyard.sifting import Sifter, fractions_by_class
 from trainyard.spec import TrainingJob
-from trainyard.status import pruned_fraction
+from trainyard.status import pruned_fraction, trained_fraction_by_class
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.sampling import Sampler, StreamSampler, member_sizes, step_batch
@@ -173,8 +173,15 @@ class StepData:
         since = {k: now[k] - then.get(k, 0) for k in ("scored", "kept", "keep_probability_sum")}
         pruned = {}
         if self.pruner is not None:
-            epoch = {k: now[k] - then.get(k, 0) for k in self.pruner.counts()}
+            epoch = {k: now[k] - then.get(k, 0) for k in ("prune_dealt", "pruned_learnt", "pruned_hardest")}
             pruned = {"pruned_fraction": pruned_fraction(epoch)}
+            if "prune_dealt_by_class" in now:
+                dealt, left_out = (
+                    {c: n - then.get(which, {}).get(c, 0) for c, n in now[which].items()}
+                    for which in ("prune_dealt_by_class", "pruned_by_class")
+                )
+                if trained := trained_fraction_by_class(dealt, left_out):
+                    pruned["trained_fraction_by_class"] = self._named(trained)
         kept_by_class, ranked_by_class = (
             {c: n - then.get(which, {}).get(c, 0) for c, n in now[which].items()}
             for which in ("kept_by_class", "scored_by_class")
@@ -200,6 +207,9 @@ class StepData:
             counts[key] = self._named(counts[key])
         if self.pruner is not None:
             counts |= self.pruner.counts()
+            for key in ("prune_dealt_by_class", "pruned_by_class"):
+                if key in counts:
+                    counts[key] = self._named(counts[key])
         # candidates ranked by a remembered loss, without a scoring pass
         return counts | ({"losses_reused": self.memory.reused} if self.memory is not None else {})
 
