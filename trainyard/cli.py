@@ -226,7 +226,12 @@ def _exit_on_sigterm(signum, frame) -> None:
 @app.command()
 def clean(
     older_than: Annotated[
-        float, typer.Option("--older-than", min=0, help="Days since anything was written to a job's folders.")
+        float,
+        typer.Option(
+            "--older-than",
+            min=0.05,  # 72 minutes at least: a job staging a large channel writes nothing to its folder meanwhile
+            help="Days since anything was written to a job's folders (0.05 at least: 72 minutes).",
+        ),
     ] = 30,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; remove nothing.")] = False,
 ) -> None:
