@@ -80,10 +80,11 @@ class Pruner:
     alone, so every group takes the same steps). The thresholds (the mean of the known
     losses, and the loss above which a row is among the hardest) are fixed once per epoch from the
     group's loss memory and are part of the torchft state, so a group that heals from a peer
-    mid-epoch prunes as its peer does. In a classification job the hardest are counted within each
-    class (``labels``, each row's class index): a class the model still gets wrong, all of whose rows
-    are harder than the others', would otherwise sit out whole, and for good (a row left out is not
-    measured again), where ``hardest_fraction`` of it is all that may. Which learnt rows sit out is a
+    mid-epoch prunes as its peer does. In a classification job no class loses more than
+    ``hardest_fraction`` of its rows as the hardest (``labels``, each row's class index): a row sits out
+    when its loss is above both the cut over all rows and its own class's. A class the model still gets
+    wrong, all of whose rows are harder than the others', would otherwise sit out whole, and for good (a
+    row left out is not measured again); the other classes lose what they lost before. Which learnt rows sit out is a
     hash of (seed, epoch, row): the same in every group and on a redone step. Rows with no known loss
     yet always train.
     """
@@ -96,7 +97,7 @@ class Pruner:
         # the loss a row must also exceed to count among the hardest (hardest_min_loss)
         floor = config.hardest_min_loss
         self.hardest_floor = (math.log(classes) if classes and classes > 1 else 0.0) if floor == "chance" else floor
-        # (epoch, mean, hardest cut: one per class, or one for all) of the epoch
+        # (epoch, mean, hardest cut: one per class, or one for all rows) of the epoch
         self.thresholds: tuple[int, float, np.ndarray] | None = None
         self.dealt = 0  # rows that came to the pruner (those with no known loss included)
         self.pruned = 0  # learnt rows left out
@@ -146,12 +147,10 @@ class Pruner:
         if self.thresholds is None or self.thresholds[0] != epoch:
             is_known = memory.epoch >= 0
             known = memory.loss[is_known]
-            groups = (
-                [known]
-                if self.labels is None
-                else [memory.loss[is_known & (self.labels == c)] for c in range(self.classes)]
-            )
-            cuts = np.array([self._cut(losses) for losses in groups])
+            cuts = np.array([self._cut(known)])
+            if self.labels is not None:  # each class's own, where above the cut over all rows
+                by_class = [self._cut(memory.loss[is_known & (self.labels == c)]) for c in range(self.classes)]
+                cuts = np.maximum(cuts[0], np.array(by_class))
             # nothing known yet (a job's first epoch): every row trains
             self.thresholds = (epoch, float(known.mean()) if len(known) else -np.inf, cuts)
         return self.thresholds
