@@ -80,19 +80,26 @@ class Pruner:
     alone, so every group takes the same steps). The thresholds (the mean of the known
     losses, and the loss above which a row is among the hardest) are fixed once per epoch from the
     group's loss memory and are part of the torchft state, so a group that heals from a peer
-    mid-epoch prunes as its peer does. In a classification job no class loses more than
-    ``hardest_fraction`` of its rows as the hardest (``labels``, each row's class index): a row sits out
-    when its loss is above both the cut over all rows and its own class's. A class the model still gets
-    wrong, all of whose rows are harder than the others', would otherwise sit out whole, and for good (a
-    row left out is not measured again); the other classes lose what they lost before. Which learnt rows sit out is a
+    mid-epoch prunes as its peer does. In a classification job each class keeps at least
+    ``min_class_fraction`` of its rows from the hardest rule (``labels``, each row's class index; the class
+    balance guard of sifting): a row sits out when its loss is above both the cut over all rows and its
+    class's ``min_class_fraction`` quantile. A class the model still gets wrong, all of whose rows are harder
+    than the others', would otherwise sit out whole, and for good (a row left out is not measured again);
+    a class the cut over all rows takes less of loses what it did. Which learnt rows sit out is a
     hash of (seed, epoch, row): the same in every group and on a redone step. Rows with no known loss
     yet always train.
     """
 
     def __init__(
-        self, config: Pruning, epochs: int, seed: int, classes: int | None = None, labels: np.ndarray | None = None
+        self,
+        config: Pruning,
+        epochs: int,
+        seed: int,
+        classes: int | None = None,
+        labels: np.ndarray | None = None,
+        min_class_fraction: float = 0.5,
     ):
-        self.config, self.epochs, self.seed = config, epochs, seed
+        self.config, self.epochs, self.seed, self.min_class_fraction = config, epochs, seed, min_class_fraction
         self.classes, self.labels = classes or 0, labels if classes and labels is not None else None
         # the loss a row must also exceed to count among the hardest (hardest_min_loss)
         floor = config.hardest_min_loss
@@ -148,8 +155,8 @@ class Pruner:
             is_known = memory.epoch >= 0
             known = memory.loss[is_known]
             cuts = np.array([self._cut(known)])
-            if self.labels is not None:  # each class's own, where above the cut over all rows
-                by_class = [self._cut(memory.loss[is_known & (self.labels == c)]) for c in range(self.classes)]
+            if self.labels is not None:  # each class's floor, where above the cut over all rows
+                by_class = [self._floor(memory.loss[is_known & (self.labels == c)]) for c in range(self.classes)]
                 cuts = np.maximum(cuts[0], np.array(by_class))
             # nothing known yet (a job's first epoch): every row trains
             self.thresholds = (epoch, float(known.mean()) if len(known) else -np.inf, cuts)
@@ -160,6 +167,13 @@ class Pruner:
         if not self.config.hardest_fraction or not len(known):
             return np.inf
         return float(np.quantile(known, 1.0 - self.config.hardest_fraction))
+
+    def _floor(self, known: np.ndarray) -> float:
+        """The loss a class's row must also exceed to sit out as among the hardest: its class's
+        ``min_class_fraction`` quantile, so that at least that fraction of the class trains."""
+        if not len(known):
+            return np.inf
+        return float(np.quantile(known, self.min_class_fraction))
 
     def _begin(self, step: int) -> None:
         """A redone step (torchft) counts once."""

@@ -83,7 +83,7 @@ def test_only_rows_the_model_finds_less_likely_than_chance_count_among_the_harde
     assert not decide_all(Pruner(high, 4, seed=0, classes=4), memory, epoch=1)[0].any()
 
 
-def test_no_class_loses_more_than_the_hardest_fraction_of_its_rows():
+def test_a_class_keeps_at_least_the_guards_fraction_of_its_rows_from_the_hardest_rule():
     # A 5% class the model still gets wrong: every row of it is harder than any other row. Counted over
     # all rows, the hardest 10% was that class whole, left out for good (a row left out is not measured again).
     rng = np.random.default_rng(2)
@@ -91,8 +91,11 @@ def test_no_class_loses_more_than_the_hardest_fraction_of_its_rows():
     losses = np.where(labels == 1, rng.uniform(3.0, 4.0, 4_000), rng.uniform(0.0, 2.0, 4_000))
     config = Pruning(hardest_fraction=0.1, hardest_after=0, hardest_min_loss=0)
     out, _ = decide_all(Pruner(config, 4, seed=0, classes=2, labels=labels), known_memory(losses), epoch=1)
-    # a tenth of the hard class; the other loses what the cut over all rows took from it (its rows above it)
-    assert out[labels == 1].sum() == 20 and out[labels == 0].sum() == 200
+    # half of the hard class at most (min_class_fraction 0.5, the default); the other loses what the cut over
+    # all rows took from it (its rows above it)
+    assert out[labels == 1].sum() == 100 and out[labels == 0].sum() == 200
+    strict = Pruner(config, 4, seed=0, classes=2, labels=labels, min_class_fraction=0.9)
+    assert decide_all(strict, known_memory(losses), epoch=1)[0][labels == 1].sum() == 20
     # the cuts per class travel with the torchft state: a healed group leaves out the same rows
     peer = Pruner(config, 4, seed=0, classes=2, labels=labels)
     peer.decide(np.arange(10), known_memory(losses), epoch=1, step=0)

@@ -295,7 +295,9 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
             )
     elif sifting.beta == 0:
-        keep_rule = {"score", "delay_steps", "loss_history_length", "min_class_fraction", "reuse_loss_epochs"}
+        keep_rule = {"score", "delay_steps", "loss_history_length", "reuse_loss_epochs"}
+        if not sifting.prunes:  # pruning's hardest rule keeps it too
+            keep_rule.add("min_class_fraction")
         tuned = [name for name in _tuned(sifting, set()) if name in keep_rule]
         if tuned:
             ignored.append(

@@ -219,7 +219,8 @@ class Sifting(_Model):
         ge=0,
         le=1,
         description="Class balance guard of online sifting: each class keeps at least this fraction of its share "
-        "of a batch (rounded up); the prefilter has its own (prefilter.min_class_fraction).",
+        "of a batch (rounded up), and of its rows from pruning's hardest rule; the prefilter has its own "
+        "(prefilter.min_class_fraction).",
     )
 
     @model_validator(mode="before")

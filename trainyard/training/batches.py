@@ -62,7 +62,8 @@ class StepData:
         classes = len(plan.schema.get("classes") or []) or plan.schema.get("num_outputs")
         classes = classes if self.classification else None
         labels = np.asarray(y) if classes and prune and not plan.streamed else None  # each row's class index
-        self.pruner = Pruner(prune, hp.epochs, hp.seed, classes, labels) if prune else None
+        guard = job.sifting.min_class_fraction  # the class balance guard: pruning's hardest rule too
+        self.pruner = Pruner(prune, hp.epochs, hp.seed, classes, labels, guard) if prune else None
         # the keep rule reuses losses only up to `reuse` epochs old; pruning reads any age (InfoBatch)
         self.memory = LossMemory(len(x), reuse) if reuse or prune else None
         self.weights: torch.Tensor | None = None  # the last batch's loss weights (pruning), None when all are 1
