@@ -172,7 +172,7 @@ class StepData:
         now, then = self.sifter.counts() | (self.pruner.counts() if self.pruner else {}), self._mark
         self._mark = now
         since = {k: now[k] - then.get(k, 0) for k in ("scored", "kept", "keep_probability_sum")}
-        pruned = {}
+        pruned: dict[str, float | dict] = {}
         if self.pruner is not None:
             epoch = {k: now[k] - then.get(k, 0) for k in ("prune_dealt", "pruned_learnt", "pruned_hardest")}
             pruned = {"pruned_fraction": pruned_fraction(epoch)}

@@ -31,6 +31,9 @@ class HealTransport(HTTPTransport):
     """torchft's HTTP checkpoint transport, listening on ``bind_host()``, advertised at
     ``advertised_host()``, and loading a peer's state with ``weights_only=True``."""
 
+    _server: ThreadingHTTPServer
+    _thread: threading.Thread
+
     def __init__(self, timeout: timedelta, num_chunks: int = 0) -> None:
         super().__init__(timeout=timeout, num_chunks=num_chunks)
         handler = self._server.RequestHandlerClass  # torchft's, serving this transport's state
@@ -81,4 +84,4 @@ def confine_manager_server() -> None:
         return made(*args, **kwargs)
 
     bound.confined = True  # type: ignore[attr-defined]
-    torchft.manager.ManagerServer = bound  # type: ignore[misc]
+    torchft.manager.ManagerServer = bound
