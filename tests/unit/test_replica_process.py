@@ -58,3 +58,15 @@ def test_sigterm_before_training_starts_ends_the_group_at_once(trainyard_home):
         assert group.wait(timeout=20) == -signal.SIGTERM
     finally:
         group.kill()
+
+
+def test_a_group_whose_starter_died_while_it_started_gives_up_waiting_for_its_plan(tmp_path):
+    # Its parent gone before its start-up read getppid(), the group took init for its parent and waited
+    # six hours for a plan nobody would write.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no live process has (a starter that died)
+    env = {**os.environ, "TRAINYARD_CARBON_METER": "off", "TRAINYARD_PARENT_PID": str(gone.pid)}
+    command = [sys.executable, "-m", "trainyard.training.replica", "--job-dir", str(tmp_path), "--replica", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "the plan never came" in json.loads((tmp_path / "replicas/0/attempt-0/error.json").read_text())["message"]

@@ -24,6 +24,10 @@ from trainyard.training.plan import PLAN_FILE, attempt_dir
 THREADS_ENV = "TRAINYARD_TORCH_THREADS"
 METER_ENV = "TRAINYARD_CARBON_METER"
 PLAN_WAIT_SECONDS = 6 * 3600
+# The pid of the process that started this group (launch sets it): read from the start-up's own
+# getppid(), a parent that died while this interpreter started (its imports take seconds on a busy
+# machine) was never seen, and the group waited the whole PLAN_WAIT_SECONDS for a plan that could not come.
+PARENT_ENV = "TRAINYARD_PARENT_PID"
 
 
 def wait_for_plan(job_dir: Path, parent_pid: int) -> bool:
@@ -45,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--resume", action="store_true", help="start from the job's latest S3 checkpoint")
     args = parser.parse_args(argv)
-    parent = os.getppid()
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
     # The imports below (torch, torchft, the engine, codecarbon) make objects that live as long as the
     # process: no collection while they run (collector.py), and what they made is then frozen out of
     # every later collection's walk.
