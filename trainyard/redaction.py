@@ -82,8 +82,8 @@ def redact(value: Any, by_name: bool = False) -> Any:
             else redact(item, by_name)
             for key, item in value.items()
         }
-    if isinstance(value, list | tuple):
-        return [redact(item, by_name) for item in value]
+    if isinstance(value, list | tuple):  # (a tuple stays one: an exception's arguments)
+        return type(value)(redact(item, by_name) for item in value)
     if isinstance(value, str):
         return redact_text(value)
     return value
@@ -103,28 +103,17 @@ def redact_exception(exc: BaseException) -> BaseException:
             continue
         seen.add(id(current))
         with contextlib.suppress(AttributeError, TypeError):  # args that cannot be set: left as they are
-            current.args = tuple(_redacted(a) for a in current.args)
+            current.args = tuple(redact(a) for a in current.args)
         # attributes some exceptions' messages come from: OSError's "[Errno N] strerror: 'filename'",
         # CalledProcessError's command, urllib's HTTPError's url and msg
         for name in ("strerror", "filename", "filename2", "cmd", "url", "msg", "reason"):
             with contextlib.suppress(AttributeError, TypeError):
                 if isinstance(getattr(current, name, None), str | list | tuple):
-                    setattr(current, name, _redacted(getattr(current, name)))
+                    setattr(current, name, redact(getattr(current, name)))
         with contextlib.suppress(AttributeError, TypeError):
             if isinstance(getattr(current, "__notes__", None), list):
-                current.__notes__ = [_redacted(note) for note in current.__notes__]
+                current.__notes__ = [redact(note) for note in current.__notes__]
         if isinstance(current, BaseExceptionGroup):
             pending += list(current.exceptions)
         pending += [current.__cause__, current.__context__]
     return exc
-
-
-def _redacted(value: Any) -> Any:
-    """``value`` with URL passwords masked in its text, and in the text inside it (tuples stay tuples)."""
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, tuple | list):
-        return type(value)(_redacted(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _redacted(item) for key, item in value.items()}
-    return value

@@ -26,7 +26,9 @@ from tests.conftest import job_dict, rejoined, slow_until, upload_dataset
 from tests.integration.conftest import PREFECT, REPO
 from trainyard.cli import app
 
-pytestmark = pytest.mark.integration
+# Above the longest test's own waits (a lost worker's: 240 s, then 500 s), so that those fail first, with the
+# workers' logs, not the suite's 300 s with nothing; the first test's also covers the module's fixture.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(800)]
 GPU_POOL = "trainyard-gpu"
 
 
@@ -99,7 +101,6 @@ def _logs(home: Path) -> str:
     return "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(home.glob("worker-*.log")))
 
 
-@pytest.mark.timeout(480)  # above its own waits, so that they fail with the workers' logs
 def test_run_deployment_runs_the_pipeline(deployed, bucket):
     from prefect.deployments import run_deployment
 
@@ -141,7 +142,6 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     assert logs.exit_code == 0 and "registered cli-job version 1" in logs.stdout, logs.output
 
 
-@pytest.mark.timeout(480)  # above its own waits, so that they fail with the workers' logs
 def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deployed, bucket, tmp_path):
     url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=800), resources={"replicas": 2, "work_pool": GPU_POOL})
@@ -180,7 +180,6 @@ def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deplo
     print(f"launch overhead: {first_step - submitted:.1f} s from submit to the first committed step")
 
 
-@pytest.mark.timeout(360)  # above its own waits, so that they fail with the workers' logs
 def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
     url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 2, "work_pool": GPU_POOL})
@@ -214,7 +213,6 @@ def _rest(request: urllib.request.Request, attempts: int = 5) -> dict:
     raise AssertionError("unreachable")
 
 
-@pytest.mark.timeout(480)  # above its own waits, so that they fail with the workers' logs
 def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 2, "work_pool": GPU_POOL})
@@ -243,7 +241,6 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
             assert result.exit_code == 2 and says in result.output, result.output
 
 
-@pytest.mark.timeout(800)  # above its own waits, so that they fail with the workers' logs
 def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket, tmp_path):
     """A GPU node dies: its worker and the group it runs are killed at once, so nobody reports the run.
     The supervisor finds the group silent and cancels its run; no worker confirms, so the run is marked
@@ -285,7 +282,6 @@ def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket, tm
     assert summary["training"]["replicas_finished"] == [0, 1]
 
 
-@pytest.mark.timeout(360)  # above its own waits, so that they fail with the workers' logs
 def test_a_scheduled_run_fires(deployed, bucket):
     """The nightly deployment from prefect.yaml comes with its cron schedule (inactive as shipped).
     A schedule of the kind a team adds, carrying its own job, fires through the server's scheduler
@@ -330,7 +326,6 @@ def _pool_room(url: str, groups: int) -> None:
     assert applied.exit_code == 0, applied.output
 
 
-@pytest.mark.timeout(700)  # above its own waits, so that they fail with the workers' logs
 def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket, tmp_path):
     """replicas 1, max_replicas 2 on the GPU pool while it has room for one group: the second group's
     run waits queued (not failed) while the first trains. When the pool grows (the limit raised, as
@@ -374,7 +369,6 @@ def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket, t
     assert elastic["withdrawn"] == []
 
 
-@pytest.mark.timeout(420)  # above its own waits, so that they fail with the workers' logs
 def test_a_group_still_queued_when_the_job_ends_is_withdrawn(deployed, bucket):
     """The pool never has room for the job's second group: its run is cancelled when the job ends."""
     url, _, home, _ = deployed

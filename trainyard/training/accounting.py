@@ -49,12 +49,7 @@ def sifting_totals(reports: list[dict], flops: dict) -> dict:
     scored = sum(r["scored"] for r in reports)
     kept = sum(r["kept"] for r in reports)
     # Weighted by what each group scored: a restarted attempt that scored a few rows counts for a few.
-    kept_by_class: dict[str, int] = {}
-    scored_by_class: dict[str, int] = {}
-    for report in reports:
-        for cls, n in report.get("scored_by_class", {}).items():
-            scored_by_class[cls] = scored_by_class.get(cls, 0) + n
-            kept_by_class[cls] = kept_by_class.get(cls, 0) + report["kept_by_class"].get(cls, 0)
+    kept_by_class, scored_by_class = _by_class(reports, "kept_by_class"), _by_class(reports, "scored_by_class")
     unsifted = sum(r.get("unsifted", 0) for r in reports)
     pruned = {k: sum(r.get(k, 0) for r in reports) for k in ("prune_dealt", "pruned_learnt", "pruned_hardest")}
     # the rows the training passes' FLOPs were spent on: pruning leaves some of the kept ones out
@@ -82,15 +77,19 @@ def sifting_totals(reports: list[dict], flops: dict) -> dict:
     }
     if any("prune_dealt" in r for r in reports):  # sifting.prune: rows left out of their steps by their last loss
         totals |= pruned | {"pruned_fraction": pruned_fraction(pruned)}
-        dealt_by_class: dict[str, int] = {}
-        out_by_class: dict[str, int] = {}
-        for report in reports:
-            for cls, n in report.get("prune_dealt_by_class", {}).items():
-                dealt_by_class[cls] = dealt_by_class.get(cls, 0) + n
-            for cls, n in report.get("pruned_by_class", {}).items():
-                out_by_class[cls] = out_by_class.get(cls, 0) + n
-        if dealt_by_class:
-            totals["trained_fraction_by_class"] = trained_fraction_by_class(dealt_by_class, out_by_class)
+        if dealt_by_class := _by_class(reports, "prune_dealt_by_class"):
+            totals["trained_fraction_by_class"] = trained_fraction_by_class(
+                dealt_by_class, _by_class(reports, "pruned_by_class")
+            )
     if any("losses_reused" in r for r in reports):
         totals["losses_reused"] = sum(r.get("losses_reused", 0) for r in reports)
+    return totals
+
+
+def _by_class(reports: list[dict], key: str) -> dict[str, int]:
+    """The groups' per-class counts under ``key``, added up."""
+    totals: dict[str, int] = {}
+    for report in reports:
+        for cls, n in report.get(key, {}).items():
+            totals[cls] = totals.get(cls, 0) + n
     return totals

@@ -177,16 +177,10 @@ class StepData:
             epoch = {k: now[k] - then.get(k, 0) for k in ("prune_dealt", "pruned_learnt", "pruned_hardest")}
             pruned = {"pruned_fraction": pruned_fraction(epoch)}
             if "prune_dealt_by_class" in now:
-                dealt, left_out = (
-                    {c: n - then.get(which, {}).get(c, 0) for c, n in now[which].items()}
-                    for which in ("prune_dealt_by_class", "pruned_by_class")
-                )
+                dealt, left_out = (_since(now, then, which) for which in ("prune_dealt_by_class", "pruned_by_class"))
                 if trained := trained_fraction_by_class(dealt, left_out):
                     pruned["trained_fraction_by_class"] = self._named(trained)
-        kept_by_class, ranked_by_class = (
-            {c: n - then.get(which, {}).get(c, 0) for c, n in now[which].items()}
-            for which in ("kept_by_class", "scored_by_class")
-        )
+        kept_by_class, ranked_by_class = (_since(now, then, which) for which in ("kept_by_class", "scored_by_class"))
         by_class = fractions_by_class(kept_by_class, ranked_by_class)
         scored = since["scored"]
         metrics = {"kept_fraction": since["kept"] / scored if scored else None}
@@ -241,6 +235,11 @@ class StepData:
             self.memory.load_state_dict(state)
         if self.pruner and state:
             self.pruner.load_state_dict(state)
+
+
+def _since(now: dict, then: dict, key: str) -> dict[str, int]:
+    """A per-class count (``key``) since the last epoch's end: ``now``'s less ``then``'s."""
+    return {c: n - then.get(key, {}).get(c, 0) for c, n in now[key].items()}
 
 
 def _reference_losses(train_data: str, rows: int) -> torch.Tensor:
