@@ -47,7 +47,7 @@ def start_ephemeral_api() -> None:
     if server.server_process is not None:
         subprocess.Popen(  # noqa: S603 - this interpreter, our own script
             [sys.executable, "-c", _WATCHDOG, str(server.server_process.pid)],
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, before exec
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl, before exec
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to the terminal is the job's to handle, not the watchdog's
         )

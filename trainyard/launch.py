@@ -139,7 +139,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         stdout=log,
         stderr=subprocess.STDOUT,
         env={"RUST_LOG": "warn", **os.environ},  # its INFO is a few lines per step
-        preexec_fn=die_with_parent,  # not orphaned by a pipeline process killed outright (SIGKILL, OOM)
+        preexec_fn=die_with_parent(),  # not orphaned by a pipeline process killed outright (SIGKILL, OOM)
     )
     log.close()
     _PROCESSES[lighthouse.pid] = lighthouse
@@ -231,7 +231,7 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=die_with_parent,  # gone with the pipeline process, however it dies
+            preexec_fn=die_with_parent(),  # gone with the pipeline process, however it dies
         )
     _PROCESSES[proc.pid] = proc
     return ReplicaProcess(replica=replica, attempt=attempt, pid=proc.pid, log=str(log_path), resumed=resume)

@@ -38,7 +38,7 @@ class LocalS3:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,  # gone with the process that started it, even one killed outright
+            preexec_fn=die_with_parent(),  # gone with the process that started it, even one killed outright
         )
         problem = wait_until_answering(f"{self.endpoint_url}/moto-api/", self._proc, timeout_seconds)
         if problem:

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 # Where other machines reach this one (an IP or a resolvable name). Unset, the embedded default: the
 # lighthouse binds 127.0.0.1 and a group advertises 127.0.0.1 to its peers, so every group must run on the
@@ -81,11 +82,22 @@ def _find_prctl():
 _PRCTL = _find_prctl()
 
 
-def die_with_parent() -> None:
-    """For ``Popen(preexec_fn=...)``: on Linux, the child gets SIGTERM when the process that started it
+def die_with_parent(parent: int | None = None) -> Callable[[], None]:
+    """A ``Popen(preexec_fn=...)``: on Linux, the child gets SIGTERM when the process that started it
     dies, however it dies (a SIGTERM that Prefect turns into an exit skips the ``finally`` that would stop
     it). Elsewhere nothing. Call ``Popen`` from the thread that lives as long as the server should: the
-    signal follows the starting thread's death."""
-    if _PRCTL is None:
-        return
-    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    signal follows the starting thread's death.
+
+    A parent that dies between the fork and the ``prctl`` sends no signal (the child is already
+    another's): the child then ends at once. ``parent``: the pid it must still have (this process's).
+    """
+    expected = os.getpid() if parent is None else parent
+
+    def hook() -> None:
+        if _PRCTL is None:
+            return
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != expected:  # orphaned before the line above: no signal will ever come
+            os._exit(128 + signal.SIGTERM)
+
+    return hook
