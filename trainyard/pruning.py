@@ -152,7 +152,9 @@ class Pruner:
 
     def _epoch_thresholds(self, memory: LossMemory, epoch: int) -> tuple[int, float, np.ndarray]:
         if self.thresholds is None or self.thresholds[0] != epoch:
-            is_known = memory.epoch >= 0
+            # a loss that is not a number would make every threshold one (nothing pruned): left out, and
+            # its row, compared with no threshold, trains
+            is_known = (memory.epoch >= 0) & np.isfinite(memory.loss)
             known = memory.loss[is_known]
             cuts = np.array([self._cut(known)])
             if self.labels is not None:  # each class's floor, where above the cut over all rows

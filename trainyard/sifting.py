@@ -198,7 +198,10 @@ class Sifter:
 
     def _remember(self, losses: np.ndarray, labels: np.ndarray | None, chosen: np.ndarray) -> None:
         length = self.config.loss_history_length
-        self.history = np.concatenate([self.history, losses.astype(np.float32)])[-length:]
+        # A loss that is not a number is trained on (ranked hardest: the job's divergence check sees it) but
+        # not remembered: in the history it would sit above every real loss for ``loss_history_length`` steps.
+        finite = losses[np.isfinite(losses)].astype(np.float32)
+        self.history = np.concatenate([self.history, finite])[-length:]
         self.scored += len(losses)
         self.kept += len(chosen)
         self.passed_over += len(losses) - len(chosen)

@@ -118,6 +118,19 @@ def test_rows_with_no_known_loss_always_train():
     assert not out.any() and (weight == 1).all()
 
 
+def test_a_loss_that_is_not_a_number_trains_its_row_and_leaves_the_others_pruned_as_before():
+    losses = np.linspace(0, 1, 1000, dtype=np.float32)
+    config = Pruning(learnt_fraction=0.9, hardest_fraction=0.1, hardest_after=0)
+    clean_out, _ = decide_all(Pruner(config, epochs=4, seed=0), known_memory(losses), epoch=1)
+    with_nan = losses.copy()
+    with_nan[[3, 500, 998]] = np.nan
+    out, weight = decide_all(Pruner(config, epochs=4, seed=0), known_memory(with_nan), epoch=1)
+    assert not out[[3, 500, 998]].any() and (weight[[3, 500, 998]] == 1).all()
+    assert out.sum() > 400  # without the rows that are not numbers, thresholds were NaN: nothing was pruned
+    others = np.setdiff1d(np.arange(1000), [3, 500, 998])
+    assert (out[others] != clean_out[others]).mean() < 0.02  # thresholds of the rest, as without them
+
+
 def test_every_group_and_a_redone_step_decide_alike_and_a_redo_counts_once():
     losses = np.random.default_rng(2).exponential(1.0, 2_000)
     memory = known_memory(losses)

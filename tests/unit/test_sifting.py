@@ -22,6 +22,21 @@ def test_the_keep_rule_keeps_one_in_one_plus_beta_in_steady_state():
         assert abs(kept.mean() - 1 / (1 + beta)) < 0.01
 
 
+def test_a_loss_that_is_not_a_number_is_trained_on_and_not_remembered():
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Sifting
+
+    sifter = Sifter(Sifting(enabled=True, beta=1.0, loss_history_length=100), seed=0)
+    losses = np.array([0.1, 0.2, np.nan, 0.3, 0.4, np.inf, 0.5, 0.6], dtype=np.float32)
+    chosen = sifter.select(losses, None, keep=4, step=10, group=0)
+    assert np.isfinite(sifter.history).all() and sorted(sifter.history.tolist()) == pytest.approx(
+        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    )
+    assert sifter.scored == 8 and len(chosen) == 4
+    # ranked hardest against the history: kept for sure, where a real loss above the history is too
+    assert sifter.keep_probability(np.array([np.nan, 0.65, 0.35])).tolist() == pytest.approx([1.0, 1.0, 0.5])
+
+
 def test_the_mean_keep_probability_shows_what_the_rule_alone_would_keep_where_the_batch_keeps_a_fixed_share():
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting
