@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Annotated
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -22,6 +22,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from pydantic import Field
 
+from tasks._metering import journal
 from tasks.carbon import account
 from tasks.filtering import filter_samples
 from tasks.launch import launch_groups
@@ -29,7 +30,7 @@ from tasks.pool_launcher import check_deployment
 from tasks.registry import register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
-from trainyard import STAGES, carbon, esg, launch, outputs, registry, sifting, status
+from trainyard import STAGES, carbon, energy_journal, esg, launch, outputs, registry, sifting, status
 from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
@@ -69,86 +70,92 @@ def training_pipeline(
     error: BaseException | None = None  # a TrainyardError (the user's to fix) or a bug's, raised at the end
     failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary
     terminated: TerminationSignal | None = None
-    try:
-        registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
-        earlier = _registered_earlier(job, job_id, job_dir, logger)
-        if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
-            return earlier
-        outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
-        if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
-            check_deployment(job.resources.work_pool)
-        log.enter("Downloading", "Downloading input data")
-        stages["staging"] = stage_inputs(job, str(job_dir))
-        staged = stages["staging"]["staged"]
-        # before any compute: a user's algorithm on a first batch, and sifting's draw against the rows
-        if job.algorithm.entrypoint:
-            supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"], staged.extra_channels)
-        sifting.check_fits(job.sifting, job.hyperparameters.batch_size, staged.rows["train"])
-        log.enter("Training", "Launching replica groups")
-        stages["launch"] = launch_groups(job, job_id, str(job_dir))
-        handle = stages["launch"]["handle"]
-        stages["filtering"] = filter_samples(job, staged, job_id)
-        report = stages["filtering"]["report"]
-        if report.dropped:  # after the stage is recorded: its compute is in the summary if this refuses
-            sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
-        plan = TrainingPlan(
-            job_id=job_id,
-            job=job.model_dump(mode="json"),
-            train_data=report.train_data,
-            validation_data=staged.validation_data,
-            schema=staged.schema,
-            num_replicas=job.resources.replicas,
-            lighthouse_addr=handle.lighthouse_addr,
-            train_layout=report.train_layout if report.train_layout is not None else staged.train_layout,
-            streamed=staged.streamed,
-            extra_channels=staged.extra_channels,
-        )
-        log.enter("Training", "Training in progress")
-        spent = [s["energy"] for s in stages.values()]
-        stages["training"] = train(
-            job, handle, plan, (sum(e["energy_kwh"] for e in spent), sum(e["emissions_kg"] for e in spent))
-        )
-        outcome = stages["training"]["outcome"]
-        primary, secondary = status.primary_status(outcome.stop_reason)
-        log.enter("Uploading", "Uploading the trained model")
-        model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
-        stages["carbon"] = account(job, [s["energy"] for s in stages.values()], outcome, report)
-        carbon_section = stages["carbon"]["carbon"]
-        if primary == "Completed":
-            tags = _lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
-            files = {"filtered_manifest": report.manifest} if report.manifest else {}
-            stages["registry"] = register_model(job, job_id, plan, outcome, tags, files)
-            model = stages["registry"]["model"]
-        log.finish(
-            primary,
-            secondary,
-            f"Training stopped: {outcome.stop_reason}",
-            None if primary == "Completed" else status.failure_reason(outcome.stop_reason, outcome.history),
-        )
-    except TrainyardError as exc:
-        # masked: it may quote the user's code's own error (an entrypoint's build failing on a URL with its
-        # password), and it goes to the summary, the Prefect run's state and artifacts
-        error = redact_exception(exc)
-        message = redact_text(str(exc))
-        log.finish("Failed", "Failed", message, failure_reason=message)
-        failed_groups = getattr(exc, "failures", [])
-        _add_failed_stage(stages, exc)
-    except TerminationSignal as exc:
-        # SIGTERM (`trainyard jobs stop` through a worker, or the process told to end): the job still ends
-        # with its summary, as Stopped; the signal is raised again below for Prefect to finish the run
-        terminated = exc
-        log.finish("Stopped", "Stopped", "the job's process was told to stop (SIGTERM)", failure_reason="Terminated")
-        _add_failed_stage(stages, exc)
-    except Exception as exc:
-        # a bug, not the user's mistake: the job still ends Failed with its summary, and the
-        # traceback is kept (raised below)
-        error = redact_exception(exc)  # where a bug quotes a URL: raised below, for Prefect to log
-        reason = redact_text(f"internal error: {exc!r}; please report it")
-        log.finish("Failed", "Failed", reason, failure_reason=reason)
-        _add_failed_stage(stages, exc)
-    finally:
-        if handle is not None:
-            launch.shutdown(handle)
+    # a new name per run: a flow run that Prefect retries keeps its id, and each try spends its own energy
+    run = f"{flow_run.get_id() or 'local'}-{uuid4().hex[:8]}"
+    with journal(job_dir, run):  # each stage's energy written down as it is spent: a rerun counts this run
+        try:
+            registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
+            earlier = _registered_earlier(job, job_id, job_dir, logger)
+            if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
+                return earlier
+            _count_earlier_runs(stages, job_dir, run, logger)
+            outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
+            if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
+                check_deployment(job.resources.work_pool)
+            log.enter("Downloading", "Downloading input data")
+            stages["staging"] = stage_inputs(job, str(job_dir))
+            staged = stages["staging"]["staged"]
+            # before any compute: a user's algorithm on a first batch, and sifting's draw against the rows
+            if job.algorithm.entrypoint:
+                supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"], staged.extra_channels)
+            sifting.check_fits(job.sifting, job.hyperparameters.batch_size, staged.rows["train"])
+            log.enter("Training", "Launching replica groups")
+            stages["launch"] = launch_groups(job, job_id, str(job_dir))
+            handle = stages["launch"]["handle"]
+            stages["filtering"] = filter_samples(job, staged, job_id)
+            report = stages["filtering"]["report"]
+            if report.dropped:  # after the stage is recorded: its compute is in the summary if this refuses
+                sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
+            plan = TrainingPlan(
+                job_id=job_id,
+                job=job.model_dump(mode="json"),
+                train_data=report.train_data,
+                validation_data=staged.validation_data,
+                schema=staged.schema,
+                num_replicas=job.resources.replicas,
+                lighthouse_addr=handle.lighthouse_addr,
+                train_layout=report.train_layout if report.train_layout is not None else staged.train_layout,
+                streamed=staged.streamed,
+                extra_channels=staged.extra_channels,
+            )
+            log.enter("Training", "Training in progress")
+            spent = [s["energy"] for s in stages.values()]
+            stages["training"] = train(
+                job, handle, plan, (sum(e["energy_kwh"] for e in spent), sum(e["emissions_kg"] for e in spent))
+            )
+            outcome = stages["training"]["outcome"]
+            primary, secondary = status.primary_status(outcome.stop_reason)
+            log.enter("Uploading", "Uploading the trained model")
+            model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
+            stages["carbon"] = account(job, [s["energy"] for s in stages.values()], outcome, report)
+            carbon_section = stages["carbon"]["carbon"]
+            if primary == "Completed":
+                tags = _lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
+                files = {"filtered_manifest": report.manifest} if report.manifest else {}
+                stages["registry"] = register_model(job, job_id, plan, outcome, tags, files)
+                model = stages["registry"]["model"]
+            log.finish(
+                primary,
+                secondary,
+                f"Training stopped: {outcome.stop_reason}",
+                None if primary == "Completed" else status.failure_reason(outcome.stop_reason, outcome.history),
+            )
+        except TrainyardError as exc:
+            # masked: it may quote the user's code's own error (an entrypoint's build failing on a URL with its
+            # password), and it goes to the summary, the Prefect run's state and artifacts
+            error = redact_exception(exc)
+            message = redact_text(str(exc))
+            log.finish("Failed", "Failed", message, failure_reason=message)
+            failed_groups = getattr(exc, "failures", [])
+            _add_failed_stage(stages, exc)
+        except TerminationSignal as exc:
+            # SIGTERM (`trainyard jobs stop` through a worker, or the process told to end): the job still ends
+            # with its summary, as Stopped; the signal is raised again below for Prefect to finish the run
+            terminated = exc
+            log.finish(
+                "Stopped", "Stopped", "the job's process was told to stop (SIGTERM)", failure_reason="Terminated"
+            )
+            _add_failed_stage(stages, exc)
+        except Exception as exc:
+            # a bug, not the user's mistake: the job still ends Failed with its summary, and the
+            # traceback is kept (raised below)
+            error = redact_exception(exc)  # where a bug quotes a URL: raised below, for Prefect to log
+            reason = redact_text(f"internal error: {exc!r}; please report it")
+            log.finish("Failed", "Failed", reason, failure_reason=reason)
+            _add_failed_stage(stages, exc)
+        finally:
+            if handle is not None:
+                launch.shutdown(handle)
     summary = _summary(job, job_id, log, stages, outcome, model, failed_groups)
     write_json_atomic(job_dir / "summary.json", summary)
     _publish(job, job_id, summary, model, logger)
@@ -200,6 +207,20 @@ def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) ->
         "same id: submit the job under a new id to train it again"
     )
     return Failed(message=str(failed), data=failed)
+
+
+def _count_earlier_runs(stages: dict, job_dir: Path, run: str, logger) -> None:
+    """The energy of the job id's earlier runs (a failed one's, a killed one's) as a stage of this run's, so
+    that its summary, ledger line (which replaces theirs) and carbon budget count what every run spent."""
+    record = energy_journal.earlier(job_dir, run)
+    if record is not None:
+        stages[energy_journal.EARLIER_STAGE] = record
+        logger.info(
+            "job %s ran %d time(s) before: their %.3g kWh are counted with this run's",
+            job_dir.name,
+            record["runs"],
+            record["energy"]["energy_kwh"],
+        )
 
 
 def _add_failed_stage(stages: dict, exc: BaseException) -> None:

@@ -4,17 +4,24 @@ how a failure is logged."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from prefect.context import TaskRunContext
 
-from trainyard import carbon
+from trainyard import carbon, energy_journal
 from trainyard.errors import StorageError, TrainyardError
 from trainyard.redaction import redact_exception
 from trainyard.spec import TrainingJob
+
+# The energy journal of the flow run whose stages run here (``journal``): each stage writes its figures
+# to it as it runs, so that a rerun of the job id counts a run killed outright (``trainyard.energy_journal``).
+_JOURNAL: ContextVar[energy_journal.Journal | None] = ContextVar("trainyard_energy_journal", default=None)
+JOURNAL_SECONDS = 10.0  # how often a running stage's figures are written: at most this much is lost to a kill
 
 # Failed attempts' time and energy, by task run: Prefect retries a task as the same run, and the attempt
 # that ends it (in success or failure) counts every attempt's, not only its own.
@@ -35,11 +42,13 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
     record: dict = {"stage": stage}
     started = time.monotonic()
     energy = None
+    journal = _JOURNAL.get()
     try:
         with carbon.meter(stage, job.carbon) as energy:
             record["meter"] = energy  # live readings while the stage runs
             try:
-                yield record
+                with _journaling(journal, stage, energy, started):
+                    yield record
             finally:
                 record["seconds"] = time.monotonic() - started
                 del record["meter"]
@@ -51,10 +60,52 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
             exc.stage_record = _with_earlier(this, earlier)  # type: ignore[attr-defined]
             if run is not None:
                 _EARLIER_ATTEMPTS[run] = [*earlier, this]
+            if journal is not None:
+                journal.ended(stage, exc.stage_record["energy"])  # type: ignore[attr-defined]
         raise
     record["energy"] = energy.to_dict()
     record.update(_with_earlier(record, earlier))
     _EARLIER_ATTEMPTS.pop(run, None)
+    if journal is not None:
+        journal.ended(stage, record["energy"])
+
+
+@contextmanager
+def journal(job_dir, run: str) -> Iterator[energy_journal.Journal]:
+    """Stages run inside write their figures to the run's energy journal, ``<job_dir>/energy/<run>.json``."""
+    this = energy_journal.Journal(job_dir, run)
+    token = _JOURNAL.set(this)
+    try:
+        yield this
+    finally:
+        _JOURNAL.reset(token)
+
+
+@contextmanager
+def _journaling(journal: energy_journal.Journal | None, stage: str, energy, started: float) -> Iterator[None]:
+    """While the stage runs, its figures so far to the journal every ``JOURNAL_SECONDS`` (from the start)."""
+    if journal is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def write() -> None:
+        while True:
+            try:
+                kwh, kg = energy.reading()
+                journal.running(stage, kwh, kg, time.monotonic() - started)
+            except Exception:  # noqa: BLE001 - the journal must never stop a stage
+                logging.getLogger(__name__).warning("could not write the energy journal", exc_info=True)
+            if stop.wait(JOURNAL_SECONDS):
+                return
+
+    thread = threading.Thread(target=write, name="trainyard-energy-journal", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _with_earlier(attempt: dict, earlier: list[dict]) -> dict:

@@ -83,9 +83,12 @@ def meter(
     tracker.start()
     carbon_probe.save(tracker)
 
+    reading = threading.Lock()  # the live watch and the energy journal each sample the running stage
+
     def live() -> tuple[float, float]:
-        emissions = tracker.flush()  # measures now; with no output configured it writes nothing
-        return float(tracker._total_energy.kWh), float(emissions or 0.0)  # codecarbon has no public getter
+        with reading:
+            emissions = tracker.flush()  # measures now; with no output configured it writes nothing
+            return float(tracker._total_energy.kWh), float(emissions or 0.0)  # codecarbon has no public getter
 
     record.reading = live  # type: ignore[method-assign]  # the live figures until the meter stops
     try:

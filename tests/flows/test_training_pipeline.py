@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from flows import client
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
-from trainyard import STAGES, cache, kept_rowgroups, listing, s3
+from trainyard import STAGES, cache, esg, kept_rowgroups, listing, s3
 from trainyard.cli import app
 from trainyard.home import job_dir
 from trainyard.spec import parse_job
@@ -219,6 +219,16 @@ def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlf
     # the run completed for Prefect, named as the job ended: `jobs list` said Completed for a Stopped job
     state = flow_run_state(summary["prefect_flow_run_id"])
     assert (state.type.value, state.name, client._run_status(state)) == ("COMPLETED", "Stopped", "Stopped")
+    # A rerun of the job id counts the first run's energy (its ledger line replaces the first run's, which
+    # it used to drop), and the budget with it: the first run's emissions alone are past it.
+    with contextlib.suppress(JobFailed):
+        training_pipeline(parse_job(spec), job_id=job_id)
+    again = json.loads((job_dir(job_id) / "summary.json").read_text())
+    earlier = again["carbon"]["by_stage"]["earlier runs"]
+    assert earlier["energy_kwh"] == pytest.approx(c["energy_kwh"]) and earlier["emissions_kg"] > c["budget_kg"]
+    assert again["carbon"]["energy_kwh"] > c["energy_kwh"] and again["status"] == "Stopped"
+    ledger = [r for r in esg.read_ledger(spec["output"]["s3_uri"]) if r["job_id"] == job_id]
+    assert [float(r["energy_kwh"]) for r in ledger] == pytest.approx([again["carbon"]["energy_kwh"]])
 
 
 def flow_run_state(run_id: str):

@@ -1,0 +1,80 @@
+"""The energy journal: what each run of a job spent, written as it is spent, counted by the job's next run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainyard import energy_journal
+
+STAGE = {"energy_kwh": 2.0, "emissions_kg": 0.5, "duration_seconds": 10.0, "cpu_energy_kwh": 1.5}
+
+
+def test_the_other_runs_journals_add_up_as_one_stage_and_this_runs_is_left_out(tmp_path):
+    assert energy_journal.earlier(tmp_path, "now") is None  # a job's first run
+    failed = energy_journal.Journal(tmp_path, "failed")
+    failed.ended("staging", STAGE | {"measurement_mode": "cpu:constant"})
+    failed.ended("training", STAGE)
+    killed = energy_journal.Journal(tmp_path, "killed")
+    killed.ended("staging", STAGE)
+    killed.running("training", 3.0, 1.0, 30.0)  # killed outright while it trained: its last figures
+    energy_journal.Journal(tmp_path, "now").ended("staging", STAGE)
+    (tmp_path / "energy" / "torn.json").write_text('{"stages": {')  # not whole: skipped, not a crash
+    record = energy_journal.earlier(tmp_path, "now")
+    assert record["stage"] == "earlier runs" and record["runs"] == 2
+    assert record["energy"]["energy_kwh"] == pytest.approx(3 * 2.0 + 3.0)
+    assert record["energy"]["emissions_kg"] == pytest.approx(3 * 0.5 + 1.0)
+    assert record["energy"]["cpu_energy_kwh"] == pytest.approx(3 * 1.5)
+    assert record["seconds"] == pytest.approx(3 * 10.0 + 30.0)
+    assert "cpu:constant" in record["energy"]["measurement_mode"]
+
+
+def test_a_stage_that_ends_replaces_its_running_figures(tmp_path):
+    journal = energy_journal.Journal(tmp_path, "run")
+    journal.running("training", 1.0, 0.1, 5.0)
+    journal.ended("training", STAGE)
+    written = json.loads(journal.path.read_text())
+    assert written["running"] is None and written["stages"]["training"]["energy_kwh"] == 2.0
+    assert energy_journal.earlier(tmp_path, "next")["energy"]["energy_kwh"] == pytest.approx(2.0)
+
+
+_KILLED_STAGE = """
+import sys, time
+import tasks._metering as metering
+from tests.conftest import job_dict
+from trainyard.spec import parse_job
+
+metering.JOURNAL_SECONDS = 0.2
+job = parse_job(job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"}))
+with metering.journal(sys.argv[1], "killed"):
+    with metering.stage_meter("staging", job):
+        pass
+    with metering.stage_meter("training", job):
+        print("training", flush=True)
+        while True:
+            sum(range(10_000))
+"""
+
+
+def test_a_run_killed_outright_mid_stage_leaves_what_it_spent_for_the_next_run(tmp_path):
+    env = os.environ | {"PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_STAGE, str(tmp_path)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline().strip() == b"training"
+        time.sleep(2)  # several of the running stage's writes
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    written = json.loads((tmp_path / "energy" / "killed.json").read_text())
+    assert set(written["stages"]) == {"staging"}
+    assert written["running"]["stage"] == "training" and written["running"]["duration_seconds"] > 1.0
+    record = energy_journal.earlier(tmp_path, "rerun")
+    assert record["runs"] == 1 and record["energy"]["energy_kwh"] > written["stages"]["staging"]["energy_kwh"] > 0
+    assert record["energy"]["emissions_kg"] > 0

@@ -1,0 +1,87 @@
+"""What each run of a job spent, written down as it spends it, so that a rerun of the job id counts it.
+
+The carbon ledger keeps one line per job id (``carbon-ledger/<job id>.csv``), written by the run that
+ends and replaced by the next run of the id. A run that failed wrote its line, which the rerun then
+replaced with its own energy alone; a run killed outright (SIGKILL, out of memory, a lost node) wrote
+none. Either way the energy those runs spent was counted nowhere.
+
+Each run of a job keeps a journal at ``<job folder>/energy/<run>.json``: every stage's energy when it
+ends (or fails), and the running stage's energy so far, rewritten every few seconds while it runs. A run
+adds every other run's journal of the job id to its own figures as one more stage, ``earlier runs``
+(``earlier``), so the job's summary, its ESG report, its ledger line and its carbon budget count the
+energy of every run of it on this machine. A run killed outright loses at most the last few seconds
+before its last write.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from trainyard.home import write_json_atomic
+
+EARLIER_STAGE = "earlier runs"
+FIELDS = ("energy_kwh", "emissions_kg", "duration_seconds", "cpu_energy_kwh", "gpu_energy_kwh", "ram_energy_kwh")
+
+
+def _folder(job_dir: Path | str) -> Path:
+    return Path(job_dir) / "energy"
+
+
+class Journal:
+    """One run's journal. ``ended`` and ``running`` rewrite it (atomically: a kill mid-write leaves the
+    last whole one); safe to call from the stage's sampling thread and the flow's."""
+
+    def __init__(self, job_dir: Path | str, run: str):
+        self.run = run
+        self.path = _folder(job_dir) / f"{run}.json"
+        self._stages: dict[str, dict] = {}
+        self._running: dict | None = None
+        self._lock = threading.Lock()
+
+    def ended(self, stage: str, energy: dict) -> None:
+        """A stage's energy when it ended or failed (every attempt of a retried stage task)."""
+        with self._lock:
+            self._stages[stage] = {k: float(energy.get(k) or 0.0) for k in FIELDS}
+            self._stages[stage]["measurement_mode"] = energy.get("measurement_mode", "unknown")
+            self._running = None
+            self._write()
+
+    def running(self, stage: str, energy_kwh: float, emissions_kg: float, seconds: float) -> None:
+        """The running stage's figures so far (its earlier failed attempts are already ``ended``)."""
+        with self._lock:
+            self._running = {"stage": stage, "energy_kwh": energy_kwh, "emissions_kg": emissions_kg}
+            self._running["duration_seconds"] = seconds
+            self._write()
+
+    def _write(self) -> None:
+        write_json_atomic(
+            self.path,
+            {"run": self.run, "written_unix": time.time(), "stages": self._stages, "running": self._running},
+        )
+
+
+def earlier(job_dir: Path | str, run: str) -> dict | None:
+    """Every other run's journal of the job, added up as a stage record (``stage``, ``seconds``,
+    ``energy``: ``StageEnergy``'s fields, and ``runs``: how many); None when there is none."""
+    totals = dict.fromkeys(FIELDS, 0.0)
+    runs, modes = 0, set()
+    for path in sorted(_folder(job_dir).glob("*.json")):
+        if path.stem == run:
+            continue
+        try:
+            journal = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # not a journal this module wrote (they are written whole)
+        runs += 1
+        for figures in [*journal.get("stages", {}).values(), journal.get("running") or {}]:
+            for field in FIELDS:
+                totals[field] += float(figures.get(field) or 0.0)
+            modes |= {figures["measurement_mode"]} if "measurement_mode" in figures else set()
+    if not runs:
+        return None
+    mode = ";".join(sorted(modes)) or "unknown"  # a run killed in its first stage recorded none
+    energy = {"stage": EARLIER_STAGE, "measurement_mode": mode, **totals}
+    return {"stage": EARLIER_STAGE, "seconds": totals["duration_seconds"], "energy": energy, "runs": runs}
