@@ -25,6 +25,8 @@ def stage_inputs(job: TrainingJob, job_dir: str) -> dict:
         staged = datasets.prepare(manifests, job.channels(), job.algorithm.task, Path(job_dir) / "data")
     for warning in staged.warnings:
         logger.warning(warning)
+    for uri in (uri for m in manifests.values() for uri in m.cache_mismatches):
+        logger.warning("%s: the cached copy no longer matched what was checked when it was fetched; fetched again", uri)
     record["channels"] = {name: m.summary() for name, m in manifests.items()}
     record["staged"] = staged
     moved = sum(m.bytes_downloaded for m in manifests.values())

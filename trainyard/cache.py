@@ -29,6 +29,7 @@ from trainyard.errors import TrainyardError
 from trainyard.home import cache_dir
 
 CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
+CACHE_VERIFY_ENV = "TRAINYARD_CACHE_VERIFY"  # on: a cached object's bytes are digested again at each hit
 DEFAULT_MAX_BYTES = 100 * 2**30
 PART_SUFFIX = ".part"  # a download being written, under a dot name
 META_XATTR = "user.trainyard.verified"  # on an object: what was checked when it was fetched (remember)

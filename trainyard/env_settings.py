@@ -35,6 +35,17 @@ def count(name: str, default: int) -> int:
     return int(text)
 
 
+def flag(name: str) -> bool:
+    """The environment variable ``name`` as on or off (unset or empty: off). Anything but ``1``, ``true``,
+    ``yes``, ``on``, ``0``, ``false``, ``no`` or ``off`` (any case) fails naming the variable."""
+    text = os.environ.get(name, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise TrainyardError(f"{name}={text!r} is neither on nor off; set 1 (or true) to turn it on, 0 to turn it off")
+
+
 def cuda_visible_devices() -> list[str] | None:
     """The GPUs ``CUDA_VISIBLE_DEVICES`` names (indices, or UUIDs), in its order; ``[]`` where it is set and
     names none (as launch sets it for a CPU group), None where it is unset (every GPU of the machine)."""

@@ -111,6 +111,7 @@ class Digester:
 
     def __init__(self, etag: str, checksum: dict | None, part_sizes: list[int] | None = None):
         self.etag, self.checksum, self.size = etag, checksum, 0
+        self.part_sizes = list(part_sizes) if part_sizes else None  # kept with a cached object (re-verification)
         full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
         self.full = full
         self.md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) and not full else None

@@ -62,6 +62,9 @@ class ChannelManifest:
     bytes_downloaded: int = 0
     objects_downloaded: int = 0
     digest: str = ""
+    # objects whose cached copy no longer matched what was checked when it was fetched
+    # (TRAINYARD_CACHE_VERIFY): fetched again
+    cache_mismatches: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
         """The channel's entry in the job summary's ``data.channels``."""
@@ -76,7 +79,7 @@ class ChannelManifest:
             "objects_downloaded": self.objects_downloaded,
             "manifest_digest": self.digest,
             "verified_by": verified,
-        }
+        } | ({"cache_mismatches": self.cache_mismatches} if self.cache_mismatches else {})
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -29,7 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumErro
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceeded
 from s3transfer.exceptions import S3DownloadFailedError
 
-from trainyard import cache, integrity, listing, progress, s3
+from trainyard import cache, env_settings, integrity, listing, progress, s3
 from trainyard.errors import DataError, StorageError
 from trainyard.home import write_json_atomic
 from trainyard.listing import ChannelManifest, StagedObject, list_channel
@@ -59,6 +59,7 @@ def stage_channels(
     A ``mode: stream`` channel is listed only: its replica groups read it from S3 themselves.
     """
     cache.max_bytes()  # a malformed cap fails here, before anything is fetched
+    env_settings.flag(cache.CACHE_VERIFY_ENV)  # as does a malformed switch
     with contextlib.ExitStack() as stack:
         # Our own pin is released without a trim: it would take what was just staged, were the channel
         # over the cap; the trim below, while it holds, never does.
@@ -104,7 +105,7 @@ def fetch_channel(
     small: list[StagedObject] = []
     large: list[StagedObject] = []
     for obj in manifest.objects:
-        if _cached(obj, on_bytes):
+        if _cached(obj, on_bytes, manifest):
             continue
         (large if obj.size >= s3.TRANSFER_CONFIG.multipart_threshold else small).append(obj)
     on_objects(len(manifest.objects) - len(small) - len(large))  # the cached ones
@@ -116,7 +117,7 @@ def fetch_channel(
     def fetch(obj: StagedObject, getter) -> int | None:
         """Bytes moved fetching ``obj``; None if another staging of it (a job beside this one) just did."""
         with cache.fetching(Path(obj.path)):
-            transferred = None if _cached(obj, on_bytes) else _fetch_verified(client, obj, on_bytes, getter)
+            transferred = None if _cached(obj, on_bytes, manifest) else _fetch_verified(client, obj, on_bytes, getter)
         on_objects(1)
         return transferred
 
@@ -129,18 +130,38 @@ def fetch_channel(
     return manifest
 
 
-def _cached(obj: StagedObject, on_bytes: ProgressFn | None) -> bool:
+def _cached(obj: StagedObject, on_bytes: ProgressFn | None, manifest: ChannelManifest) -> bool:
     """Whether ``obj`` is in the cache, whole and unchanged; if so its manifest entry says how it was verified
-    when it was fetched, and with which checksum."""
+    when it was fetched, and with which checksum. With ``TRAINYARD_CACHE_VERIFY`` on, its bytes are digested
+    again against that checksum: one that no longer matches (a disk's bit flip keeps the size and the
+    modification time) is fetched again, and named in the manifest's ``cache_mismatches``."""
     known = cache.hit(Path(obj.path), obj.size)
     if known is None:
         return False
+    checked = None
+    if env_settings.flag(cache.CACHE_VERIFY_ENV):
+        problem, checked = _verify_again(Path(obj.path), obj.size, known)
+        if problem is not None:
+            if obj.uri not in manifest.cache_mismatches:
+                manifest.cache_mismatches.append(obj.uri)
+            return False
     obj.checksum = obj.checksum or known.get("checksum")
-    if not obj.verified_by:
+    if checked is not None:
+        obj.verified_by = f"cache, verified again ({checked})"
+    elif not obj.verified_by:
         obj.verified_by = f"cache ({known['verified_by']})" if known.get("verified_by") else "cache"
     if on_bytes:
         on_bytes(obj.size)
     return True
+
+
+def _verify_again(path: Path, size: int, known: dict) -> tuple[str | None, str]:
+    """A cached file's bytes against what was checked when it was fetched: ``(problem or None, checked)``.
+    Nothing to check against (fetched before this was kept, or where the file system keeps no extended
+    attributes) is a problem too: the object is fetched again, and kept with its record this time."""
+    if "etag" not in known:
+        return "nothing was kept to check it against", "size"
+    return _digest_file(path, known["etag"], known.get("checksum"), known.get("part_sizes")).result(size)
 
 
 def fetch_object(uri: str, target: Path) -> StagedObject:
@@ -179,7 +200,9 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
             problem, obj.verified_by = digester.result(obj.size)
             obj.checksum = digester.checksum
             if problem is None:
-                cache.remember(tmp, {"checksum": obj.checksum, "verified_by": obj.verified_by})
+                # and what checking the bytes again takes (TRAINYARD_CACHE_VERIFY)
+                kept = {"etag": digester.etag, "part_sizes": digester.part_sizes}
+                cache.remember(tmp, {"checksum": obj.checksum, "verified_by": obj.verified_by} | kept)
                 # Read-only: a job's hard-linked copy (mirror) shares this file, and must not change the cache's.
                 tmp.chmod(0o444)
                 os.replace(tmp, target)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import s3_endpoints
-from tests.unit.objects import stage
+from tests.unit.objects import put_big, stage
 from trainyard import cache, listing, raw_layout, staging
 from trainyard.errors import TrainyardError
 from trainyard.spec import Channel
@@ -207,6 +207,40 @@ def test_a_cached_object_written_to_since_it_was_verified_is_fetched_again(s3_en
     again = stage(f"s3://{bucket}/raw/", tmp_path, format="raw")
     assert again.objects_downloaded == 1
     assert cached.read_bytes() == b"GOODGOODGOOD"  # the cache holds S3's bytes again
+
+
+def test_with_cache_verify_a_cached_copy_changed_unseen_is_fetched_again(s3_endpoint, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"GOODGOODGOOD")
+    big = put_big(client, bucket, "ch/big.bin", tmp_path)  # multipart: moto's composite checksum, by its parts
+    first = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    for obj in first.objects:  # a bit flip on the disk: the same size, and the modification time unchanged
+        path = Path(obj.path)
+        st = path.stat()
+        os.chmod(path, 0o644)
+        with path.open("r+b") as f:
+            f.seek(obj.size // 2)
+            f.write(b"\x00")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    unverified = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert unverified.objects_downloaded == 0  # by default a hit is its size and modification time
+    monkeypatch.setenv(cache.CACHE_VERIFY_ENV, "1")
+    verified = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert verified.objects_downloaded == 2
+    assert sorted(verified.cache_mismatches) == [f"s3://{bucket}/ch/a.bin", f"s3://{bucket}/ch/big.bin"]
+    assert verified.summary()["cache_mismatches"] == verified.cache_mismatches
+    contents = {Path(o.key).name: Path(o.path).read_bytes() for o in verified.objects}
+    assert contents == {"a.bin": b"GOODGOODGOOD", "big.bin": big}
+    again = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")  # whole again: hits, checked as when fetched
+    assert again.objects_downloaded == 0 and again.cache_mismatches == []
+    assert all(o.verified_by.startswith("cache, verified again (size+") for o in again.objects)
+    monkeypatch.setenv(cache.CACHE_VERIFY_ENV, "sometimes")
+    with pytest.raises(TrainyardError, match="TRAINYARD_CACHE_VERIFY='sometimes' is neither on nor off"):
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
 
 
 def test_a_channel_over_the_cap_staged_without_a_pin_is_there_when_staging_returns(s3_endpoint, tmp_path, monkeypatch):
