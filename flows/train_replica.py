@@ -17,11 +17,15 @@ stage's machine, or a shared volume).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.states import Failed, State
 
 from trainyard.errors import TrainingError
 from trainyard.training import replica as entrypoint
+from trainyard.training.failures import failure_record
+from trainyard.training.plan import attempt_dir
 from trainyard.training.trainer import LIGHTHOUSE_ENV
 
 
@@ -33,7 +37,7 @@ def train_replica(
     resume: bool = False,
     lighthouse_addr: str = "",
     gpus_per_replica: int | None = None,
-) -> int:
+) -> int | State:
     """Run replica group ``replica`` (attempt ``attempt``) of the job in ``job_dir``; fail if it does.
     ``gpus_per_replica`` 0 hides the worker's GPUs from the group; None leaves them as the pool gives them."""
     logger = get_run_logger()
@@ -47,5 +51,10 @@ def train_replica(
     argv += ["--resume"] if resume else []
     code = entrypoint.main(argv)
     if code != 0:
-        raise TrainingError(f"replica group {replica} attempt {attempt} exited with code {code}; see its error.json")
+        # What the group wrote of its failure (error.json), not "see its error.json" on a worker the user may
+        # not reach. Returned, not raised: the run still ends Failed (the launcher resubmits it), without
+        # Prefect's traceback of this line; a bug's own traceback the group has printed to the run's log.
+        failure = failure_record(attempt_dir(Path(job_dir), replica, attempt), replica, attempt, code)
+        message = f"replica group {replica} attempt {attempt} failed at step {failure['step']}: {failure['message']}"
+        return Failed(message=message, data=TrainingError(message))
     return code
