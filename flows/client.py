@@ -165,14 +165,24 @@ def wait(
         time.sleep(poll_seconds)
 
 
-def stop(run_id: str) -> list[str]:
+def stop(run_id: str, graceful: bool = False) -> list[str]:
     """Cancel the job's pipeline run and every replica group run of the job; returns the runs cancelled.
 
-    Groups get SIGTERM from their workers and leave at a step boundary; the job ends Stopped."""
+    Groups get SIGTERM from their workers and leave at a step boundary; the job ends Stopped, with nothing
+    uploaded. ``graceful``: the pipeline run is tagged instead (``user_stop.RUN_TAG``), and its training
+    stage stops every group at its next step boundary, uploads the model trained so far, and ends the job
+    Stopped; returns the run asked (none when the job has ended)."""
     from prefect.states import Cancelling
+
+    from trainyard.training import user_stop
 
     with _api() as api:
         run = _read_run(api, run_id)
+        if graceful:
+            if run.state is None or run.state.is_final():
+                return []
+            api.update_flow_run(run.id, tags=sorted({*run.tags, user_stop.RUN_TAG}))
+            return [str(run.id)]
         cancelled = []
         for target in [run, *_group_runs(api, run)]:
             if target.state is not None and not target.state.is_final():

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
 from prefect.events import emit_event
+from prefect.runtime import flow_run
 
 from tasks._metering import stage_meter
 from trainyard import carbon, plots, progress
 from trainyard.launch import LaunchHandle
 from trainyard.live_metrics import LiveRun
 from trainyard.spec import TrainingJob
-from trainyard.training import supervisor
+from trainyard.training import supervisor, user_stop
 from trainyard.training.plan import TrainingPlan, request_stop
 
 
@@ -77,7 +82,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         interval = max(1.0, job.carbon.measure_power_secs)
         watch = carbon.LiveWatch(record["meter"], interval, *spent, job.carbon.budget_kg, on_sample, on_budget)
         try:
-            with watch:
+            with watch, _stop_when_tagged(Path(handle.job_dir), logger):
                 record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
             # Every job that trained gets its curves (loss, metrics, kept fraction), stopped ones included:
             # only a completed job is registered, with its own copy.
@@ -92,3 +97,42 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         "training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps, len(outcome.failures)
     )
     return record
+
+
+STOP_POLL_SECONDS = 5.0
+
+
+@contextmanager
+def _stop_when_tagged(job_dir: Path, logger) -> Iterator[None]:
+    """While it trains, a pipeline run tagged ``user_stop.RUN_TAG`` (``trainyard jobs stop --graceful``, from
+    any machine that reaches the Prefect API) asks its groups to stop, keeping the model: looked for at once
+    (a run tagged before its training started) and every ``STOP_POLL_SECONDS``. ``logger``: the task's (a
+    thread has no run context to find it by)."""
+    run_id = flow_run.get_id()
+    if run_id is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        warned = False
+        with get_client(sync_client=True) as client:
+            while True:
+                try:
+                    if user_stop.RUN_TAG in client.read_flow_run(UUID(run_id)).tags:
+                        logger.info("%s", user_stop.request_in(job_dir))
+                        return
+                except Exception as exc:  # noqa: BLE001 - an API hiccup must not stop training; tried again
+                    if not warned:
+                        logger.warning("could not read the run's tags for a stop request: %s", exc)
+                        warned = True
+                if done.wait(STOP_POLL_SECONDS):
+                    return
+
+    thread = threading.Thread(target=watch, name="trainyard-stop-request", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

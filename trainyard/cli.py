@@ -131,6 +131,25 @@ def scale(
         raise typer.Exit(2) from None
 
 
+@app.command()
+def stop(
+    job_id: Annotated[str, typer.Argument(help="The job's id (its folder under TRAINYARD_HOME/jobs).")],
+) -> None:
+    """Stop a job training on this machine, keeping what it learnt.
+
+    Every replica group stops at its next step boundary; the model trained so far is uploaded with the
+    job's outputs, the summary is written, and the job ends Stopped (not registered: only a completed
+    job is). For a job on a Prefect API, `trainyard jobs stop RUN_ID --graceful` does the same.
+    """
+    from trainyard.training import user_stop
+
+    try:
+        console.print(user_stop.request(job_id))
+    except TrainyardError as exc:
+        say(console, exc, "red")
+        raise typer.Exit(2) from None
+
+
 def _embedded_defaults(job_id: str) -> None:
     """Without a Prefect API, give this process a Prefect home of its own (no network, no telemetry).
 

@@ -101,12 +101,29 @@ def logs(
 
 
 @jobs_app.command()
-def stop(run_id: RunId) -> None:
-    """Cancel a job: its pipeline run and every replica group run. Groups leave at a step boundary."""
+def stop(
+    run_id: RunId,
+    graceful: Annotated[
+        bool,
+        typer.Option(
+            "--graceful",
+            help="Keep what the job learnt: every group stops at its next step boundary, the model trained so "
+            "far is uploaded and the job ends Stopped (not registered). A job not training yet stops at its "
+            "first step.",
+        ),
+    ] = False,
+) -> None:
+    """Stop a job. By default its pipeline run and every replica group run are cancelled: the groups leave at
+    a step boundary and nothing is uploaded. With --graceful the job stops itself and keeps its model."""
     from flows import client
 
-    cancelled = _call(client.stop, run_id)
-    say(console, f"cancelled {len(cancelled)} run(s)" if cancelled else "nothing to stop: the job has ended")
+    done = _call(client.stop, run_id, graceful)
+    if not done:
+        say(console, "nothing to stop: the job has ended")
+    elif graceful:
+        say(console, f"asked run {run_id} to stop at its next step boundary, keeping its model so far")
+    else:
+        say(console, f"cancelled {len(done)} run(s)")
 
 
 def _call(fn, *args):

@@ -115,16 +115,7 @@ def request(job_id: str, replicas: int) -> str:
     Refused, with the reason, when the job is unknown, not training (any more), or ``replicas`` is
     outside the job's ``resources.min_replicas``..``max_replicas``.
     """
-    if not is_job_id(job_id):
-        raise TrainingError(f"{job_id!r} is not a job id (letters, digits, '.', '_' and '-'); check the job id")
-    folder = jobs_dir() / job_id
-    if not folder.is_dir():
-        raise TrainingError(f"no job {job_id!r} under {jobs_dir()}; check the job id (and TRAINYARD_HOME)")
-    try:
-        pid = json.loads((folder / SUPERVISOR_FILE).read_text())["pid"]
-        os.kill(pid, 0)
-    except (FileNotFoundError, ProcessLookupError, ValueError, KeyError):
-        raise TrainingError(f"job {job_id!r} is not training now; only a job in its training stage scales") from None
+    folder = training_folder(job_id, "scales")
     resources = TrainingPlan.read(folder).job["resources"]
     low, high = resources["min_replicas"], resources["max_replicas"]
     if not low <= replicas <= high:
@@ -134,3 +125,19 @@ def request(job_id: str, replicas: int) -> str:
         )
     request_scale(folder, replicas)
     return f"job {job_id}: asked for {replicas} replica group(s); the change takes effect within a step"
+
+
+def training_folder(job_id: str, what: str) -> Path:
+    """The folder of job ``job_id``, which must be in its training stage on this machine now (``what`` it
+    is asked to do, for the refusal: "scales", "stops")."""
+    if not is_job_id(job_id):
+        raise TrainingError(f"{job_id!r} is not a job id (letters, digits, '.', '_' and '-'); check the job id")
+    folder = jobs_dir() / job_id
+    if not folder.is_dir():
+        raise TrainingError(f"no job {job_id!r} under {jobs_dir()}; check the job id (and TRAINYARD_HOME)")
+    try:
+        pid = json.loads((folder / SUPERVISOR_FILE).read_text())["pid"]
+        os.kill(pid, 0)
+    except (FileNotFoundError, ProcessLookupError, ValueError, KeyError):
+        raise TrainingError(f"job {job_id!r} is not training now; only a job in its training stage {what}") from None
+    return folder

@@ -1,0 +1,92 @@
+"""A job stopped on request keeps what it learnt: ``trainyard stop JOB_ID`` on the job's machine, and
+``trainyard jobs stop RUN_ID --graceful`` through the Prefect API. Every group stops at a step boundary,
+the model so far is uploaded, and the job ends Stopped, registered nowhere."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+from prefect.client.orchestration import get_client
+from typer.testing import CliRunner
+
+from flows.training_pipeline import JobFailed, training_pipeline
+from tests.conftest import job_dict, upload_dataset
+from trainyard import registry, s3
+from trainyard.cli import app
+from trainyard.home import job_dir
+from trainyard.spec import parse_job
+from trainyard.training.plan import attempt_dir
+
+
+def _start(bucket: str, name: str) -> tuple[str, threading.Thread]:
+    spec = job_dict(upload_dataset(bucket, rows=400), name=name)
+    spec["hyperparameters"]["epochs"] = 100_000  # stops only when asked
+    job_id = f"{name}-{np.random.default_rng().integers(1e9)}"
+
+    def run() -> None:
+        with contextlib.suppress(JobFailed):  # the summary says how it ended
+            training_pipeline(parse_job(spec), job_id=job_id)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return job_id, thread
+
+
+def _training(job_id: str, steps: int = 20, timeout: float = 120) -> None:
+    heartbeat = attempt_dir(job_dir(job_id), 0, 0) / "heartbeat.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(heartbeat.read_text())["step"] >= steps:
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"job {job_id} never trained {steps} steps")
+
+
+def _stopped_with_its_model(job_id: str, thread: threading.Thread, bucket: str, mlflow_uri: str) -> dict:
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    summary = json.loads((job_dir(job_id) / "summary.json").read_text())
+    assert summary["status"] == "Stopped" and summary["failure_reason"] == "Stopped"
+    assert summary["training"]["stop_reason"] == "Stopped" and 4 <= summary["metrics"]["epochs"] < 100_000
+    head = s3.client().head_object(Bucket=bucket, Key=f"output/{job_id}/model/model.pt")
+    assert head["ContentLength"] > 0  # what it learnt, uploaded
+    assert summary["model"] is None  # and not registered
+    assert registry.job_version(summary["job_name"], job_id) is None
+    return summary
+
+
+def test_trainyard_stop_ends_a_job_at_a_step_boundary_and_keeps_its_model(prefect_api, s3_server, bucket, mlflow_uri):
+    runner = CliRunner()
+    result = runner.invoke(app, ["stop", "no-such-job"])
+    assert result.exit_code == 2 and "no job 'no-such-job'" in result.output
+    job_id, thread = _start(bucket, "stop-local")
+    _training(job_id)
+    result = runner.invoke(app, ["stop", job_id])
+    assert result.exit_code == 0 and "asked to stop at its next step boundary" in result.output, result.output
+    _stopped_with_its_model(job_id, thread, bucket, mlflow_uri)
+    result = runner.invoke(app, ["stop", job_id])  # ended: refused, saying why
+    assert result.exit_code == 2 and "is not training now; only a job in its training stage stops" in result.output
+
+
+def test_jobs_stop_graceful_asks_through_the_prefect_api(prefect_api, s3_server, bucket, mlflow_uri):
+    job_id, thread = _start(bucket, "stop-graceful")
+    _training(job_id)
+    with get_client(sync_client=True) as client:
+        run = next(r for r in client.read_flow_runs() if (r.parameters or {}).get("job_id") == job_id)
+    result = CliRunner().invoke(app, ["jobs", "stop", str(run.id), "--graceful"])
+    assert result.exit_code == 0 and "keeping its model so far" in result.output, result.output
+    summary = _stopped_with_its_model(job_id, thread, bucket, mlflow_uri)
+    assert summary["prefect_flow_run_id"] == str(run.id)
+    with get_client(sync_client=True) as client:  # the run itself completed (named Stopped), not cancelled
+        state = client.read_flow_run(run.id).state
+    assert (state.type.value, state.name) == ("COMPLETED", "Stopped")
+    result = CliRunner().invoke(app, ["jobs", "stop", str(run.id), "--graceful"])
+    assert result.exit_code == 0 and "nothing to stop: the job has ended" in result.output
