@@ -30,7 +30,7 @@ from tasks.pool_launcher import check_deployment
 from tasks.registry import register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
-from trainyard import STAGES, carbon, energy_journal, esg, launch, outputs, registry, sifting, status
+from trainyard import STAGES, carbon, energy_journal, esg, job_folder, launch, outputs, registry, sifting, status
 from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
@@ -78,6 +78,8 @@ def training_pipeline(
             earlier = _registered_earlier(job, job_id, job_dir, logger)
             if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
                 return earlier
+            if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
+                logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
             _count_earlier_runs(stages, job_dir, run, logger)
             outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
             if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment

@@ -8,7 +8,6 @@ cache has its own cap (``TRAINYARD_CACHE_MAX_BYTES``) and MLflow's store is neve
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard.home import home, is_job_id, jobs_dir
-from trainyard.training.plan import SUPERVISOR_FILE
+from trainyard.job_folder import training_pid
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob
     now = time.time() if now is None else now
     found = []
     for folder in sorted(jobs_dir().iterdir()):
-        if not folder.is_dir() or not is_job_id(folder.name) or _running(folder):
+        if not folder.is_dir() or not is_job_id(folder.name) or training_pid(folder) is not None:
             continue
         folders = (folder, *[p for p in [home() / "prefect" / folder.name] if p.is_dir()])
         newest, size = 0.0, 0
@@ -65,15 +64,3 @@ def _walk(folder: Path) -> tuple[float, int]:
                 continue
             newest, size = max(newest, st.st_mtime), size + (st.st_size if st.st_nlink == 1 else 0)
     return newest, size
-
-
-def _running(folder: Path) -> bool:
-    """Whether the job's training supervisor is alive (``supervisor.json`` names its process)."""
-    try:
-        pid = json.loads((folder / SUPERVISOR_FILE).read_text())["pid"]
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, KeyError, TypeError, ProcessLookupError):
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True

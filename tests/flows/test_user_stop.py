@@ -74,6 +74,10 @@ def test_trainyard_stop_ends_a_job_at_a_step_boundary_and_keeps_its_model(prefec
     _stopped_with_its_model(job_id, thread, bucket, mlflow_uri)
     result = runner.invoke(app, ["stop", job_id])  # ended: refused, saying why
     assert result.exit_code == 2 and "is not training now; only a job in its training stage stops" in result.output
+    # run again under its id, it trains to its end: the stop asked of the earlier run is not this one's
+    spec = job_dict(upload_dataset(bucket, rows=400), name="stop-local")
+    again = training_pipeline(parse_job(spec), job_id=job_id)
+    assert again["status"] == "Completed" and again["metrics"]["epochs"] == 3
 
 
 def test_jobs_stop_graceful_asks_through_the_prefect_api(prefect_api, s3_server, bucket, mlflow_uri):

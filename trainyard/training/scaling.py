@@ -14,7 +14,6 @@ are withdrawn (their runs cancelled).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +21,10 @@ from pathlib import Path
 from trainyard import launch
 from trainyard.errors import TrainingError
 from trainyard.home import is_job_id, jobs_dir
+from trainyard.job_folder import training_pid
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
-from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_scale, scale_requested
+from trainyard.training.plan import TrainingPlan, attempt_dir, request_scale, scale_requested
 
 
 class Scaler:
@@ -135,9 +135,6 @@ def training_folder(job_id: str, what: str) -> Path:
     folder = jobs_dir() / job_id
     if not folder.is_dir():
         raise TrainingError(f"no job {job_id!r} under {jobs_dir()}; check the job id (and TRAINYARD_HOME)")
-    try:
-        pid = json.loads((folder / SUPERVISOR_FILE).read_text())["pid"]
-        os.kill(pid, 0)
-    except (FileNotFoundError, ProcessLookupError, ValueError, KeyError):
-        raise TrainingError(f"job {job_id!r} is not training now; only a job in its training stage {what}") from None
+    if training_pid(folder) is None:
+        raise TrainingError(f"job {job_id!r} is not training now; only a job in its training stage {what}")
     return folder

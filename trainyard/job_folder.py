@@ -1,0 +1,60 @@
+"""A job's folder between runs of its job id: what a rerun sets aside before it starts.
+
+A run leaves its plan, its stop and scale requests, its groups' folders (heartbeats, results, models),
+its logs and its summary in ``jobs/<job id>/``. A rerun of the id (a Prefect retry of a failed or crashed
+run, a resubmission) must not read them as its own: an earlier run's stop request stopped the rerun at
+once, and its plan sent the rerun's first groups to a lighthouse that was gone. So a run first moves them
+to ``earlier-runs/<n>/`` (kept for a post-mortem; ``trainyard clean`` removes the folder with the job's),
+keeping in place only the energy journals (``energy/``: every run's, counted by the rerun) and deleting
+the prepared arrays (``data/``: made again from the cache, and as large as the channels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from trainyard.errors import TrainingError
+from trainyard.training.plan import SUPERVISOR_FILE
+
+EARLIER = "earlier-runs"
+KEPT = frozenset({"energy", EARLIER})
+DERIVED = frozenset({"data"})
+
+
+def set_aside_earlier_run(job_dir: Path) -> Path | None:
+    """Move what an earlier run of the job id left in ``job_dir`` to ``earlier-runs/<n>/``; returns where
+    (None: nothing was left). Refused while that run is still training on this machine."""
+    pid = training_pid(job_dir)
+    if pid is not None:
+        raise TrainingError(
+            f"job {job_dir.name} is already training on this machine (its supervisor, pid {pid}, is alive): "
+            f"stop it first (trainyard stop {job_dir.name}), or run the job under a new id"
+        )
+    leftovers = sorted(p for p in job_dir.iterdir() if p.name not in KEPT)
+    if not leftovers:
+        return None
+    earlier = job_dir / EARLIER
+    earlier.mkdir(exist_ok=True)
+    target = earlier / str(1 + max((int(p.name) for p in earlier.iterdir() if p.name.isdigit()), default=0))
+    target.mkdir()
+    for path in leftovers:
+        if path.name in DERIVED:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        else:
+            os.replace(path, target / path.name)
+    return target
+
+
+def training_pid(job_dir: Path) -> int | None:
+    """The pid of the job's training supervisor when it is alive (``supervisor.json`` names it), else None."""
+    try:
+        pid = int(json.loads((job_dir / SUPERVISOR_FILE).read_text())["pid"])
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, KeyError, TypeError, ProcessLookupError):
+        return None
+    except PermissionError:  # another user's process: alive
+        return pid
+    return pid
