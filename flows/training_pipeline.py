@@ -61,6 +61,11 @@ def training_pipeline(
         job_id = new_job_id(job.name)
         _name_run(job_id)
     job_dir = make_job_dir(job_id)
+    try:
+        lock = job_folder.RunLock(job_dir)
+    except TrainyardError as exc:  # another run of the job id runs here: its summary and ledger line stand
+        refused = JobFailed(f"job {job_id} not run: {exc}")
+        return Failed(message=str(refused), data=refused)
     log = status.StatusLog(on_transition=lambda t: _emit_status(job_id, t))
     log.enter("Starting", "Job spec validated; preparing the job")
     for setting in ignored_settings(job):
@@ -72,7 +77,8 @@ def training_pipeline(
     terminated: TerminationSignal | None = None
     # a new name per run: a flow run that Prefect retries keeps its id, and each try spends its own energy
     run = f"{flow_run.get_id() or 'local'}-{uuid4().hex[:8]}"
-    with journal(job_dir, run):  # each stage's energy written down as it is spent: a rerun counts this run
+    # the lock held to the end; each stage's energy written down as it is spent: a rerun counts this run
+    with lock, journal(job_dir, run):
         try:
             registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
             earlier = _registered_earlier(job, job_id, job_dir, logger)
@@ -158,10 +164,10 @@ def training_pipeline(
         finally:
             if handle is not None:
                 launch.shutdown(handle)
-    summary = _summary(job, job_id, log, stages, outcome, model, failed_groups)
-    write_json_atomic(job_dir / "summary.json", summary)
-    _publish(job, job_id, summary, model, logger)
-    write_json_atomic(job_dir / "summary.json", summary)  # again, with where it was published (summary_uri)
+        summary = _summary(job, job_id, log, stages, outcome, model, failed_groups)
+        write_json_atomic(job_dir / "summary.json", summary)
+        _publish(job, job_id, summary, model, logger)
+        write_json_atomic(job_dir / "summary.json", summary)  # again, with where it was published (summary_uri)
     if terminated is not None:
         raise terminated
     if error is not None and not isinstance(error, TrainyardError):

@@ -60,14 +60,23 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
             exc.stage_record = _with_earlier(this, earlier)  # type: ignore[attr-defined]
             if run is not None:
                 _EARLIER_ATTEMPTS[run] = [*earlier, this]
-            if journal is not None:
-                journal.ended(stage, exc.stage_record["energy"])  # type: ignore[attr-defined]
+            _journal_ended(journal, stage, exc.stage_record["energy"])  # type: ignore[attr-defined]
         raise
     record["energy"] = energy.to_dict()
     record.update(_with_earlier(record, earlier))
     _EARLIER_ATTEMPTS.pop(run, None)
-    if journal is not None:
-        journal.ended(stage, record["energy"])
+    _journal_ended(journal, stage, record["energy"])
+
+
+def _journal_ended(journal: energy_journal.Journal | None, stage: str, energy: dict) -> None:
+    """A stage's figures to the journal. A journal that cannot be written (a full disk) is logged: it must
+    neither fail a stage that worked nor take the place of the error a failed stage raises."""
+    if journal is None:
+        return
+    try:
+        journal.ended(stage, energy)
+    except Exception:  # noqa: BLE001 - see above
+        logging.getLogger(__name__).warning("could not write the energy journal", exc_info=True)
 
 
 @contextmanager

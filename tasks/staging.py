@@ -27,6 +27,14 @@ def stage_inputs(job: TrainingJob, job_dir: str) -> dict:
         logger.warning(warning)
     for uri in (uri for m in manifests.values() for uri in m.cache_mismatches):
         logger.warning("%s: the cached copy no longer matched what was checked when it was fetched; fetched again", uri)
+    if unverifiable := [uri for m in manifests.values() for uri in m.cache_unverifiable]:
+        logger.warning(
+            "%d cached object(s) had no checksum kept to verify them by (cached by an older Trainyard, or the "
+            "cache's file system keeps no extended attributes, in which case every staging fetches them again); "
+            "fetched again: %s",
+            len(unverifiable),
+            ", ".join(unverifiable[:5]) + (" ..." if len(unverifiable) > 5 else ""),
+        )
     record["channels"] = {name: m.summary() for name, m in manifests.items()}
     record["staged"] = staged
     moved = sum(m.bytes_downloaded for m in manifests.values())

@@ -17,6 +17,7 @@ import csv
 import io
 
 from trainyard import s3
+from trainyard.energy_journal import EARLIER_STAGE
 from trainyard.spec import Carbon
 from trainyard.status import pruned_rows
 
@@ -50,9 +51,11 @@ def report(carbon: dict, settings: Carbon, outcome=None, prefilter=None, metrics
     out |= _market_based(energy, emissions, settings)
     out["budget_exceeded"] = settings.budget_kg is not None and emissions > settings.budget_kg
     samples = outcome.samples_trained if outcome else 0
-    out["g_per_1k_samples_trained"] = emissions * 1e6 / samples if samples else None
+    # this run's emissions for its samples and accuracy: an earlier run of the job id trained neither here
+    this_run = emissions - carbon["by_stage"].get(EARLIER_STAGE, {}).get("emissions_kg", 0.0)
+    out["g_per_1k_samples_trained"] = this_run * 1e6 / samples if samples else None
     accuracy = (metrics or {}).get("val_accuracy")
-    out["g_per_val_accuracy_point"] = emissions * 1000 / (accuracy * 100) if accuracy else None
+    out["g_per_val_accuracy_point"] = this_run * 1000 / (accuracy * 100) if accuracy else None
     # A group's own meter starts before its process has read the job, so it measures at PUE 1; the
     # stages' meters apply the job's PUE, and so, for the shares to be comparable, does this.
     out["by_replica"] = {

@@ -6,11 +6,13 @@ run, a resubmission) must not read them as its own: an earlier run's stop reques
 once, and its plan sent the rerun's first groups to a lighthouse that was gone. So a run first moves them
 to ``earlier-runs/<n>/`` (kept for a post-mortem; ``trainyard clean`` removes the folder with the job's),
 keeping in place only the energy journals (``energy/``: every run's, counted by the rerun) and deleting
-the prepared arrays (``data/``: made again from the cache, and as large as the channels).
+the prepared arrays (``data/``: made again from the cache, and as large as the channels). A run holds
+the job's ``RunLock`` throughout, so no second run of the id moves the folder from under a live one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -20,19 +22,42 @@ from trainyard.errors import TrainingError
 from trainyard.training.plan import SUPERVISOR_FILE
 
 EARLIER = "earlier-runs"
-KEPT = frozenset({"energy", EARLIER})
+LOCK = "run.lock"
+KEPT = frozenset({"energy", EARLIER, LOCK})
 DERIVED = frozenset({"data"})
+
+
+class RunLock:
+    """Held for the whole of one run of the job id (an exclusive ``flock`` on ``run.lock`` in its folder,
+    taken when made): a second run of the id while one runs on this machine is refused before it touches
+    the folder. The lock dies with its process, however it dies, so a crashed run never blocks its rerun."""
+
+    def __init__(self, job_dir: Path):
+        self.path = job_dir / LOCK
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise TrainingError(
+                f"job {job_dir.name} is already running on this machine (another run of it holds {self.path}): "
+                f"wait for it, stop it (trainyard stop {job_dir.name}, or trainyard jobs stop), or run the job "
+                "under a new id"
+            ) from None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def set_aside_earlier_run(job_dir: Path) -> Path | None:
     """Move what an earlier run of the job id left in ``job_dir`` to ``earlier-runs/<n>/``; returns where
-    (None: nothing was left). Refused while that run is still training on this machine."""
-    pid = training_pid(job_dir)
-    if pid is not None:
-        raise TrainingError(
-            f"job {job_dir.name} is already training on this machine (its supervisor, pid {pid}, is alive): "
-            f"stop it first (trainyard stop {job_dir.name}), or run the job under a new id"
-        )
+    (None: nothing was left). Call it holding the job's ``RunLock``: no other run of it is then running."""
     leftovers = sorted(p for p in job_dir.iterdir() if p.name not in KEPT)
     if not leftovers:
         return None

@@ -62,9 +62,11 @@ class ChannelManifest:
     bytes_downloaded: int = 0
     objects_downloaded: int = 0
     digest: str = ""
-    # objects whose cached copy no longer matched what was checked when it was fetched
-    # (TRAINYARD_CACHE_VERIFY): fetched again
+    # With TRAINYARD_CACHE_VERIFY: objects whose cached copy no longer matched what was checked when it was
+    # fetched, and those kept with nothing to check it against (an older Trainyard's, or on a file system
+    # without extended attributes): both fetched again
     cache_mismatches: list[str] = field(default_factory=list)
+    cache_unverifiable: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
         """The channel's entry in the job summary's ``data.channels``."""
@@ -79,7 +81,11 @@ class ChannelManifest:
             "objects_downloaded": self.objects_downloaded,
             "manifest_digest": self.digest,
             "verified_by": verified,
-        } | ({"cache_mismatches": self.cache_mismatches} if self.cache_mismatches else {})
+        } | {
+            k: v
+            for k, v in [("cache_mismatches", self.cache_mismatches), ("cache_unverifiable", self.cache_unverifiable)]
+            if v
+        }
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -132,7 +132,7 @@ class Pruner:
         _, mean, cuts = self._epoch_thresholds(memory, epoch)
         cut = cuts[self.labels[rows]] if self.labels is not None else cuts[0]
         loss = memory.loss[rows]
-        known = memory.epoch[rows] >= 0
+        known = (memory.epoch[rows] >= 0) & np.isfinite(loss)  # a loss that is not a number: its row trains
         out = np.zeros(len(rows), dtype=bool)
         if hardest_on:
             hard = known & (loss > cut) & (loss > self.hardest_floor)

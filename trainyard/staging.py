@@ -134,12 +134,17 @@ def _cached(obj: StagedObject, on_bytes: ProgressFn | None, manifest: ChannelMan
     """Whether ``obj`` is in the cache, whole and unchanged; if so its manifest entry says how it was verified
     when it was fetched, and with which checksum. With ``TRAINYARD_CACHE_VERIFY`` on, its bytes are digested
     again against that checksum: one that no longer matches (a disk's bit flip keeps the size and the
-    modification time) is fetched again, and named in the manifest's ``cache_mismatches``."""
+    modification time) is fetched again, and named in the manifest's ``cache_mismatches``; one kept with no
+    checksum to check against is fetched again too, and named in ``cache_unverifiable``."""
     known = cache.hit(Path(obj.path), obj.size)
     if known is None:
         return False
     checked = None
     if env_settings.flag(cache.CACHE_VERIFY_ENV):
+        if "etag" not in known:  # cached by an older Trainyard, or where no extended attribute is kept
+            if obj.uri not in manifest.cache_unverifiable:
+                manifest.cache_unverifiable.append(obj.uri)
+            return False
         problem, checked = _verify_again(Path(obj.path), obj.size, known)
         if problem is not None:
             if obj.uri not in manifest.cache_mismatches:
@@ -156,12 +161,21 @@ def _cached(obj: StagedObject, on_bytes: ProgressFn | None, manifest: ChannelMan
 
 
 def _verify_again(path: Path, size: int, known: dict) -> tuple[str | None, str]:
-    """A cached file's bytes against what was checked when it was fetched: ``(problem or None, checked)``.
-    Nothing to check against (fetched before this was kept, or where the file system keeps no extended
-    attributes) is a problem too: the object is fetched again, and kept with its record this time."""
-    if "etag" not in known:
-        return "nothing was kept to check it against", "size"
-    return _digest_file(path, known["etag"], known.get("checksum"), known.get("part_sizes")).result(size)
+    """A cached file's bytes against what was checked when it was fetched: ``(problem or None, checked)``."""
+    parts = [part for part, count in known.get("parts") or [] for _ in range(count)] or None
+    return _digest_file(path, known["etag"], known.get("checksum"), parts).result(size)
+
+
+def _runs(sizes: list[int] | None) -> list[list[int]] | None:
+    """Part sizes as ``[size, count]`` runs: a multipart object's parts are of one size but the last, and an
+    extended attribute holds a few KB (ext4's limit, ~450 parts listed one by one, a 4 GB object's)."""
+    runs: list[list[int]] = []
+    for size in sizes or []:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    return runs or None
 
 
 def fetch_object(uri: str, target: Path) -> StagedObject:
@@ -201,7 +215,7 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
             obj.checksum = digester.checksum
             if problem is None:
                 # and what checking the bytes again takes (TRAINYARD_CACHE_VERIFY)
-                kept = {"etag": digester.etag, "part_sizes": digester.part_sizes}
+                kept = {"etag": digester.etag, "parts": _runs(digester.part_sizes)}
                 cache.remember(tmp, {"checksum": obj.checksum, "verified_by": obj.verified_by} | kept)
                 # Read-only: a job's hard-linked copy (mirror) shares this file, and must not change the cache's.
                 tmp.chmod(0o444)

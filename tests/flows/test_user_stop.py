@@ -18,9 +18,8 @@ from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, upload_dataset
 from trainyard import registry, s3
 from trainyard.cli import app
-from trainyard.home import job_dir
+from trainyard.home import job_dir, jobs_dir
 from trainyard.spec import parse_job
-from trainyard.training.plan import attempt_dir
 
 
 def _start(bucket: str, name: str) -> tuple[str, threading.Thread]:
@@ -38,7 +37,8 @@ def _start(bucket: str, name: str) -> tuple[str, threading.Thread]:
 
 
 def _training(job_id: str, steps: int = 20, timeout: float = 120) -> None:
-    heartbeat = attempt_dir(job_dir(job_id), 0, 0) / "heartbeat.json"
+    # the path alone (attempt_dir would make the folder, which the run, starting, sets aside as an earlier run's)
+    heartbeat = jobs_dir() / job_id / "replicas" / "0" / "attempt-0" / "heartbeat.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -69,6 +69,11 @@ def test_trainyard_stop_ends_a_job_at_a_step_boundary_and_keeps_its_model(prefec
     assert result.exit_code == 2 and "no job 'no-such-job'" in result.output
     job_id, thread = _start(bucket, "stop-local")
     _training(job_id)
+    # a second run of the job id while it runs is refused, and touches nothing of the first's
+    with pytest.raises(JobFailed, match=f"job {job_id} not run: job {job_id} is already running on this machine"):
+        training_pipeline(parse_job(job_dict(upload_dataset(bucket, rows=400), name="stop-local")), job_id=job_id)
+    assert (job_dir(job_id) / "plan.json").exists() and not (job_dir(job_id) / "earlier-runs").exists()
+    assert not (job_dir(job_id) / "summary.json").exists()
     result = runner.invoke(app, ["stop", job_id])
     assert result.exit_code == 0 and "asked to stop at its next step boundary" in result.output, result.output
     _stopped_with_its_model(job_id, thread, bucket, mlflow_uri)

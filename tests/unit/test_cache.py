@@ -238,6 +238,10 @@ def test_with_cache_verify_a_cached_copy_changed_unseen_is_fetched_again(s3_endp
     again = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")  # whole again: hits, checked as when fetched
     assert again.objects_downloaded == 0 and again.cache_mismatches == []
     assert all(o.verified_by.startswith("cache, verified again (size+") for o in again.objects)
+    os.removexattr(again.objects[0].path, cache.META_XATTR)  # as cached by an older Trainyard: nothing kept
+    unverifiable = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert unverifiable.cache_unverifiable == [again.objects[0].uri] and unverifiable.cache_mismatches == []
+    assert unverifiable.objects_downloaded == 1
     monkeypatch.setenv(cache.CACHE_VERIFY_ENV, "sometimes")
     with pytest.raises(TrainyardError, match="TRAINYARD_CACHE_VERIFY='sometimes' is neither on nor off"):
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")

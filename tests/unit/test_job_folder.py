@@ -38,18 +38,33 @@ def test_a_rerun_finds_its_folder_clean_but_for_the_energy_journals(tmp_path):
     assert job_folder.set_aside_earlier_run(folder) is None
 
 
-def test_a_job_id_still_training_here_is_not_run_again(tmp_path):
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def test_one_run_of_a_job_id_at_a_time_and_a_killed_run_holds_nothing(tmp_path):
+    folder = tmp_path / "job-1"
+    folder.mkdir()
+    with job_folder.RunLock(folder):
+        with pytest.raises(TrainingError, match="job job-1 is already running on this machine"):
+            job_folder.RunLock(folder)
+        assert job_folder.set_aside_earlier_run(folder) is None  # its lock file stays where it is
+    with job_folder.RunLock(folder):  # released at the end of the run
+        pass
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from trainyard.job_folder import RunLock; "
+            "lock = RunLock(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
-        folder = tmp_path / "job-1"
-        folder.mkdir()
-        write_json_atomic(folder / "supervisor.json", {"pid": sleeper.pid})
-        with pytest.raises(
-            TrainingError, match=rf"already training on this machine \(its supervisor, pid {sleeper.pid}"
-        ):
-            job_folder.set_aside_earlier_run(folder)
-        assert (folder / "supervisor.json").exists()  # nothing moved
+        assert holder.stdout.readline().strip() == b"held"
+        with pytest.raises(TrainingError, match="already running"):
+            job_folder.RunLock(folder)
+        holder.kill()  # killed outright: no exit handler runs, and the lock goes with the process
+        holder.wait()
+        with job_folder.RunLock(folder):
+            pass
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    assert job_folder.set_aside_earlier_run(folder) == folder / "earlier-runs" / "1"  # its supervisor gone
+        holder.kill()
+        holder.wait()

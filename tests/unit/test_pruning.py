@@ -123,7 +123,8 @@ def test_a_loss_that_is_not_a_number_trains_its_row_and_leaves_the_others_pruned
     config = Pruning(learnt_fraction=0.9, hardest_fraction=0.1, hardest_after=0)
     clean_out, _ = decide_all(Pruner(config, epochs=4, seed=0), known_memory(losses), epoch=1)
     with_nan = losses.copy()
-    with_nan[[3, 500, 998]] = np.nan
+    with_nan[[3, 500]] = np.nan
+    with_nan[998] = np.inf  # among the hardest by value, but trained as NaN is (the keep rule's reading)
     out, weight = decide_all(Pruner(config, epochs=4, seed=0), known_memory(with_nan), epoch=1)
     assert not out[[3, 500, 998]].any() and (weight[[3, 500, 998]] == 1).all()
     assert out.sum() > 400  # without the rows that are not numbers, thresholds were NaN: nothing was pruned

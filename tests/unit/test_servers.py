@@ -56,8 +56,9 @@ def test_a_child_ends_when_the_process_that_started_it_is_killed_outright():
 def test_a_child_orphaned_before_it_could_ask_for_the_signal_ends_at_once():
     """The race: the parent died between the fork and the prctl (simulated: the child expects another parent)."""
     started = time.monotonic()
+    no_such_parent = -1  # no process has it (1 would be pytest's own pid in some containers)
     child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=servers.die_with_parent(parent=1)
+        [sys.executable, "-c", "import time; time.sleep(120)"], preexec_fn=servers.die_with_parent(no_such_parent)
     )
     assert child.wait(timeout=30) == 128 + signal.SIGTERM
     assert time.monotonic() - started < 30
