@@ -27,7 +27,7 @@ from tasks.carbon import account
 from tasks.filtering import filter_samples
 from tasks.launch import launch_groups
 from tasks.pool_launcher import check_deployment
-from tasks.registry import register_model
+from tasks.registry import one_gate_at_a_time, register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
 from trainyard import STAGES, carbon, energy_journal, esg, job_folder, launch, outputs, registry, sifting, status
@@ -193,10 +193,12 @@ def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) ->
     registration): that run's summary, published again, and nothing trained. Training again would upload
     another model over the registered one's outputs while the version, registered once per job id, kept
     the first. None for a job id with no registered version (its first run, or one that never got that far).
+    A version whose promotion gate an earlier run never reached (stopped between the two) is gated now.
     """
-    version = registry.job_version(job.model_name, job_id)
-    if version is None:
+    model = registry.finish_gate(job, job_id, one_gate_at_a_time)
+    if model is None:
         return None
+    version = model["version"]
     written = job_dir / "summary.json"
     summary = json.loads(written.read_text()) if written.exists() else None
     if summary is not None and (summary.get("model") or {}).get("version") == version:
@@ -211,8 +213,8 @@ def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) ->
         return summary
     failed = JobFailed(
         f"job {job_id} was registered as {job.model_name} v{version} by an earlier run, which ended before its "
-        "summary was written here; that model and its outputs stand, and a rerun would train another under the "
-        "same id: submit the job under a new id to train it again"
+        f"summary was written here; that model and its outputs stand ({model['gate']}), and a rerun would train "
+        "another under the same id: submit the job under a new id to train it again"
     )
     return Failed(message=str(failed), data=failed)
 
@@ -345,7 +347,8 @@ def _publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, l
         try:
             registry.log_summary(model["run_id"], summary)
         except Exception as exc:  # noqa: BLE001 - the job is done and its summary written: a registry hiccup is logged
-            logger.warning("could not attach the summary to MLflow run %s: %s", model["run_id"], exc)
+            # masked: MLflow's errors quote the tracking URI, password and all
+            logger.warning("could not attach the summary to MLflow run %s: %s", model["run_id"], redact_text(str(exc)))
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
     create_markdown_artifact(
         key=f"job-summary-{job.name.lower()}",

@@ -6,6 +6,8 @@ retries it; registering again for the same job never adds a second version.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +58,7 @@ def register_model(
             params,
             lineage,
             {"training_curves": plot} | {name: Path(path) for name, path in (files or {}).items()},
+            one_gate_at_a_time,
         )
     m = record["model"]
     logger.info("registered %s version %s (aliases %s; %s)", m["name"], m["version"], m["aliases"], m["gate"])
@@ -69,3 +72,25 @@ def _prefect_tags() -> dict[str, str]:
         "prefect.deployment_id": str(deployment.get_id() or "none"),
         "prefect.deployment_name": str(deployment.name or "none"),
     }
+
+
+GATE_LIMIT_PREFIX = "trainyard-gate-"
+GATE_WAIT_SECONDS = 600.0  # a gate takes seconds; a lease of a holder that died runs out in 5 minutes
+
+
+@contextmanager
+def one_gate_at_a_time(model_name: str) -> Iterator[None]:
+    """Hold the model name's promotion gate: a Prefect global concurrency limit of one slot per model name,
+    so that jobs of one name finishing together, on any machine of the Prefect API, are judged one after the
+    other (each against the champion the one before it left). Its lease outlives a holder killed mid-gate
+    by at most five minutes."""
+    from prefect.client.orchestration import get_client
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists
+
+    limit = f"{GATE_LIMIT_PREFIX}{model_name}"
+    # (ObjectAlreadyExists: another job of the name made it between the upsert's look and its create)
+    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
+        client.upsert_global_concurrency_limit_by_name(limit, 1)
+    with concurrency(limit, occupy=1, timeout_seconds=GATE_WAIT_SECONDS, strict=True):
+        yield

@@ -24,7 +24,7 @@ from trainyard.cli_models import models_app
 from trainyard.cli_report import report_app
 from trainyard.cli_spec import SetOption, SpecArgument, entrypoint_problem, load, warn
 from trainyard.cli_text import say
-from trainyard.errors import TrainyardError
+from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import home, new_job_id, write_json_atomic
 from trainyard.spec import TrainingJob, parse_job
 from trainyard.spec.sections import MOST_REPLICAS
@@ -68,9 +68,11 @@ SummaryOption = Annotated[Path | None, typer.Option("--summary-out", help="Write
 def validate(spec: SpecArgument, set_: SetOption = None) -> None:
     """Check a job spec without running it: prints each problem with the field and the fix.
 
-    Every field is checked at once; the checks across sections (a label the train channel must have, a
-    drill's group among the replicas) run once the fields they read are valid, so fixing a field can
-    bring one of those to light on the next try.
+    Every field is checked at once; the checks across sections (a label the spec must name for a
+    built-in, a drill's group among the replicas) run once the fields they read are valid, so fixing a
+    field can bring one of those to light on the next try. S3 is not read: a missing bucket or object, a
+    label that is not a column, or sifting settings too large for the rows are found by `run`, before any
+    training.
     """
     job = load(spec, set_)
     say(console, f"{spec}: valid job {job.name!r}, {job.resources.replicas} replica group(s)", "green")
@@ -182,11 +184,13 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     # endpoint, the ephemeral API) is stopped on the way out. During the flow Prefect handles the signal
     # first (the flow writes its summary as Stopped), then passes it on to this handler.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    spec_problem = False  # one found only against the data (sifting's draw against the rows): exit 2
     try:
         start_ephemeral_api()  # here, not in the flow: its watchdog stops it should this process be killed
         training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:
         say(console, exc, "red")
+        spec_problem = isinstance(exc, SpecError) or isinstance(exc.__cause__, SpecError)
     except RuntimeError as exc:
         if "ephemeral Prefect API" not in str(exc):
             raise
@@ -216,7 +220,7 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     if summary_out is not None:
         write_json_atomic(summary_out, summary)
     print_summary(summary)
-    return 0 if summary["status"] == "Completed" else 1
+    return 0 if summary["status"] == "Completed" else 2 if spec_problem else 1
 
 
 def _check_summary_out(path: Path | None) -> None:
@@ -263,6 +267,9 @@ def clean(
     from trainyard import housekeeping
 
     found = housekeeping.old_jobs(older_than * 86_400)
+    if not found:
+        say(console, f"nothing to remove: no job idle for {older_than:g} days or more", "green")
+        return
     table = Table(title=f"{'would remove' if dry_run else 'removed'}: jobs idle for {older_than:g} days or more")
     for column, justify in (("job", "left"), ("idle (days)", "right"), ("MiB", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]

@@ -14,10 +14,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trainyard import registry
+from trainyard import registry, registry_admin
 from trainyard.cli_text import say
 from trainyard.errors import TrainyardError
 from trainyard.redaction import redact_text
+from trainyard.registry_errors import ModelNotFound
 
 models_app = typer.Typer(
     help="Registered models: list versions, show one's lineage, approve or reject it, promote it to champion.\n\n"
@@ -49,7 +50,7 @@ def list_(
     name: Annotated[str | None, typer.Argument(help="Only this registered model (default: all).")] = None,
 ) -> None:
     """List registered versions, newest first: aliases, approval status and the gate's decision."""
-    rows = _call(registry.list_versions, name)
+    rows = _call(registry_admin.list_versions, name)
     if not rows:
         out.print("no registered models")
         return
@@ -66,7 +67,7 @@ def list_(
 @models_app.command()
 def show(name: Name, version: Ref) -> None:
     """Show one version: its lineage tags (data, code, job spec, compute, carbon, metrics) and model card."""
-    info = _call(registry.describe, name, version)
+    info = _call(registry_admin.describe, name, version)
     table = Table(title=f"{name} version {info['version']} {info['aliases']}: {info['approval_status']}")
     table.add_column("tag")
     table.add_column("value", overflow="fold")
@@ -81,14 +82,14 @@ def show(name: Name, version: Ref) -> None:
 @models_app.command()
 def approve(name: Name, version: Ref) -> None:
     """Mark a version Approved (approval_status tag, SageMaker's value)."""
-    info = _call(registry.set_approval, name, version, "Approved")
+    info = _call(registry_admin.set_approval, name, version, "Approved")
     say(out, f"{name} version {info['version']}: Approved")
 
 
 @models_app.command()
 def reject(name: Name, version: Ref) -> None:
     """Mark a version Rejected. A rejected champion stays champion until another version is promoted."""
-    info = _call(registry.set_approval, name, version, "Rejected")
+    info = _call(registry_admin.set_approval, name, version, "Rejected")
     say(out, f"{name} version {info['version']}: Rejected")
     if "champion" in info["aliases"]:
         say(err, f"note: version {info['version']} is still the champion; promote another version", "yellow")
@@ -101,11 +102,11 @@ def promote(
     force: Annotated[bool, typer.Option("--force", help="Promote even a Rejected version.")] = False,
 ) -> None:
     """Move the champion alias to a version by hand, whatever the gate decided."""
-    current = _call(registry.describe, name, version)
+    current = _call(registry_admin.describe, name, version)
     if current["approval_status"] == "Rejected" and not force:
         say(err, f"{name} version {current['version']} is Rejected; approve it first, or use --force", "red")
         raise typer.Exit(2)
-    info = _call(registry.promote, name, str(current["version"]))
+    info = _call(registry_admin.promote, name, str(current["version"]))
     say(out, f"{name}@champion -> version {info['version']} ({info['approval_status']})")
 
 
@@ -113,7 +114,7 @@ def _call(fn, *args):
     """Run a registry function; a mistake exits 2, a service failure exits 1, without a traceback."""
     try:
         return fn(*args)
-    except registry.ModelNotFound as exc:
+    except ModelNotFound as exc:
         say(err, exc, "red")
         raise typer.Exit(2) from None
     except TrainyardError as exc:

@@ -39,11 +39,25 @@ def carbon(
     except ValueError as exc:
         say(console, f"OUTPUT_URI: {exc} (the jobs' output.s3_uri)", "red")
         raise typer.Exit(2) from None
+    for path in (csv_out, png_out):  # before reading S3: a path found wrong afterwards wasted the report
+        if path is not None and not path.parent.is_dir():
+            say(console, f"{path}: its folder {path.parent} does not exist", "red")
+            raise typer.Exit(2)
     try:
         rows = esg.read_ledger(output_uri, since)
     except TrainyardError as exc:
         say(console, exc, "red")
         raise typer.Exit(1) from None
+    if not rows:  # not an empty table with a total of 0: that reads as "no emissions"
+        where = f"{output_uri.rstrip('/')}/carbon-ledger/"
+        say(
+            console,
+            f"no ledger lines under {where}"
+            + (f" for jobs finished since {since}" if since else "")
+            + "; OUTPUT_URI is the jobs' output.s3_uri (each job writes its line there)",
+            "red",
+        )
+        raise typer.Exit(1)
     table = Table(title=f"Carbon ledger: {output_uri}" + (f" since {since}" if since else ""))
     for column in ("job", "finished", "status", "kWh", "kgCO2e", "market-based kg", "mode"):
         table.add_column(

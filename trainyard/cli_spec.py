@@ -36,7 +36,7 @@ def warn(job: TrainingJob) -> None:
         say(console, f"warning: {setting}", "yellow")
     problem = entrypoint_problem(job)
     if problem:
-        say(console, f"{problem} (it must import where the job runs, not necessarily here)", "yellow")
+        say(console, f"warning: {problem} (it must import where the job runs, not necessarily here)", "yellow")
 
 
 def entrypoint_problem(job: TrainingJob) -> str | None:

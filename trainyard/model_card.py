@@ -34,6 +34,13 @@ def code_version() -> str:
         return os.environ[CODE_VERSION_ENV]
     here = str(Path(__file__).resolve().parent)
     try:
+        top = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        # Trainyard's own checkout only: an installed copy inside another project's folder (its .venv) would
+        # otherwise record that project's commit
+        if Path(top).resolve() != Path(here).parent or not (Path(top) / "pyproject.toml").is_file():
+            raise subprocess.SubprocessError("not Trainyard's checkout")
         commit = subprocess.run(
             ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
@@ -120,3 +127,16 @@ def render(name: str, job_id: str, tags: dict[str, str]) -> str:
         spec = json.dumps(json.loads(tags[JOB_SPEC_TAG]), indent=2)
         lines += ["", "## Job spec", "", "```json", spec, "```"]
     return "\n".join(lines) + "\n"
+
+
+DESCRIPTION_MAX = 4500  # MLflow keeps a version's description in a 5,000-character column (Postgres, MySQL)
+
+
+def description(card: str) -> str:
+    """The card as a version's description: whole when it fits MLflow's column, else without its job spec
+    (the longest part), else cut, saying where the whole card is (``model_card.md`` in the version's run)."""
+    if len(card) <= DESCRIPTION_MAX:
+        return card
+    note = "\n\n*The whole card, job spec included, is `model_card.md` in this version's run.*\n"
+    shorter = card.split("\n## Job spec", 1)[0].rstrip()
+    return shorter[: DESCRIPTION_MAX - len(note)] + note

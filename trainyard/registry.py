@@ -19,7 +19,8 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ import torch
 from trainyard import model_card, promotion
 from trainyard.home import home
 from trainyard.redaction import redact_spec, redact_text
-from trainyard.registry_errors import ModelNotFound, RegistryUnavailable, service_errors, translate
+from trainyard.registry_errors import RegistryUnavailable, service_errors, translate
 from trainyard.spec import METRICS, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -67,11 +68,14 @@ def register(
     params: dict,
     tags: dict[str, str],
     artifacts: dict[str, Path],
+    one_gate_at_a_time: Callable[[str], AbstractContextManager] = nullcontext,
 ) -> dict:
     """Log ``model`` in an MLflow run of the job's experiment and register it; return the ``model`` summary.
 
     ``tags`` is the pipeline's lineage (data, compute, carbon, Prefect run); the version also gets the
     code version, the job spec and the final metrics, and a model card as its description.
+    ``one_gate_at_a_time(model name)``: held while the promotion gate runs, so that two jobs of one model
+    name finishing together are judged one after the other (MLflow has no compare-and-set for aliases).
     """
     import mlflow
 
@@ -82,11 +86,40 @@ def register(
         version = _version_of_job(client, name, job_id)
         if version is None:
             version = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
-        if promotion.GATE_TAG not in (version.tags or {}):  # new, or an earlier attempt stopped before the gate
-            promotion.gate(client, job.gate, name, version)
+        _gate_once(client, job, version, one_gate_at_a_time)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except service_errors() as exc:
         raise translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
+
+
+def finish_gate(
+    job: TrainingJob, job_id: str, one_gate_at_a_time: Callable[[str], AbstractContextManager] = nullcontext
+) -> dict | None:
+    """The ``model`` summary of the version job ``job_id`` registered, its promotion gate run first where an
+    earlier run was stopped between the version and the gate (None: the job registered none)."""
+    import mlflow
+
+    uri = ensure_store()
+    name = job.model_name
+    try:
+        client = mlflow.MlflowClient(uri)
+        version = _version_of_job(client, name, job_id)
+        if version is None:
+            return None
+        _gate_once(client, job, version, one_gate_at_a_time)
+        return model_summary(client, name, client.get_model_version(name, version.version), uri)
+    except service_errors() as exc:
+        raise translate(exc, f"finishing the registration of {name!r} for job {job_id}", uri) from exc
+
+
+def _gate_once(client, job: TrainingJob, version, one_gate_at_a_time) -> None:
+    """The promotion gate for ``version``, unless it has run (an earlier attempt may have stopped before it)."""
+    if promotion.GATE_TAG in (version.tags or {}):
+        return
+    with one_gate_at_a_time(job.model_name):
+        fresh = client.get_model_version(job.model_name, version.version)  # another attempt's gate may have run
+        if promotion.GATE_TAG not in (fresh.tags or {}):
+            promotion.gate(client, job.gate, job.model_name, fresh)
 
 
 def job_version(name: str, job_id: str) -> int | None:
@@ -158,77 +191,8 @@ def log_summary(run_id: str, summary: dict) -> None:
         client.set_model_version_tag(name, number, key, value)
         client.set_tag(run_id, key, value)
     card = model_card.render(name, tags.get(JOB_ID_TAG, summary.get("job_id", "")), tags | final)
-    client.update_model_version(name, number, description=card)
+    client.update_model_version(name, number, description=model_card.description(card))
     client.log_text(run_id, card, "model_card.md")
-
-
-def list_versions(name: str | None = None) -> list[dict]:
-    """Every registered version (of ``name``, or of every model), newest first, as ``model`` summaries."""
-    import mlflow
-
-    uri = tracking_uri()
-    try:
-        client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
-        if name is not None:
-            client.get_registered_model(name)  # an unknown name is a mistake, not an empty list
-        found = client.search_model_versions(f"name='{name}'" if name else None)
-        rows = [model_summary(client, v.name, v, uri) for v in found]
-        # search_model_versions leaves out the aliases: the registered model holds them
-        aliases = {n: client.get_registered_model(n).aliases or {} for n in {r["name"] for r in rows}}
-    except service_errors() as exc:
-        raise translate(exc, f"listing {name or 'registered models'}", uri, registering=False) from exc
-    for row in rows:
-        row["aliases"] = sorted(a for a, v in aliases[row["name"]].items() if int(v) == row["version"])
-    return sorted(rows, key=lambda r: (r["name"], -r["version"]))
-
-
-def describe(name: str, ref: str) -> dict:
-    """One version (``ref``: a number or an alias): its summary, every tag and its model card."""
-    return _with_version(name, ref, "reading", lambda client, v: None)
-
-
-def set_approval(name: str, ref: str, status: str) -> dict:
-    """Set a version's ``approval_status`` (SageMaker's values); return its summary."""
-    if status not in APPROVAL_STATUSES:
-        raise ValueError(f"approval status must be one of {APPROVAL_STATUSES}, not {status!r}")
-    return _with_version(
-        name,
-        ref,
-        f"setting {APPROVAL_TAG} of",
-        lambda c, v: c.set_model_version_tag(name, v.version, APPROVAL_TAG, status),
-    )
-
-
-def promote(name: str, ref: str) -> dict:
-    """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
-
-    def move(client, version) -> None:
-        client.set_registered_model_alias(name, promotion.CHAMPION, version.version)
-        candidate = promotion.alias_version(client, name, promotion.CANDIDATE)
-        if candidate is not None and str(candidate.version) == str(version.version):
-            client.delete_registered_model_alias(name, promotion.CANDIDATE)
-        client.set_model_version_tag(name, version.version, promotion.GATE_TAG, "champion: promoted by hand")
-
-    return _with_version(name, ref, "promoting", move)
-
-
-def _with_version(name: str, ref: str, what: str, action) -> dict:
-    import mlflow
-
-    uri = tracking_uri()
-    label = f"{name} version {ref}" if ref.isdigit() else f"{name}@{ref}"
-    if ref.isdigit() and int(ref) >= 2**63:  # past the store's integers: no such version, not a failing service
-        raise ModelNotFound(f"{label}: no such registered model version")
-    try:
-        client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
-        version = client.get_model_version(name, ref) if ref.isdigit() else promotion.alias_version(client, name, ref)
-        if version is None:
-            raise ModelNotFound(f"{label}: no such registered model or alias")
-        action(client, version)
-        version = client.get_model_version(name, version.version)
-    except service_errors() as exc:
-        raise translate(exc, f"{what} {label}", uri, registering=False) from exc
-    return {**model_summary(client, name, version, uri), "tags": dict(version.tags or {}), "card": version.description}
 
 
 # Each epoch's metrics logged to the run: the ones a job can stop or promote on, and sifting's
@@ -264,7 +228,7 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
         model_id=info.model_id,  # a tracking server refuses a models:/ source without it
         run_id=run.info.run_id,
         tags={APPROVAL_TAG: "PendingManualApproval", **lineage},
-        description=card,
+        description=model_card.description(card),
     )
 
 
@@ -322,6 +286,8 @@ def _experiment(client, name: str, uri: str) -> str:
     """The id of the job's experiment (named after the job), made where missing. One deleted in MLflow
     (in its trash, where a tidy of the UI puts it) is restored: MLflow refuses runs in a deleted
     experiment, which failed every later job of that name after its training."""
+    from mlflow.exceptions import MlflowException
+
     found = client.get_experiment_by_name(name)
     if found is not None and found.lifecycle_stage == "deleted":
         log.warning(
@@ -338,7 +304,12 @@ def _experiment(client, name: str, uri: str) -> str:
         # Beside the database: without it MLflow would put artifacts under ./mlruns of whatever the
         # working folder is. A tracking server decides for itself.
         location = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts" / name).as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as exc:  # another job of this name made it between our look and our create
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
 
 
 def _ensure_registered(client, name: str) -> str:
@@ -349,7 +320,11 @@ def _ensure_registered(client, name: str) -> str:
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-        client.create_registered_model(name, tags={"managed_by": "trainyard"})
+        try:
+            client.create_registered_model(name, tags={"managed_by": "trainyard"})
+        except MlflowException as created:  # another job of this name registered it first: as good
+            if created.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
     return name
 
 

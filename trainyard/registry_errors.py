@@ -28,8 +28,10 @@ def service_errors() -> tuple[type[BaseException], ...]:
     """What the MLflow client and its artifact stores raise when a request fails."""
     from botocore.exceptions import BotoCoreError, ClientError
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError  # a database tracking URI's store: a file it cannot open, say
 
-    return (MlflowException, OSError, BotoCoreError, ClientError)
+    # ModuleNotFoundError: a tracking URI whose database driver is not installed (postgresql:// without psycopg2)
+    return (MlflowException, OSError, BotoCoreError, ClientError, SQLAlchemyError, ModuleNotFoundError)
 
 
 def translate(exc: BaseException, what: str, uri: str, registering: bool = True) -> RegistryError:
@@ -40,6 +42,11 @@ def translate(exc: BaseException, what: str, uri: str, registering: bool = True)
     uri = redact_text(uri)  # a password in the tracking URI stays out of messages (MLflow's own quote it too)
     if isinstance(exc, TrainyardError):
         return exc if isinstance(exc, RegistryError) else RegistryError(f"{what} in {uri} failed: {exc}")
+    if isinstance(exc, ModuleNotFoundError):
+        return RegistryError(
+            f"{what}: the tracking URI {uri} needs the Python package {exc.name!r}, which is not installed here; "
+            "install it (pip install ...) or set MLFLOW_TRACKING_URI to a store this machine can reach"
+        )
     if isinstance(exc, MlflowException):
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
             return ModelNotFound(f"{what}: {redact_text(exc.message)}")

@@ -143,11 +143,17 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
     assert "0.01235" in result.output and "0.03704" in result.output  # each job's market-based kg, and their total
     for args, code, says in (
         (["--since", "yesterday"], 2, "--since 'yesterday': not a date"),
-        (["--csv", str(tmp_path / "no-such-folder" / "l.csv")], 1, "cannot be written"),
+        (["--csv", str(tmp_path / "no-such-folder" / "l.csv")], 2, "no-such-folder does not exist"),
+        (["--png", str(tmp_path / "l.csv" / "l.png")], 2, "does not exist"),  # a file where the folder should be
     ):
         failed = CliRunner().invoke(app, ["report", "carbon", f"s3://{bucket}/out/", *args])
         assert failed.exit_code == code and says in failed.output, failed.output
         assert failed.exception is None or isinstance(failed.exception, SystemExit)
+    # the parent of the output prefix (or one job's folder): no lines there, said so, not a total of 0
+    for where in (f"s3://{bucket}/", f"s3://{bucket}/out/job-0/"):
+        failed = CliRunner().invoke(app, ["report", "carbon", where])
+        flat = " ".join(failed.output.split())
+        assert failed.exit_code == 1 and "no ledger lines under" in flat and "0 job(s)" not in flat, flat
 
 
 GROUP_METER = """

@@ -37,3 +37,16 @@ def test_a_summary_out_path_that_cannot_be_written_is_refused_before_the_job_run
     assert ran == [missing] and missing.parent.is_dir()  # its folder made for it
     result = CliRunner().invoke(app, ["demo", "--replicas", "0"])
     assert result.exit_code == 2 and "--replicas" in result.output
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines_and_a_failing_entrypoint_is_a_warning(tmp_path):
+    spec = tmp_path / "job.yaml"
+    text = yaml.safe_dump(minimal(), sort_keys=False)
+    spec.write_text(text + "resources: {replicas: 2}\nresources: {replicas: 3}\n")  # the first was dropped unsaid
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    lines = text.count("\n")
+    assert result.exit_code == 2, result.output
+    assert f"'resources' is given twice, at lines {lines + 1} and {lines + 2}; keep one" in result.output
+    spec.write_text(yaml.safe_dump(minimal() | {"algorithm": {"entrypoint": "nosuch.mod:build"}}))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0 and "warning: algorithm.entrypoint: cannot import" in " ".join(result.output.split())

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from tests.unit.models import register, trained
-from trainyard import model_card, promotion, registry
+from trainyard import model_card, promotion, registry, registry_admin
 from trainyard.cli import app
 from trainyard.promotion import decide
 from trainyard.spec import PromoteIf, parse_job
@@ -227,7 +227,7 @@ def test_models_list_shows_each_versions_aliases(tracking, tmp_path):
     job, model, x = trained()
     register(job, model, x, "a", 0.80, tmp_path)
     register(job, model, x, "b", 0.70, tmp_path)  # worse: candidate
-    rows = {r["version"]: r["aliases"] for r in registry.list_versions("reg-test")}
+    rows = {r["version"]: r["aliases"] for r in registry_admin.list_versions("reg-test")}
     assert rows == {1: ["champion"], 2: ["candidate"]}
     listed = CliRunner().invoke(app, ["models", "list"], env={"COLUMNS": "80"})
     assert "champion" in listed.output and "candidate" in listed.output

@@ -155,11 +155,30 @@ def _drop(data: object, loc: tuple[str, ...]) -> None:
             return
 
 
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping key given twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last silently, so a
+    second ``resources:`` block dropped the first without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise _DuplicateKey(f"{key!r} is given twice, at lines {seen[key] + 1} and {line}; keep one")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_job(path: str | Path, overrides: list[str] | None = None) -> TrainingJob:
     """Read a YAML job spec, apply ``--set`` overrides, and validate it."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except FileNotFoundError:
         raise SpecError([f"{path}: no such file"]) from None
     except IsADirectoryError:
@@ -168,6 +187,8 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> TrainingJo
         raise SpecError([f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"]) from None
     except OSError as exc:  # unreadable: permissions, a broken link
         raise SpecError([f"{path}: cannot be read ({exc.strerror or exc})"]) from None
+    except _DuplicateKey as exc:
+        raise SpecError([f"{path}: {exc}"]) from None
     except yaml.YAMLError as exc:
         raise SpecError([f"{path}: not valid YAML ({exc})"]) from None
     data = data if data is not None else {}

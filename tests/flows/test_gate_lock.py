@@ -1,0 +1,37 @@
+"""Jobs of one model name finishing together are gated one at a time, through the Prefect API's global
+concurrency limits (any machine of the API)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tasks.registry import one_gate_at_a_time
+
+
+def _hold_together(names: list[str]) -> list[tuple[float, float]]:
+    spans: list[tuple[float, float]] = []
+
+    def hold(name: str) -> None:
+        with one_gate_at_a_time(name):
+            started = time.monotonic()
+            time.sleep(1.0)
+            spans.append((started, time.monotonic()))
+
+    threads = [threading.Thread(target=hold, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(spans) == len(names)
+    return sorted(spans)
+
+
+def test_one_gate_per_model_name_at_a_time(prefect_api):
+    from prefect.client.orchestration import get_client
+
+    (a_start, a_end), (b_start, _) = _hold_together(["gate-test", "gate-test"])
+    assert b_start >= a_end  # the second waited for the first
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name("trainyard-gate-gate-test")
+    assert (limit.limit, limit.active_slots) == (1, 0)  # one slot, released by both

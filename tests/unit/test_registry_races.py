@@ -1,0 +1,139 @@
+"""The registry when jobs of one model name finish together, and other edges a review found: two gates at
+once, two first registrations at once, a rerun finishing a gate an earlier run never reached, long model
+cards, a tracking URI whose driver is missing, and the code version of a copy installed in another project."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager, suppress
+
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
+
+from tests.unit.models import register, trained
+from trainyard import model_card, promotion, registry
+from trainyard.registry_errors import translate
+
+
+def _versions_without_their_gate(monkeypatch, tmp_path, job, model, x, accuracies: dict[str, float]) -> None:
+    with monkeypatch.context() as m:
+        m.setattr(promotion, "gate", lambda *a, **k: None)  # stopped between the version and the gate
+        for job_id, accuracy in accuracies.items():
+            register(job, model, x, job_id, accuracy, tmp_path)
+
+
+def test_two_gates_of_one_model_name_at_once_leave_the_better_version_champion(tracking, tmp_path, monkeypatch):
+    job, model, x = trained()
+    register(job, model, x, "j1", 0.60, tmp_path)  # the champion both will read
+    _versions_without_their_gate(monkeypatch, tmp_path, job, model, x, {"j2": 0.95, "j3": 0.70})
+    both_read = threading.Barrier(2)
+    decide = promotion.decide
+
+    def racing(rule, ours, theirs, *args):
+        decision = decide(rule, ours, theirs, *args)
+        # without the lock both have read v1 here, before either writes; with it, the other waits for the
+        # lock, and this one's wait breaks
+        with suppress(threading.BrokenBarrierError):
+            both_read.wait(timeout=2)
+        if ours == 0.70:
+            time.sleep(0.5)  # the worse one writes last: its alias would stand, better or not
+        return decision
+
+    monkeypatch.setattr(promotion, "decide", racing)
+    lock = threading.Lock()
+
+    @contextmanager
+    def one_at_a_time(name):
+        with lock:
+            yield
+
+    models = {}
+    threads = [
+        threading.Thread(target=lambda j=j: models.update({j: registry.finish_gate(job, j, one_at_a_time)}))
+        for j in ("j2", "j3")
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    client = mlflow.MlflowClient(tracking)
+    assert str(promotion.alias_version(client, job.model_name, promotion.CHAMPION).version) == "2"
+    assert str(promotion.alias_version(client, job.model_name, promotion.CANDIDATE).version) == "3"
+    assert models["j2"]["gate"].startswith("champion: val_accuracy 0.95 beats the champion's 0.6")
+    assert models["j3"]["gate"].startswith("candidate: val_accuracy 0.7 does not beat the champion's 0.95")
+
+
+def test_a_rerun_finishes_the_gate_an_earlier_run_never_reached(tracking, tmp_path, monkeypatch):
+    job, model, x = trained()
+    _versions_without_their_gate(monkeypatch, tmp_path, job, model, x, {"j1": 0.9})
+    client = mlflow.MlflowClient(tracking)
+    assert promotion.alias_version(client, job.model_name, promotion.CHAMPION) is None  # ungated
+    finished = registry.finish_gate(job, "j1")
+    assert finished["version"] == 1 and finished["aliases"] == ["champion"]
+    assert finished["gate"] == "champion: no champion yet"
+    assert registry.finish_gate(job, "j1") == finished  # gated once
+    assert registry.finish_gate(job, "never-registered") is None
+
+
+def test_two_first_registrations_of_a_model_name_at_once_both_register(tracking, monkeypatch):
+    # each job looked before the other created the experiment and the registered model: one create fails
+    client = mlflow.MlflowClient(tracking)
+    experiment = client.create_experiment("race")
+    client.create_registered_model("race")
+    looks = {"experiment": 0}
+    real_look = mlflow.MlflowClient.get_experiment_by_name
+
+    def look(self, name):
+        looks["experiment"] += 1
+        return None if looks["experiment"] == 1 else real_look(self, name)  # the first look: not there yet
+
+    missing = MlflowException("no such model", error_code=RESOURCE_DOES_NOT_EXIST)
+    monkeypatch.setattr(mlflow.MlflowClient, "get_experiment_by_name", look)
+    monkeypatch.setattr(mlflow.MlflowClient, "get_registered_model", lambda *a: (_ for _ in ()).throw(missing))
+    assert registry._experiment(client, "race", tracking) == experiment  # "already exists": the other's
+    assert registry._ensure_registered(client, "race") == "race"
+
+
+def test_a_long_model_card_fits_mlflows_description_column():
+    card = "# model\n\n" + "| tag | value |\n" * 200 + "\n## Job spec\n\n```json\n" + "{}\n" * 2000 + "```\n"
+    cut = model_card.description(card)
+    assert len(cut) <= model_card.DESCRIPTION_MAX and "## Job spec" not in cut and "model_card.md" in cut
+    assert model_card.description("# small card\n") == "# small card\n"
+
+
+def test_a_tracking_uri_whose_database_driver_is_missing_is_named_not_a_traceback():
+    error = translate(ModuleNotFoundError("No module named 'psycopg2'", name="psycopg2"), "registering 'm'", "x")
+    assert "needs the Python package 'psycopg2', which is not installed" in str(error)
+
+
+def test_the_code_version_is_trainyards_own_not_an_enclosing_projects(tmp_path):
+    # an installed copy of trainyard inside another project's git checkout (its .venv)
+    project = tmp_path / "project"
+    site = project / ".venv" / "site"
+    site.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run(
+        ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty"]
+        + ["-m", "x"],
+        check=True,
+    )
+    theirs = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    import shutil
+
+    import trainyard
+
+    shutil.copytree(trainyard.__path__[0], site / "trainyard")
+    code = "from trainyard import model_card; print(model_card.code_version())"
+    found = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site)},
+        cwd=tmp_path,  # not this checkout's folder, which python -c would put first on the path
+        check=True,
+    ).stdout.strip()
+    assert theirs.strip() not in found and not found.startswith("git:")

@@ -1,0 +1,79 @@
+"""What ``trainyard models`` does to registered versions by hand: list them, show one, approve or reject it
+(SageMaker's ``ModelApprovalStatus``), promote it to ``champion``. Registration and the automatic gate are
+``registry`` and ``promotion``."""
+
+from __future__ import annotations
+
+from trainyard import promotion
+from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, model_summary, tracking_uri
+from trainyard.registry_errors import ModelNotFound, service_errors, translate
+
+
+def list_versions(name: str | None = None) -> list[dict]:
+    """Every registered version (of ``name``, or of every model), newest first, as ``model`` summaries."""
+    import mlflow
+
+    uri = tracking_uri()
+    try:
+        client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
+        if name is not None:
+            client.get_registered_model(name)  # an unknown name is a mistake, not an empty list
+        found = client.search_model_versions(f"name='{name}'" if name else None)
+        rows = [model_summary(client, v.name, v, uri) for v in found]
+        # search_model_versions leaves out the aliases: the registered model holds them
+        aliases = {n: client.get_registered_model(n).aliases or {} for n in {r["name"] for r in rows}}
+    except service_errors() as exc:
+        raise translate(exc, f"listing {name or 'registered models'}", uri, registering=False) from exc
+    for row in rows:
+        row["aliases"] = sorted(a for a, v in aliases[row["name"]].items() if int(v) == row["version"])
+    return sorted(rows, key=lambda r: (r["name"], -r["version"]))
+
+
+def describe(name: str, ref: str) -> dict:
+    """One version (``ref``: a number or an alias): its summary, every tag and its model card."""
+    return _with_version(name, ref, "reading", lambda client, v: None)
+
+
+def set_approval(name: str, ref: str, status: str) -> dict:
+    """Set a version's ``approval_status`` (SageMaker's values); return its summary."""
+    if status not in APPROVAL_STATUSES:
+        raise ValueError(f"approval status must be one of {APPROVAL_STATUSES}, not {status!r}")
+    return _with_version(
+        name,
+        ref,
+        f"setting {APPROVAL_TAG} of",
+        lambda c, v: c.set_model_version_tag(name, v.version, APPROVAL_TAG, status),
+    )
+
+
+def promote(name: str, ref: str) -> dict:
+    """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
+
+    def move(client, version) -> None:
+        client.set_registered_model_alias(name, promotion.CHAMPION, version.version)
+        candidate = promotion.alias_version(client, name, promotion.CANDIDATE)
+        if candidate is not None and str(candidate.version) == str(version.version):
+            client.delete_registered_model_alias(name, promotion.CANDIDATE)
+        client.set_model_version_tag(name, version.version, promotion.GATE_TAG, "champion: promoted by hand")
+
+    return _with_version(name, ref, "promoting", move)
+
+
+def _with_version(name: str, ref: str, what: str, action) -> dict:
+    import mlflow
+
+    uri = tracking_uri()
+    number = ref.isascii() and ref.isdigit()  # "²" is a digit to str.isdigit, and no number to int()
+    label = f"{name} version {ref}" if number else f"{name}@{ref}"
+    if number and int(ref) >= 2**63:  # past the store's integers: no such version, not a failing service
+        raise ModelNotFound(f"{label}: no such registered model version")
+    try:
+        client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
+        version = client.get_model_version(name, ref) if number else promotion.alias_version(client, name, ref)
+        if version is None:
+            raise ModelNotFound(f"{label}: no such registered model or alias")
+        action(client, version)
+        version = client.get_model_version(name, version.version)
+    except service_errors() as exc:
+        raise translate(exc, f"{what} {label}", uri, registering=False) from exc
+    return {**model_summary(client, name, version, uri), "tags": dict(version.tags or {}), "card": version.description}
