@@ -44,6 +44,8 @@ def tracking_uri() -> str:
     # MLflow prints each run's URL to stdout (past Prefect's log capture, into worker and pod logs), a
     # password in the tracking URI included; Trainyard's own messages name runs without it.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # "Creating initial MLflow database tables..." at INFO, on every new store: MLflow's business, not the job's
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
 
 
@@ -86,6 +88,7 @@ def register(
         version = _version_of_job(client, name, job_id)
         if version is None:
             version = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
+            version = _one_version_of_job(client, name, job_id, version)
         _gate_once(client, job, version, one_gate_at_a_time)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except service_errors() as exc:
@@ -267,6 +270,20 @@ def _check_artifacts(model_uri: str) -> None:
 def _version_of_job(client, name: str, job_id: str):
     found = client.search_model_versions(f"name='{name}' and tag.`{JOB_ID_TAG}`='{job_id}'")
     return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def _one_version_of_job(client, name: str, job_id: str, created):
+    """The job's one version, after creating it. MLflow's client retries a request, a POST too, after a
+    read timeout or a 5xx a proxy sent for a create the server had done: the job would have two versions
+    (one never gated). Every version of the job but the first is deleted."""
+    found = client.search_model_versions(f"name='{name}' and tag.`{JOB_ID_TAG}`='{job_id}'")
+    if len(found) <= 1:
+        return created
+    first, *others = sorted(found, key=lambda v: int(v.version))
+    for extra in others:
+        log.warning("job %s was registered twice (a retried request); deleting %s v%s", job_id, name, extra.version)
+        client.delete_model_version(name, extra.version)
+    return first
 
 
 def _discard_unregistered_runs(client, experiment_id: str, job_id: str) -> None:

@@ -137,3 +137,19 @@ def test_the_code_version_is_trainyards_own_not_an_enclosing_projects(tmp_path):
         check=True,
     ).stdout.strip()
     assert theirs.strip() not in found and not found.startswith("git:")
+
+
+def test_a_create_the_client_retried_leaves_the_job_one_version(tracking, tmp_path, monkeypatch):
+    # the server made the version, a proxy answered 504, MLflow's client posted again: a second version
+    create = mlflow.MlflowClient.create_model_version
+
+    def twice(self, *args, **kwargs):
+        create(self, *args, **kwargs)
+        return create(self, *args, **kwargs)
+
+    job, model, x = trained()
+    monkeypatch.setattr(mlflow.MlflowClient, "create_model_version", twice)
+    info = register(job, model, x, "j1", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    assert [int(v.version) for v in client.search_model_versions(f"name='{job.model_name}'")] == [1]
+    assert info["version"] == 1 and info["aliases"] == ["champion"]
