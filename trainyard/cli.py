@@ -299,9 +299,9 @@ def print_summary(summary: dict) -> None:
     model = summary.get("model") or {}
     if model:
         table.add_row("model", f"{model['uri']} {model['aliases']}")
-    if summary.get("failure_reason"):
-        table.add_row("failure", summary["failure_reason"])
     Console().print(table)
+    if summary.get("failure_reason"):  # under the table, as text: right-aligned in a cell it wrapped unreadably
+        say(Console(), f"{summary['status']}: {summary['failure_reason']}", "red")
 
 
 def main() -> None:
