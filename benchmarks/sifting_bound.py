@@ -40,6 +40,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -173,19 +174,25 @@ def top_third(run: Run, counted: bool, memory: int | None = None, reused: bool =
     run.forward_reused = reused
     remembered = np.full(len(run.x), np.nan)
     age = np.full(len(run.x), -(10**6))
-    epoch, batch = 0, run.data.batch_size
+    for epoch, drawn in candidate_pools(run):
+        stale = drawn if memory is None else drawn[epoch - age[drawn] > memory]
+        remembered[stale], age[stale] = run.score(stale, counted), epoch
+        chosen = drawn[np.argsort(-remembered[drawn], kind="stable")[: run.data.batch_size]]
+        remembered[chosen], age[chosen] = run.step(chosen), epoch
+    return run
+
+
+def candidate_pools(run: Run) -> Iterator[tuple[int, np.ndarray]]:
+    """``(epoch, rows)``: shuffled pools of ``CANDIDATES`` batches' worth of rows, epoch after epoch, until
+    the run's budget is spent."""
+    epoch, pool = 0, CANDIDATES * run.data.batch_size
     while not run.done:
         order = run.rng.permutation(len(run.x))
-        for start in range(0, len(order), CANDIDATES * batch):
+        for start in range(0, len(order), pool):
             if run.done:
-                break
-            drawn = order[start : start + CANDIDATES * batch]
-            stale = drawn if memory is None else drawn[epoch - age[drawn] > memory]
-            remembered[stale], age[stale] = run.score(stale, counted), epoch
-            chosen = drawn[np.argsort(-remembered[drawn], kind="stable")[:batch]]
-            remembered[chosen], age[chosen] = run.step(chosen), epoch
+                return
+            yield epoch, order[start : start + pool]
         epoch += 1
-    return run
 
 
 def head_scored(run: Run) -> Run:
@@ -194,24 +201,18 @@ def head_scored(run: Run) -> Run:
     head_flops = 2 * head.in_features * head.out_features  # per row: the last layer's multiply-adds
     features = torch.zeros(len(run.x), head.in_features)
     seen = np.zeros(len(run.x), dtype=bool)
-    batch = run.data.batch_size
-    while not run.done:
-        order = run.rng.permutation(len(run.x))
-        for start in range(0, len(order), CANDIDATES * batch):
-            if run.done:
-                break
-            drawn = order[start : start + CANDIDATES * batch]
-            new = drawn[~seen[drawn]]
-            with torch.no_grad():
-                features[new] = body(run.x[new])  # a first sighting: a whole forward, counted
-                run.flops += len(new) * run.costs.forward
-                seen[new] = True
-                losses = run.loss_fn(head(features[drawn]), run.y[drawn]).numpy()
-            run.flops += len(drawn) * head_flops
-            chosen = drawn[np.argsort(-losses, kind="stable")[:batch]]
-            with torch.no_grad():  # the training forward's activations, free (recomputed here for brevity)
-                features[chosen] = body(run.x[chosen])
-            run.step(chosen)
+    for _, drawn in candidate_pools(run):
+        new = drawn[~seen[drawn]]
+        with torch.no_grad():
+            features[new] = body(run.x[new])  # a first sighting: a whole forward, counted
+            run.flops += len(new) * run.costs.forward
+            seen[new] = True
+            losses = run.loss_fn(head(features[drawn]), run.y[drawn]).numpy()
+        run.flops += len(drawn) * head_flops
+        chosen = drawn[np.argsort(-losses, kind="stable")[: run.data.batch_size]]
+        with torch.no_grad():  # the training forward's activations, free (recomputed here for brevity)
+            features[chosen] = body(run.x[chosen])
+        run.step(chosen)
     return run
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -96,9 +96,8 @@ def _journaling(journal: energy_journal.Journal | None, stage: str, energy, star
     if journal is None:
         yield
         return
-    stop = threading.Event()
 
-    def write() -> None:
+    def write(stop: threading.Event) -> None:
         while True:
             try:
                 kwh, kg = energy.reading()
@@ -108,13 +107,24 @@ def _journaling(journal: energy_journal.Journal | None, stage: str, energy, star
             if stop.wait(JOURNAL_SECONDS):
                 return
 
-    thread = threading.Thread(target=write, name="trainyard-energy-journal", daemon=True)
+    with in_background(write, "trainyard-energy-journal"):
+        yield
+
+
+@contextmanager
+def in_background(
+    work: Callable[[threading.Event], None], name: str, join_seconds: float | None = None
+) -> Iterator[None]:
+    """``work(stop)`` in a daemon thread while the block runs; ``stop`` is set when the block ends, and the
+    thread joined (for at most ``join_seconds``: one stuck in a call it cannot cut short is left to end)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(stop,), name=name, daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
-        thread.join()
+        thread.join(join_seconds)
 
 
 def _with_earlier(attempt: dict, earlier: list[dict]) -> dict:

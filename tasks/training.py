@@ -16,7 +16,7 @@ from prefect.client.orchestration import get_client
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
-from tasks._metering import stage_meter
+from tasks._metering import in_background, stage_meter
 from trainyard import carbon, plots, progress
 from trainyard.launch import LaunchHandle
 from trainyard.live_metrics import LiveRun
@@ -112,9 +112,8 @@ def _stop_when_tagged(job_dir: Path, logger) -> Iterator[None]:
     if run_id is None:
         yield
         return
-    done = threading.Event()
 
-    def watch() -> None:
+    def watch(done: threading.Event) -> None:
         warned = False
         # a short timeout: a hung API holds up only this thread, which the stage does not wait long for
         with get_client(sync_client=True, httpx_settings={"timeout": STOP_POLL_SECONDS}) as client:
@@ -132,10 +131,6 @@ def _stop_when_tagged(job_dir: Path, logger) -> Iterator[None]:
                         warned = True
                 done.wait(STOP_POLL_SECONDS)
 
-    thread = threading.Thread(target=watch, name="trainyard-stop-request", daemon=True)
-    thread.start()
-    try:
+    # a call in flight to a hung API is left to end by itself (a daemon)
+    with in_background(watch, "trainyard-stop-request", join_seconds=1.0):
         yield
-    finally:
-        done.set()
-        thread.join(timeout=1.0)  # a call in flight to a hung API is left to end by itself (a daemon)
