@@ -115,21 +115,21 @@ def _stop_when_tagged(job_dir: Path, logger) -> Iterator[None]:
 
     def watch(done: threading.Event) -> None:
         warned = False
-        # a short timeout: a hung API holds up only this thread, which the stage does not wait long for
-        with get_client(sync_client=True, httpx_settings={"timeout": STOP_POLL_SECONDS}) as client:
-            while not done.is_set():
-                try:
+        while not done.is_set():
+            try:
+                # a short timeout: a hung API holds up only this thread, which the stage does not wait long for
+                with get_client(sync_client=True, httpx_settings={"timeout": STOP_POLL_SECONDS}) as client:
                     tags = client.read_flow_run(UUID(run_id)).tags
                     if user_stop.RUN_TAG in tags and not done.is_set():
                         logger.info("%s", user_stop.request_in(job_dir))
                         # acted on: a Prefect retry of this run (the same run, its tags kept) trains again
                         client.update_flow_run(UUID(run_id), tags=[t for t in tags if t != user_stop.RUN_TAG])
                         return
-                except Exception as exc:  # noqa: BLE001 - an API hiccup must not stop training; tried again
-                    if not warned:
-                        logger.warning("could not read the run's tags for a stop request: %s", exc)
-                        warned = True
-                done.wait(STOP_POLL_SECONDS)
+            except Exception as exc:  # noqa: BLE001 - an API hiccup must not stop training; tried again
+                if not warned:
+                    logger.warning("could not read the run's tags for a stop request: %s", exc)
+                    warned = True
+            done.wait(STOP_POLL_SECONDS)
 
     # a call in flight to a hung API is left to end by itself (a daemon)
     with in_background(watch, "trainyard-stop-request", join_seconds=1.0):
