@@ -50,3 +50,13 @@ def test_a_key_given_twice_is_refused_naming_both_lines_and_a_failing_entrypoint
     spec.write_text(yaml.safe_dump(minimal() | {"algorithm": {"entrypoint": "nosuch.mod:build"}}))
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 0 and "warning: algorithm.entrypoint: cannot import" in " ".join(result.output.split())
+
+
+def test_the_example_specs_are_valid(tmp_path):
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+    assert examples  # the README points new users at them
+    for spec in examples:
+        result = CliRunner().invoke(app, ["validate", str(spec)])
+        assert result.exit_code == 0 and "warning" not in result.output, (spec, result.output)
