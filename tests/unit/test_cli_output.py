@@ -47,6 +47,14 @@ def test_a_key_given_twice_is_refused_naming_both_lines_and_a_failing_entrypoint
     lines = text.count("\n")
     assert result.exit_code == 2, result.output
     assert f"'resources' is given twice, at lines {lines + 1} and {lines + 2}; keep one" in result.output
+    # a merge key's keys may be overridden: that is what `<<` is for
+    spec.write_text(
+        "name: j\nalgorithm: {builtin: mlp-classifier}\noutput: {s3_uri: 's3://bkt/out/'}\ninputs:\n"
+        "  train: &channel {s3_uri: 's3://bkt/train/', label: y}\n"
+        "  validation:\n    <<: *channel\n    s3_uri: 's3://bkt/validation/'\n"
+    )
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
     spec.write_text(yaml.safe_dump(minimal() | {"algorithm": {"entrypoint": "nosuch.mod:build"}}))
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 0 and "warning: algorithm.entrypoint: cannot import" in " ".join(result.output.split())

@@ -166,6 +166,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults`: the keys it brings may be overridden, as YAML means them to be
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 line = key_node.start_mark.line + 1
