@@ -16,7 +16,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
 from tasks._metering import retry_transient, stage_meter
-from trainyard import model_card, plots, registry
+from trainyard import job_folder, model_card, plots, registry
+from trainyard.home import home
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.supervisor import TrainingOutcome, load_model
@@ -80,17 +81,19 @@ GATE_WAIT_SECONDS = 600.0  # a gate takes seconds; a lease of a holder that died
 
 @contextmanager
 def one_gate_at_a_time(model_name: str) -> Iterator[None]:
-    """Hold the model name's promotion gate: a Prefect global concurrency limit of one slot per model name,
-    so that jobs of one name finishing together, on any machine of the Prefect API, are judged one after the
-    other (each against the champion the one before it left). Its lease outlives a holder killed mid-gate
-    by at most five minutes."""
+    """Hold the model name's promotion gate, so that jobs of one name finishing together are judged one after
+    the other (each against the champion the one before it left): a file lock under ``TRAINYARD_HOME`` for
+    the jobs of this machine (``trainyard run`` gives each job a Prefect API of its own), and a Prefect
+    global concurrency limit of one slot for those of every machine of a shared Prefect API. The limit's
+    lease outlives a holder killed mid-gate by at most five minutes."""
     from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists
 
     limit = f"{GATE_LIMIT_PREFIX}{model_name}"
-    # (ObjectAlreadyExists: another job of the name made it between the upsert's look and its create)
-    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
-        client.upsert_global_concurrency_limit_by_name(limit, 1)
-    with concurrency(limit, occupy=1, timeout_seconds=GATE_WAIT_SECONDS, strict=True):
-        yield
+    with job_folder.file_lock(home() / "locks" / f"{limit}.lock", GATE_WAIT_SECONDS):
+        # (ObjectAlreadyExists: another job of the name made it between the upsert's look and its create)
+        with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
+            client.upsert_global_concurrency_limit_by_name(limit, 1)
+        with concurrency(limit, occupy=1, timeout_seconds=GATE_WAIT_SECONDS, strict=True):
+            yield

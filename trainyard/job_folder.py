@@ -16,6 +16,9 @@ import fcntl
 import json
 import os
 import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainyard.errors import TrainingError
@@ -53,6 +56,29 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+@contextmanager
+def file_lock(path: Path, wait_seconds: float) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (made where missing) for the block, waited for at most
+    ``wait_seconds``; it dies with its process. Locks the processes of one machine (of one file system)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TrainingError(
+                        f"{path} stayed locked for {wait_seconds:g} s; is a process stuck holding it?"
+                    ) from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)
 
 
 def set_aside_earlier_run(job_dir: Path) -> Path | None:

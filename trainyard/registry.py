@@ -276,13 +276,19 @@ def _one_version_of_job(client, name: str, job_id: str, created):
     """The job's one version, after creating it. MLflow's client retries a request, a POST too, after a
     read timeout or a 5xx a proxy sent for a create the server had done: the job would have two versions
     (one never gated). Every version of the job but the first is deleted."""
+    from mlflow.exceptions import MlflowException
+
     found = client.search_model_versions(f"name='{name}' and tag.`{JOB_ID_TAG}`='{job_id}'")
     if len(found) <= 1:
         return created
     first, *others = sorted(found, key=lambda v: int(v.version))
     for extra in others:
         log.warning("job %s was registered twice (a retried request); deleting %s v%s", job_id, name, extra.version)
-        client.delete_model_version(name, extra.version)
+        try:
+            client.delete_model_version(name, extra.version)
+        except MlflowException as exc:  # another attempt of the job deleted it first
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
     return first
 
 

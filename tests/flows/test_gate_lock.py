@@ -35,3 +35,14 @@ def test_one_gate_per_model_name_at_a_time(prefect_api):
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name("trainyard-gate-gate-test")
     assert (limit.limit, limit.active_slots) == (1, 0)  # one slot, released by both
+
+
+def test_jobs_of_one_machine_each_with_a_prefect_api_of_its_own_are_gated_one_at_a_time(prefect_api, monkeypatch):
+    # `trainyard run` gives each job its own ephemeral Prefect API: its limit is not the other job's
+    import contextlib
+
+    import prefect.concurrency.sync
+
+    monkeypatch.setattr(prefect.concurrency.sync, "concurrency", lambda *a, **k: contextlib.nullcontext())
+    (a_start, a_end), (b_start, _) = _hold_together(["gate-local", "gate-local"])
+    assert b_start >= a_end  # the file lock under TRAINYARD_HOME held the second

@@ -159,28 +159,51 @@ class _DuplicateKey(yaml.YAMLError):
     """A mapping key given twice."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last silently, so a
-    second ``resources:`` block dropped the first without a word."""
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *defaults`: the keys it brings may be overridden, as YAML means them to be
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                line = key_node.start_mark.line + 1
-                raise _DuplicateKey(f"{key!r} is given twice, at lines {seen[key] + 1} and {line}; keep one")
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
+
+def _load_yaml(text: str):
+    """``yaml.safe_load``, refusing a key given twice in one mapping (PyYAML keeps the last silently, so a
+    second ``resources:`` block dropped the first without a word). Checked on the composed node tree, before
+    anything is built: a merge key's (``<<: *defaults``) keys may be overridden, as YAML means them to be."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(loader, node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node) -> None:
+    stack, visited = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:  # an alias: the node it names is walked once
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, value_node in node.value:
+                stack.append(value_node)
+                if key_node.tag == MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                    continue  # merged keys may be overridden; a list or mapping as a key is the spec's to refuse
+                key = loader.construct_object(key_node)
+                if key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise _DuplicateKey(f"{key!r} is given twice, at lines {seen[key]} and {line}; keep one")
+                seen[key] = key_node.start_mark.line + 1
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> TrainingJob:
     """Read a YAML job spec, apply ``--set`` overrides, and validate it."""
     path = Path(path)
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        data = _load_yaml(path.read_text())
     except FileNotFoundError:
         raise SpecError([f"{path}: no such file"]) from None
     except IsADirectoryError:
