@@ -16,8 +16,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
 from tasks._metering import retry_transient, stage_meter
-from trainyard import job_folder, model_card, plots, registry
-from trainyard.home import home
+from trainyard import model_card, plots, registry
+from trainyard.home import flocked, home
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.supervisor import TrainingOutcome, load_model
@@ -91,7 +91,7 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
     from prefect.exceptions import ObjectAlreadyExists
 
     limit = f"{GATE_LIMIT_PREFIX}{model_name}"
-    with job_folder.file_lock(home() / "locks" / f"{limit}.lock", GATE_WAIT_SECONDS):
+    with flocked(home() / "locks" / f"{limit}.lock", wait_seconds=GATE_WAIT_SECONDS):
         # (ObjectAlreadyExists: another job of the name made it between the upsert's look and its create)
         with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
             client.upsert_global_concurrency_limit_by_name(limit, 1)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -114,6 +115,20 @@ def tracking(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+def wait_for_step(path: Path, step: int, timeout: float = 120.0) -> None:
+    """Until the attempt file ``path`` (a heartbeat, progress) says ``step`` or later; a test failure after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(path.read_text())["step"] >= step:
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"{path} never reached step {step} in {timeout:g} s")
 
 
 def rejoined(attempt: Path) -> bool:

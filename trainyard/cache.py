@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from trainyard.errors import TrainyardError
-from trainyard.home import cache_dir
+from trainyard.home import cache_dir, flocked
 
 CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
 CACHE_VERIFY_ENV = "TRAINYARD_CACHE_VERIFY"  # on: a cached object's bytes are digested again at each hit
@@ -126,13 +126,8 @@ def pinned() -> set[str]:
 @contextlib.contextmanager
 def _eviction_lock(kind: int) -> Iterator[None]:
     """Shared while pins are added, exclusive while an eviction reads them and deletes."""
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    fd = os.open(cache_dir() / "eviction.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, kind)
+    with flocked(cache_dir() / "eviction.lock", kind):
         yield
-    finally:
-        os.close(fd)
 
 
 def claim_part(path: Path) -> int:
@@ -158,14 +153,8 @@ def fetching(path: Path) -> Iterator[None]:
     on this machine, or another thread) waits, then finds it cached, instead of downloading it again.
     One of 4,096 lock files, chosen by the object's cache name: a rare wait on another object's fetch
     costs less than a lock file left per object."""
-    folder = cache_dir() / "fetching"
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / path.name[:3], os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # per open file: threads of one process wait on each other too
+    with flocked(cache_dir() / "fetching" / path.name[:3]):  # threads of one process wait on each other too
         yield
-    finally:
-        os.close(fd)
 
 
 def _abandoned(path: Path) -> bool:

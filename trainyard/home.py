@@ -7,16 +7,19 @@ embedded MLflow), ``prefect/`` (the embedded Prefect's ``PREFECT_HOME``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainyard.errors import SpecError
+from trainyard.errors import SpecError, TrainingError
 
 TRAINYARD_HOME_ENV = "TRAINYARD_HOME"
 
@@ -96,3 +99,33 @@ def _sub(name: str) -> Path:
     path = home() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+class Locked(TrainingError):
+    """A lock file another process (or another open of it) held for longer than the caller would wait."""
+
+
+@contextlib.contextmanager
+def flocked(path: Path, kind: int = fcntl.LOCK_EX, wait_seconds: float | None = None) -> Iterator[None]:
+    """A ``flock`` (``kind``: ``LOCK_EX`` or ``LOCK_SH``) on the lock file ``path``, made where missing, for the
+    block. ``wait_seconds``: how long to wait for it (None: as long as it takes; 0: not at all), then
+    ``Locked``. Per open file: threads of one process wait on each other too. It dies with its process,
+    however that dies; it locks the processes of one machine (of one file system)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if wait_seconds is None:
+            fcntl.flock(fd, kind)
+        else:
+            deadline = time.monotonic() + wait_seconds
+            while True:
+                try:
+                    fcntl.flock(fd, kind | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise Locked(f"{path} stayed locked for {wait_seconds:g} s") from None
+                    time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)

@@ -12,16 +12,14 @@ the job's ``RunLock`` throughout, so no second run of the id moves the folder fr
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import shutil
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from trainyard.errors import TrainingError
+from trainyard.home import Locked, flocked
 from trainyard.training.plan import SUPERVISOR_FILE
 
 EARLIER = "earlier-runs"
@@ -37,12 +35,10 @@ class RunLock:
 
     def __init__(self, job_dir: Path):
         self.path = job_dir / LOCK
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._held = contextlib.ExitStack()
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            self._fd = None
+            self._held.enter_context(flocked(self.path, wait_seconds=0))
+        except Locked:
             raise TrainingError(
                 f"job {job_dir.name} is already running on this machine (another run of it holds {self.path}): "
                 f"wait for it, stop it (trainyard stop {job_dir.name}, or trainyard jobs stop), or run the job "
@@ -53,32 +49,7 @@ class RunLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-@contextmanager
-def file_lock(path: Path, wait_seconds: float) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (made where missing) for the block, waited for at most
-    ``wait_seconds``; it dies with its process. Locks the processes of one machine (of one file system)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TrainingError(
-                        f"{path} stayed locked for {wait_seconds:g} s; is a process stuck holding it?"
-                    ) from None
-                time.sleep(0.1)
-        yield
-    finally:
-        os.close(fd)
+        self._held.close()
 
 
 def set_aside_earlier_run(job_dir: Path) -> Path | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from prefect.client.orchestration import get_client
 from typer.testing import CliRunner
 
 from flows.training_pipeline import JobFailed, training_pipeline
-from tests.conftest import job_dict, upload_dataset
+from tests.conftest import job_dict, upload_dataset, wait_for_step
 from trainyard import registry, s3
 from trainyard.cli import app
 from trainyard.home import job_dir, jobs_dir
@@ -36,18 +35,9 @@ def _start(bucket: str, name: str) -> tuple[str, threading.Thread]:
     return job_id, thread
 
 
-def _training(job_id: str, steps: int = 20, timeout: float = 120) -> None:
+def _training(job_id: str, steps: int = 20) -> None:
     # the path alone (attempt_dir would make the folder, which the run, starting, sets aside as an earlier run's)
-    heartbeat = jobs_dir() / job_id / "replicas" / "0" / "attempt-0" / "heartbeat.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(heartbeat.read_text())["step"] >= steps:
-                return
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"job {job_id} never trained {steps} steps")
+    wait_for_step(jobs_dir() / job_id / "replicas" / "0" / "attempt-0" / "heartbeat.json", steps)
 
 
 def _stopped_with_its_model(job_id: str, thread: threading.Thread, bucket: str, mlflow_uri: str) -> dict:

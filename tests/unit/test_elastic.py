@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from tests.conftest import rejoined, slow_until, slow_while
+from tests.conftest import rejoined, slow_until, slow_while, wait_for_step
 from tests.unit.jobs import make_job, run
 from trainyard.errors import TrainingError
 
@@ -30,19 +30,10 @@ def test_groups_added_and_removed_mid_job_never_stop_the_others(trainyard_home, 
     )
     asked = []
 
-    def wait_for(path, step):
-        while True:
-            try:
-                if json.loads(path.read_text())["step"] >= step:
-                    return
-            except (FileNotFoundError, ValueError):
-                pass
-            time.sleep(0.05)
-
     def operator():  # what `trainyard scale JOB_ID N` does, from another process
-        wait_for(attempt_dir(folder, 0, 0) / "heartbeat.json", 20)
+        wait_for_step(attempt_dir(folder, 0, 0) / "heartbeat.json", 20)
         asked.append(scaling.request(job_id, 3))
-        wait_for(attempt_dir(folder, 2, 0) / "progress.json", 0)  # the new group committed a step
+        wait_for_step(attempt_dir(folder, 2, 0) / "progress.json", 0)  # the new group committed a step
         time.sleep(1.0)
         asked.append(scaling.request(job_id, 2))
 
