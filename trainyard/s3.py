@@ -13,6 +13,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import boto3
 import botocore.session
@@ -23,6 +24,7 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    EndpointConnectionError,
     NoCredentialsError,
     ParamValidationError,
     PartialCredentialsError,
@@ -108,6 +110,22 @@ _clients: dict[tuple, tuple[boto3.session.Session, object]] = {}
 # pyarrow's AWS SDK, and keying on it cost a second client (~0.1 s) in every streaming process.
 _SET_IN_CONFIG = frozenset({"AWS_RESPONSE_CHECKSUM_VALIDATION"})
 _clients_lock = threading.Lock()
+# Hosts that have answered a request (any status) in this process. A host that never has is a wrong
+# endpoint or one that is down: botocore's own retries (9 attempts, about 4 s) have already waited for it,
+# and the task's retries would only triple the wait for the same message. One that answered before and
+# then refused is a blip, and worth trying again (the retry resumes from the cache).
+_answered_hosts: set[str] = set()
+
+
+def _host(url: str) -> str:
+    """The host and port of ``url``, never its user or password."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or ""
+
+
+def _note_answer(http_response=None, **_kwargs) -> None:
+    if http_response is not None:
+        _answered_hosts.add(_host(http_response.url))
 
 
 def client():
@@ -139,7 +157,9 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
                 session = boto3.session.Session(botocore_session=core)
                 refused = None
                 try:
-                    _clients[key] = (session, session.client("s3", config=_client_config(core)))
+                    made = session.client("s3", config=_client_config(core))
+                    made.meta.events.register("after-call.s3", _note_answer)
+                    _clients[key] = (session, made)
                 except ValueError as exc:
                     if not str(exc).startswith("Invalid endpoint: "):  # another setting's (a region's): its own
                         raise
@@ -201,6 +221,14 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
         )
     if isinstance(exc, ParamValidationError):  # refused before sending: the URI, not the network
         return StorageError(f"{uri}: not a request S3 can take ({exc}); check the URI")
+    if isinstance(exc, EndpointConnectionError):
+        host = _host(exc.kwargs.get("endpoint_url", ""))
+        if host not in _answered_hosts:
+            return StorageError(
+                f"{uri}: could not connect to S3 at {host or 'its endpoint'}, which has not answered once; check "
+                "AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL, or the profile's endpoint_url) and that the endpoint "
+                "is up"
+            )
     if isinstance(exc, BotoCoreError | ConnectionError | TimeoutError | urllib3.exceptions.HTTPError):
         # (the raw socket errors are what s3transfer's retries end on, as their last error)
         return StorageError(

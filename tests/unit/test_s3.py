@@ -4,11 +4,15 @@ and the credentials it signs with handed to pyarrow's file system."""
 from __future__ import annotations
 
 import gc
+import http.server
 import os
+import socket
+import threading
 from pathlib import Path
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from trainyard import s3
 
@@ -157,3 +161,41 @@ def test_the_standard_retry_settings_are_honoured_as_boto3_counts_them(fresh_cli
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "three")
     with pytest.raises(s3.StorageError, match="AWS_MAX_ATTEMPTS .* 'three' is not a whole number"):
         s3.client()
+
+
+def test_an_endpoint_that_never_answered_is_not_retried_and_one_that_answered_before_is(fresh_clients, monkeypatch):
+    """A refused connection to an endpoint that has not answered once is a wrong or stopped endpoint: the
+    task's retries would only repeat botocore's wait. After one answer, a refused connection is a blip."""
+    monkeypatch.setattr(s3, "_answered_hosts", set())
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+
+    class Forbidden(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # any answer at all counts: here S3's "access denied"
+            self.send_response(403)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with socket.socket() as probe:  # a port nothing listens on, until the server below takes it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://user:secret@127.0.0.1:{port}")
+    with pytest.raises(EndpointConnectionError) as refused:  # nothing listens yet
+        s3.client().list_objects_v2(Bucket="b")
+    never = s3.describe_error(refused.value, "s3://b/ch/")
+    assert not never.transient
+    assert f"s3://b/ch/: could not connect to S3 at 127.0.0.1:{port}, which has not answered once" in str(never)
+    assert "AWS_ENDPOINT_URL_S3" in str(never) and "secret" not in str(never)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Forbidden)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with pytest.raises(ClientError):
+        s3.client().list_objects_v2(Bucket="b")
+    server.shutdown()
+    server.server_close()
+    with pytest.raises(EndpointConnectionError) as refused:
+        s3.client().list_objects_v2(Bucket="b")
+    blip = s3.describe_error(refused.value, "s3://b/ch/")
+    assert blip.transient
+    assert "could not reach S3" in str(blip)
