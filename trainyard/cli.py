@@ -23,7 +23,7 @@ from trainyard.cli_jobs import jobs_app
 from trainyard.cli_models import models_app
 from trainyard.cli_report import report_app
 from trainyard.cli_spec import SetOption, SpecArgument, entrypoint_problem, load, warn
-from trainyard.cli_text import say
+from trainyard.cli_text import out, say
 from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import home, new_job_id, write_json_atomic
 from trainyard.spec import TrainingJob, parse_job
@@ -277,7 +277,7 @@ def clean(
         if not dry_run:
             housekeeping.remove(job)
         table.add_row(job.job_id, f"{job.idle_seconds / 86_400:.1f}", f"{job.size / 2**20:.1f}")
-    Console().print(table)
+    out().print(table)
     say(console, f"{len(found)} job(s), {sum(job.size for job in found) / 2**20:.1f} MiB", "green")
 
 
@@ -299,9 +299,9 @@ def print_summary(summary: dict) -> None:
     model = summary.get("model") or {}
     if model:
         table.add_row("model", f"{model['uri']} {model['aliases']}")
-    Console().print(table)
+    out().print(table)
     if summary.get("failure_reason"):  # under the table, as text: right-aligned in a cell it wrapped unreadably
-        say(Console(), f"{summary['status']}: {summary['failure_reason']}", "red")
+        say(out(), f"{summary['status']}: {summary['failure_reason']}", "red")
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trainyard.cli_text import say
+from trainyard.cli_text import out, say
 from trainyard.errors import TrainyardError
 
 infra_app = typer.Typer(
@@ -24,7 +24,6 @@ infra_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
-out = Console()
 err = Console(stderr=True)
 _STYLE = {"created": "green", "updated": "yellow", "unchanged": "dim"}
 
@@ -92,9 +91,9 @@ def apply(
         table.add_column(column, overflow="fold")
     for c in changes:
         table.add_row(c.kind, c.name, f"[{_STYLE[c.action]}]{c.action}[/]", c.detail)
-    out.print(table)
+    out().print(table)
     changed = [c for c in changes if c.action != "unchanged"]
-    say(out, f"{len(changed)} change(s)" if changed else "no changes")
+    say(out(), f"{len(changed)} change(s)" if changed else "no changes")
 
 
 def _infra_module():

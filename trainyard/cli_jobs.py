@@ -13,7 +13,7 @@ from rich.table import Table
 
 from flows.client import DEFAULT_DEPLOYMENT  # the client imports Prefect only when it is called
 from trainyard.cli_spec import SetOption, SpecArgument, load, warn
-from trainyard.cli_text import say
+from trainyard.cli_text import out, say
 from trainyard.errors import TrainyardError
 
 jobs_app = typer.Typer(
@@ -77,7 +77,7 @@ def list_jobs(limit: Annotated[int, typer.Option(help="How many, newest first.")
         table.add_column(column, overflow="fold")  # ids whole, wrapped, in a narrow terminal
     for r in rows:
         table.add_row(r["job_id"] or "", r["status"], r["prefect_state"] or "", r["started"] or "", r["flow_run_id"])
-    Console().print(table)
+    out().print(table)
 
 
 @jobs_app.command()

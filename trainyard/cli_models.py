@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainyard import registry, registry_admin
-from trainyard.cli_text import say
+from trainyard.cli_text import out, say
 from trainyard.errors import TrainyardError
 from trainyard.redaction import redact_text
 from trainyard.registry_errors import ModelNotFound
@@ -28,7 +28,6 @@ models_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
 )
-out = Console()
 err = Console(stderr=True)
 # A person waits on these commands: MLflow's own defaults (7 retries, backing off) made an unreachable
 # server a 4-minute wait before the error. A job's registration keeps MLflow's defaults.
@@ -52,7 +51,7 @@ def list_(
     """List registered versions, newest first: aliases, approval status and the gate's decision."""
     rows = _call(registry_admin.list_versions, name)
     if not rows:
-        out.print("no registered models")
+        out().print("no registered models")
         return
     table = Table(title=f"registered models ({redact_text(registry.tracking_uri())})")
     for column in ("model", "version", "aliases", "approval", "job", "gate"):
@@ -61,7 +60,7 @@ def list_(
     for r in rows:
         aliases = ", ".join(r["aliases"])
         table.add_row(r["name"], str(r["version"]), aliases, r["approval_status"], r["job_id"] or "", r["gate"] or "")
-    out.print(table)
+    out().print(table)
 
 
 @models_app.command()
@@ -73,24 +72,24 @@ def show(name: Name, version: Ref) -> None:
     table.add_column("value", overflow="fold")
     for key, value in sorted(info["tags"].items()):
         table.add_row(key, value if len(value) <= 300 else value[:300] + "...")
-    out.print(table)
-    say(out, f"source: {info['source']}  run: {info['run_id']}")
+    out().print(table)
+    say(out(), f"source: {info['source']}  run: {info['run_id']}")
     if info["card"]:
-        out.print(info["card"], markup=False, highlight=False)
+        out().print(info["card"], markup=False, highlight=False)
 
 
 @models_app.command()
 def approve(name: Name, version: Ref) -> None:
     """Mark a version Approved (approval_status tag, SageMaker's value)."""
     info = _call(registry_admin.set_approval, name, version, "Approved")
-    say(out, f"{name} version {info['version']}: Approved")
+    say(out(), f"{name} version {info['version']}: Approved")
 
 
 @models_app.command()
 def reject(name: Name, version: Ref) -> None:
     """Mark a version Rejected. A rejected champion stays champion until another version is promoted."""
     info = _call(registry_admin.set_approval, name, version, "Rejected")
-    say(out, f"{name} version {info['version']}: Rejected")
+    say(out(), f"{name} version {info['version']}: Rejected")
     if "champion" in info["aliases"]:
         say(err, f"note: version {info['version']} is still the champion; promote another version", "yellow")
 
@@ -107,7 +106,7 @@ def promote(
         say(err, f"{name} version {current['version']} is Rejected; approve it first, or use --force", "red")
         raise typer.Exit(2)
     info = _call(registry_admin.promote, name, str(current["version"]))
-    say(out, f"{name}@champion -> version {info['version']} ({info['approval_status']})")
+    say(out(), f"{name}@champion -> version {info['version']} ({info['approval_status']})")
 
 
 def _call(fn, *args):

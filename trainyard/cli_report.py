@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trainyard.cli_text import say
+from trainyard.cli_text import out, say
 from trainyard.errors import TrainyardError
 from trainyard.spec.base import check_s3_uri
 
@@ -81,7 +81,7 @@ def carbon(
     table.add_row(
         "total", f"{len(rows)} job(s)", "", f"{energy:.4g}", f"{emissions:.4g}", market_total, "", style="bold"
     )
-    Console().print(table)
+    out().print(table)
     for path, write in ((csv_out, esg.write_csv), (png_out, esg.plot_ledger)):
         if path is None:
             continue

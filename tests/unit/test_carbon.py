@@ -130,15 +130,20 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
     from trainyard.cli import app
 
     for i, day in enumerate(("2026-11-01", "2026-11-20")):
-        row = {"job_id": f"job-{i}", "finished_at": f"{day}T10:00:00", "status": "Completed"}
+        row = {"job_id": f"job-{i}-churn-mlp-2026110{i}-101500-a3f9c{i}", "finished_at": f"{day}T10:00:00"}
+        row |= {"status": "Completed"}
         row |= {"energy_kwh": 0.5, "emissions_kg": 0.1 * (i + 1), "measurement_mode": "cpu:cpu_load"}
         row |= {"scope2_market_based_kg": 0.0123456789 * (i + 1)}
         esg.write_ledger_row(f"s3://{bucket}/out/", row)
-    assert [r["job_id"] for r in esg.read_ledger(f"s3://{bucket}/out/", since="2026-11-10")] == ["job-1"]
+    assert [r["job_id"] for r in esg.read_ledger(f"s3://{bucket}/out/", since="2026-11-10")] == [
+        "job-1-churn-mlp-20261101-101500-a3f9c1"
+    ]
     files = ["--csv", str(tmp_path / "l.csv"), "--png", str(tmp_path / "l.png")]
     result = CliRunner().invoke(app, ["report", "carbon", f"s3://{bucket}/out/", *files])
     assert result.exit_code == 0, result.output
-    assert "job-0" in result.output and "2 job(s)" in result.output
+    assert "2 job(s)" in result.output
+    # in a pipe, as here, the table is as wide as it needs: each id on one line, not wrapped at 80 columns
+    assert "job-0-churn-mlp-20261100-101500-a3f9c0" in result.output
     assert (tmp_path / "l.csv").read_text().count("\n") == 3 and (tmp_path / "l.png").stat().st_size > 1000
     assert "0.01235" in result.output and "0.03704" in result.output  # each job's market-based kg, and their total
     for args, code, says in (
@@ -150,7 +155,7 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
         assert failed.exit_code == code and says in failed.output, failed.output
         assert failed.exception is None or isinstance(failed.exception, SystemExit)
     # the parent of the output prefix (or one job's folder): no lines there, said so, not a total of 0
-    for where in (f"s3://{bucket}/", f"s3://{bucket}/out/job-0/"):
+    for where in (f"s3://{bucket}/", f"s3://{bucket}/out/job-0-churn-mlp-20261100-101500-a3f9c0/"):
         failed = CliRunner().invoke(app, ["report", "carbon", where])
         flat = " ".join(failed.output.split())
         assert failed.exit_code == 1 and "no ledger lines under" in flat and "0 job(s)" not in flat, flat
