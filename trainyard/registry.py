@@ -85,10 +85,10 @@ def register(
     client = mlflow.MlflowClient(uri)
     name = job.model_name
     try:
-        version = _version_of_job(client, name, job_id)
+        version = _one_version_of_job(client, name, job_id)
         if version is None:
-            version = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
-            version = _one_version_of_job(client, name, job_id, version)
+            created = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
+            version = _one_version_of_job(client, name, job_id) or created
         _gate_once(client, job, version, one_gate_at_a_time)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except service_errors() as exc:
@@ -106,7 +106,7 @@ def finish_gate(
     name = job.model_name
     try:
         client = mlflow.MlflowClient(uri)
-        version = _version_of_job(client, name, job_id)
+        version = _one_version_of_job(client, name, job_id)  # an earlier run may have died before its clean-up
         if version is None:
             return None
         _gate_once(client, job, version, one_gate_at_a_time)
@@ -267,21 +267,27 @@ def _check_artifacts(model_uri: str) -> None:
         raise RegistryUnavailable(f"the model logged at {model_uri} is not in the artifact store (found {listed})")
 
 
-def _version_of_job(client, name: str, job_id: str):
+def _versions_of_job(client, name: str, job_id: str) -> list:
     found = client.search_model_versions(f"name='{name}' and tag.`{JOB_ID_TAG}`='{job_id}'")
-    return min(found, key=lambda v: int(v.version)) if found else None
+    return sorted(found, key=lambda v: int(v.version))
 
 
-def _one_version_of_job(client, name: str, job_id: str, created):
-    """The job's one version, after creating it. MLflow's client retries a request, a POST too, after a
-    read timeout or a 5xx a proxy sent for a create the server had done: the job would have two versions
-    (one never gated). Every version of the job but the first is deleted."""
+def _version_of_job(client, name: str, job_id: str):
+    found = _versions_of_job(client, name, job_id)
+    return found[0] if found else None
+
+
+def _one_version_of_job(client, name: str, job_id: str):
+    """The job's one version (None: it has none), every other version of the job deleted. MLflow's client
+    retries a request, a POST too, after a read timeout or a 5xx a proxy sent for a create the server had
+    done: the job would have two versions, one never gated. A run that died between the two creates and
+    this clean-up leaves them both, for its rerun to find here."""
     from mlflow.exceptions import MlflowException
 
-    found = client.search_model_versions(f"name='{name}' and tag.`{JOB_ID_TAG}`='{job_id}'")
+    found = _versions_of_job(client, name, job_id)
     if len(found) <= 1:
-        return created
-    first, *others = sorted(found, key=lambda v: int(v.version))
+        return found[0] if found else None
+    first, *others = found
     for extra in others:
         log.warning("job %s was registered twice (a retried request); deleting %s v%s", job_id, name, extra.version)
         try:

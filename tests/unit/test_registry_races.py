@@ -157,3 +157,26 @@ def test_a_create_the_client_retried_leaves_the_job_one_version(tracking, tmp_pa
     client = mlflow.MlflowClient(tracking)
     assert [int(v.version) for v in client.search_model_versions(f"name='{job.model_name}'")] == [1]
     assert info["version"] == 1 and info["aliases"] == ["champion"]
+
+
+def test_a_rerun_deletes_the_extra_version_a_run_left_when_it_died_before_its_clean_up(tracking, tmp_path, monkeypatch):
+    create = mlflow.MlflowClient.create_model_version
+    job, model, x = trained()
+    with monkeypatch.context() as m:  # a retried create, then the run died before deleting the extra or gating
+        m.setattr(
+            mlflow.MlflowClient,
+            "create_model_version",
+            lambda self, *a, **k: (create(self, *a, **k), create(self, *a, **k))[1],
+        )
+        m.setattr(
+            registry,
+            "_one_version_of_job",
+            lambda client, name, job_id, *_: registry._version_of_job(client, name, job_id),
+        )
+        m.setattr(promotion, "gate", lambda *a, **k: None)
+        register(job, model, x, "j1", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    assert sorted(int(v.version) for v in client.search_model_versions(f"name='{job.model_name}'")) == [1, 2]
+    finished = registry.finish_gate(job, "j1")
+    assert [int(v.version) for v in client.search_model_versions(f"name='{job.model_name}'")] == [1]
+    assert finished["version"] == 1 and finished["aliases"] == ["champion"]
