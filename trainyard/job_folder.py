@@ -4,7 +4,9 @@ A run leaves its plan, its stop and scale requests, its groups' folders (heartbe
 its logs and its summary in ``jobs/<job id>/``. A rerun of the id (a Prefect retry of a failed or crashed
 run, a resubmission) must not read them as its own: an earlier run's stop request stopped the rerun at
 once, and its plan sent the rerun's first groups to a lighthouse that was gone. So a run first moves them
-to ``earlier-runs/<n>/`` (kept for a post-mortem; ``trainyard clean`` removes the folder with the job's),
+to ``earlier-runs/<n>/`` (kept for a post-mortem, the last ``EARLIER_KEPT`` of them: a job retried again
+and again would otherwise keep every attempt's group models; ``trainyard clean`` removes the folder with
+the job's),
 keeping in place only the energy journals (``energy/``: every run's, counted by the rerun) and deleting
 the prepared arrays (``data/``: made again from the cache, and as large as the channels). A run holds
 the job's ``RunLock`` throughout, so no second run of the id moves the folder from under a live one.
@@ -25,6 +27,7 @@ from trainyard.training.plan import SUPERVISOR_FILE
 EARLIER = "earlier-runs"
 LOCK = "run.lock"
 KEPT = frozenset({"energy", EARLIER, LOCK})
+EARLIER_KEPT = 3
 DERIVED = frozenset({"data"})
 
 
@@ -67,6 +70,9 @@ def set_aside_earlier_run(job_dir: Path) -> Path | None:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         else:
             os.replace(path, target / path.name)
+    # numbers keep counting up past the ones removed, so a post-mortem's "earlier-runs/4" never changes meaning
+    for old in sorted((p for p in earlier.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))[:-EARLIER_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
     return target
 
 

@@ -36,6 +36,11 @@ def test_a_rerun_finds_its_folder_clean_but_for_the_energy_journals(tmp_path):
     _earlier_run(folder)
     assert job_folder.set_aside_earlier_run(folder) == folder / "earlier-runs" / "2"
     assert job_folder.set_aside_earlier_run(folder) is None
+    for _ in range(3):  # the last three earlier runs are kept, numbered on from the last
+        _earlier_run(folder)
+        job_folder.set_aside_earlier_run(folder)
+    assert sorted(p.name for p in (folder / "earlier-runs").iterdir()) == ["3", "4", "5"]
+    assert (folder / "earlier-runs" / "5" / "plan.json").exists()
 
 
 def test_one_run_of_a_job_id_at_a_time_and_a_killed_run_holds_nothing(tmp_path):
