@@ -41,6 +41,11 @@ from trainyard.training.replica import PARENT_ENV, THREADS_ENV
 # not dropped (if one were, it would rejoin at the next step and heal: slower, never wrong).
 # JOIN_TIMEOUT_MS bounds how long a quorum waits for a heartbeating group that has not asked to join.
 HEARTBEAT_TIMEOUT_MS = 500
+# How long a stopping job waits for its pool groups to leave before it stops their lighthouse: a worker
+# notices a cancelled run within its query interval (10 s by default) and a group leaves within a step,
+# or a collective's timeout (trainer.PG_TIMEOUT, 10 s) when a peer left first. Under the 30 s a process
+# worker gives a cancelled pipeline run before it kills it.
+POOL_LEAVE_SECONDS = 20.0
 JOIN_TIMEOUT_MS = 3000
 _PROCESSES: dict[int, subprocess.Popen] = {}
 # The exit codes of the processes ``shutdown`` stopped and forgot: a supervisor that shut its groups
@@ -140,6 +145,10 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         stderr=subprocess.STDOUT,
         env={"RUST_LOG": "warn", **os.environ},  # its INFO is a few lines per step
         preexec_fn=die_with_parent(),  # not orphaned by a pipeline process killed outright (SIGKILL, OOM)
+        # A process group of its own: a worker cancelling the pipeline run SIGTERMs its whole group, and the
+        # lighthouse must outlive that until the job's groups have left (shutdown); they hung in their
+        # quorum without it until their workers killed them.
+        start_new_session=True,
     )
     log.close()
     _PROCESSES[lighthouse.pid] = lighthouse
@@ -270,12 +279,17 @@ def _signal(pid: int, kill: bool) -> None:
 def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
     """Stop every replica group still running, then the lighthouse.
 
-    Local groups first: one told to leave (SIGTERM) finishes its step, whose quorum needs the lighthouse.
-    A pool's groups are cancelled, and their workers stop them when they notice (seconds to tens of
-    seconds); their step boundary is not waited for here."""
+    Groups first, and the lighthouse kept up until they have ended: one told to leave (SIGTERM) finishes its
+    step, whose quorum needs the lighthouse; without it the group hangs in its quorum until it is killed. A
+    pool's groups are cancelled, their workers SIGTERM them when they notice, and their runs are waited for
+    up to ``POOL_LEAVE_SECONDS``."""
     if handle.work_pool != "local":
+        launcher = launcher_for(handle)
         for replica in handle.replicas:
-            launcher_for(handle).kill(replica)  # the run is cancelled: its worker sends the group SIGTERM
+            launcher.kill(replica)  # the run is cancelled: its worker sends the group SIGTERM
+        deadline = time.monotonic() + POOL_LEAVE_SECONDS
+        while any(launcher.exit_code(r) is None for r in handle.replicas) and time.monotonic() < deadline:
+            time.sleep(0.5)
     _stop_processes([r.pid for r in handle.replicas if r.pid], grace_seconds)
     _stop_processes([handle.lighthouse_pid], grace_seconds)
 

@@ -22,7 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flows import client
-from tests.conftest import job_dict, rejoined, slow_until, upload_dataset
+from tests.conftest import job_dict, rejoined, slow_until, upload_dataset, wait_for_step
 from tests.integration.conftest import PREFECT, REPO
 from trainyard.cli import app
 
@@ -226,6 +226,8 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
         time.sleep(1)
     else:
         pytest.fail(f"the groups never ran: {_logs(home)}")
+    for replica in (0, 1):  # both training, their SIGTERM handlers (leave at a step boundary) in place
+        wait_for_step(_attempt(run_id, replica, 0) / "heartbeat.json", 20)
     result = CliRunner().invoke(app, ["jobs", "stop", run_id])
     assert result.exit_code == 0 and "cancelled 3 run(s)" in result.output, result.output
     final = client.wait(run_id, timeout_seconds=120)
@@ -234,6 +236,10 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     while any(not r.state.is_final() for r in _replica_runs(job_id)) and time.monotonic() < deadline:
         time.sleep(1)
     assert all(r.state.type.value == "CANCELLED" for r in _replica_runs(job_id))
+    # each group left at a step boundary (its result written), not killed in a quorum whose lighthouse was gone
+    for replica in (0, 1):
+        result = json.loads((_attempt(run_id, replica, 0) / "result.json").read_text())
+        assert result["stop_reason"] == "Left", result
     # a run id the API does not know, or that is not one, is named as such (exit 2, no traceback)
     for wrong, says in (("0" * 8 + "-0000-4000-8000-" + "0" * 12, "no flow run"), ("nope", "is not a flow run id")):
         for command in ("stop", "describe"):
