@@ -25,8 +25,10 @@ from prefect.states import Failed, State
 from trainyard.errors import TrainingError
 from trainyard.training import replica as entrypoint
 from trainyard.training.failures import failure_record
-from trainyard.training.plan import attempt_dir
-from trainyard.training.trainer import LIGHTHOUSE_ENV
+
+# Nothing here imports torch or torchft: the group (replica.main) sets RUST_LOG before torchft starts its
+# logger, whose INFO is several lines per step (10 MB a minute in a worker's log).
+from trainyard.training.plan import LIGHTHOUSE_ENV, attempt_dir
 
 
 @flow(name="train-replica", log_prints=True)

@@ -26,6 +26,7 @@ SAGEMAKER_CHANNEL_ENV_PREFIX = "SM_CHANNEL_"
 STOP_FILE = "stop.json"
 SCALE_FILE = "scale.json"
 SUPERVISOR_FILE = "supervisor.json"
+LIGHTHOUSE_ENV = "TRAINYARD_LIGHTHOUSE"  # set by the train-replica flow from its parameter
 
 
 def export_channels(extra_channels: dict[str, str]) -> None:

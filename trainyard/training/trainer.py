@@ -42,7 +42,7 @@ from trainyard.training.batches import StepData
 from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate
 from trainyard.training.flops import FlopMeter
 from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
-from trainyard.training.plan import TrainingPlan, attempt_dir, stop_requested
+from trainyard.training.plan import LIGHTHOUSE_ENV, TrainingPlan, attempt_dir, stop_requested
 
 LEAVE = threading.Event()
 """Set on SIGTERM: the group leaves at its next step boundary, and the others go on."""
@@ -50,7 +50,6 @@ LEAVE = threading.Event()
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
-LIGHTHOUSE_ENV = "TRAINYARD_LIGHTHOUSE"  # set by the train-replica flow from its parameter
 DRILL_FILE = "drill.json"  # the drill an attempt played: {at_step, step}
 FUSED_DEVICES = ("cpu", "cuda")  # where the optimizer takes torch's fused kernel (_optimizer)
 
