@@ -8,6 +8,7 @@ non-zero on failure, after writing what went wrong to ``error.json`` in its atte
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # after argument parsing: a bad command line fails fast
 
         torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
+        if not hasattr(torch._C._distributed_c10d, "_reset_fr_recording_nccl"):
+            # a build without NCCL's flight recorder (CPU): torchft warns at every quorum that it cannot reset it
+            logging.getLogger("torchft.manager").addFilter(lambda r: "NCCL flight recorder" not in r.getMessage())
         from trainyard.training.trainer import train_replica
 
         collector.freeze_once()
