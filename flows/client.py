@@ -44,6 +44,12 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
 
     _api_url()
     spec = job if isinstance(job, TrainingJob) else parse_job(job)
+    flow_name, _, deployment_name = deployment.partition("/")
+    if not flow_name or not deployment_name or "/" in deployment_name:
+        raise TrainyardError(
+            f"deployment {deployment!r} is not FLOW/DEPLOYMENT; Trainyard's is {DEFAULT_DEPLOYMENT!r}, and "
+            "`prefect deployment ls` lists the API's"
+        )
     job_id = new_job_id(spec.name)
     try:
         run = run_deployment(

@@ -28,3 +28,13 @@ def test_without_an_api_url_the_jobs_commands_say_so(command, tmp_path, monkeypa
         result = CliRunner().invoke(app, ["jobs", *[str(spec) if part == "JOB" else part for part in command]])
     assert result.exit_code == 2, result.output
     assert "PREFECT_API_URL is not set" in result.stderr and not result.stdout, result.output
+
+
+@pytest.mark.parametrize("deployment", ["nope", "training-pipeline/", "/on-demand", "a/b/c"])
+def test_a_deployment_name_not_flow_slash_deployment_is_a_mistake_named_before_the_api_is_asked(deployment, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api"}):  # nothing listens: never asked
+        result = CliRunner().invoke(app, ["jobs", "submit", str(spec), "--deployment", deployment])
+    assert result.exit_code == 2, result.output
+    assert f"deployment {deployment!r} is not FLOW/DEPLOYMENT" in result.stderr and not result.stdout, result.output
