@@ -84,6 +84,7 @@ class WorkPoolLauncher:
             },
             job_variables=job_variables(self.resources, replica),
             timeout=0,  # submit and return: the supervisor watches
+            flow_run_name=f"{handle.job_id}-g{replica}-a{attempt}",  # in the UI and `jobs logs`: whose group it is
             # the same group attempt of the same launch: a create the client sends again is not a second group
             idempotency_key=f"{handle.job_id}-{handle.launch_id}-g{replica}-a{attempt}",
             tags=[f"trainyard-job:{handle.job_id}", "trainyard-replica"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +36,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
     with stage_meter("training", job) as record, progress.bar("training epochs", job.hyperparameters.epochs) as advance:
         created = create_progress_artifact(0.0, description=f"{plan.job_id}: training")
         artifact: UUID = created  # type: ignore[assignment]  # called sync, it returns the id (typed: id or coroutine)
-        percent, epochs_done = 0.0, 0
+        percent, epochs_done, artifact_updated = 0.0, 0, 0.0
         last_sample: dict | None = None
         live = LiveRun(job, plan.job_id)
 
@@ -56,11 +57,14 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             request_stop(Path(handle.job_dir), "CarbonBudgetExceeded", message)
 
         def on_progress(epochs: int, metrics: dict | None) -> None:
-            nonlocal percent, epochs_done
+            nonlocal percent, epochs_done, artifact_updated
             advance(epochs - epochs_done)
             epochs_done = epochs
             percent = 100.0 * epochs / job.hyperparameters.epochs
-            update_progress_artifact(artifact, percent)
+            # each epoch is logged; the artifact (an API call) at most once a second, short epochs come in bursts
+            if time.monotonic() - artifact_updated >= 1.0 or epochs == job.hyperparameters.epochs:
+                update_progress_artifact(artifact, percent)
+                artifact_updated = time.monotonic()
             shown_metrics = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
             logger.info("epoch %d: %s", epochs, shown_metrics)
 

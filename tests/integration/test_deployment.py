@@ -236,6 +236,7 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     while any(not r.state.is_final() for r in _replica_runs(job_id)) and time.monotonic() < deadline:
         time.sleep(1)
     assert all(r.state.type.value == "CANCELLED" for r in _replica_runs(job_id))
+    assert sorted(r.name for r in _replica_runs(job_id)) == [f"{job_id}-g0-a0", f"{job_id}-g1-a0"]
     # each group left at a step boundary (its result written), not killed in a quorum whose lighthouse was gone
     for replica in (0, 1):
         result = json.loads((_attempt(run_id, replica, 0) / "result.json").read_text())

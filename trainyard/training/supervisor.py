@@ -116,7 +116,7 @@ def train(
 ) -> TrainingOutcome:
     """Release the launched groups and supervise them until they finish; raise ``TrainingError`` if none does.
 
-    ``on_progress(epochs_done, last_epoch_metrics)`` is called as epochs complete; ``on_event(kind,
+    ``on_progress(epochs_done, that_epochs_metrics)`` is called once per epoch, in order; ``on_event(kind,
     payload)`` for each ``replica.failed``, ``replica.restarted``, ``replica.recovered``, ``replica.left``,
     ``job.scaled``, ``job.scale_refused`` (a group that could not be started), ``replica.added`` and
     ``replica.removed``.
@@ -383,8 +383,9 @@ def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress
     if best is None:
         return seen
     done = len(best["epochs"])
-    if on_progress is not None and done > seen:
-        on_progress(done, best["epochs"][-1])
+    if on_progress is not None:
+        for epoch in range(seen, done):  # each epoch once, in order: several may end between two looks
+            on_progress(epoch + 1, best["epochs"][epoch])
     return max(done, seen)
 
 
