@@ -15,7 +15,7 @@ from _sifting_data import Run, Setting
 from _sifting_datasets import load
 from _sifting_report import ACCURACY_POINTS, CAP, FLOPS_RATIO_MAX, WALL_RATIO_MAX
 
-from trainyard.training.replica import THREADS_ENV  # TRAINYARD_TORCH_THREADS
+from trainyard.env_settings import THREADS_ENV  # TRAINYARD_TORCH_THREADS
 
 
 @dataclass

@@ -24,10 +24,15 @@ def seconds(name: str, default: float, at_least: float = 0.0) -> float:
     return max(value, at_least)
 
 
-def count(name: str, default: int) -> int:
+# Threads of each replica group's torch (and OpenMP), where a worker runs several groups or jobs at once.
+THREADS_ENV = "TRAINYARD_TORCH_THREADS"
+
+
+def count(name: str, default: int, value: object = None) -> int:
     """The environment variable ``name`` as a whole number of at least 1 (``default`` where unset or
-    empty). Anything else fails naming the variable."""
-    text = os.environ.get(name, "").strip()
+    empty). Anything else fails naming the variable. ``value``: the variable's value as a job sets it
+    for its groups (``resources.job_variables.env``), checked instead of this process's."""
+    text = (os.environ.get(name, "") if value is None else str(value)).strip()
     if not text:
         return default
     if not (text.isascii() and text.isdigit()) or int(text) < 1:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainyard import env_settings
+from trainyard.env_settings import THREADS_ENV
 from trainyard.errors import TrainingError
 from trainyard.servers import (
     advertised_host,
@@ -32,7 +33,7 @@ from trainyard.servers import (
 )
 from trainyard.spec import Resources
 from trainyard.training.plan import attempt_dir
-from trainyard.training.replica import PARENT_ENV, THREADS_ENV
+from trainyard.training.replica import PARENT_ENV
 
 # Lighthouse failure detection. A group's Manager heartbeats every 100 ms; a group silent for
 # HEARTBEAT_TIMEOUT_MS is dropped from the next quorum. Until then the survivors' quorum waits for it,

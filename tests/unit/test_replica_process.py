@@ -70,3 +70,19 @@ def test_a_group_whose_starter_died_while_it_started_gives_up_waiting_for_its_pl
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 3, done.stderr[-2000:]
     assert "the plan never came" in json.loads((tmp_path / "replicas/0/attempt-0/error.json").read_text())["message"]
+
+
+def test_a_bad_thread_count_from_the_worker_is_the_jobs_mistake_named_and_not_retried(tmp_path):
+    # a pool group's TRAINYARD_TORCH_THREADS comes from its worker's environment (the spec checks its own)
+    env = {**os.environ, "TRAINYARD_CARBON_METER": "off", "TRAINYARD_TORCH_THREADS": "zero"}
+    done = subprocess.run(
+        [sys.executable, "-m", "trainyard.training.replica", "--job-dir", str(tmp_path), "--replica", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    error = json.loads((tmp_path / "replicas/0/attempt-0/error.json").read_text())
+    assert error["user_error"] is True  # the supervisor does not restart the group for it
+    assert error["message"].startswith("TRAINYARD_TORCH_THREADS='zero' is not a whole number of at least 1")

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from trainyard import grid_data
+from trainyard import env_settings, grid_data
+from trainyard.errors import TrainyardError
 from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, SEED_MAX, _check_widths, _known_metric, _Model
 
 
@@ -126,6 +127,14 @@ class Resources(_Model):
                 f"{', '.join(unknown)}: not a variable of Trainyard's pool templates; {hint}"
                 f"use {', '.join(LAUNCHER_JOB_VARIABLES)}"
             )
+        env = v.get("env")
+        if env is not None and not isinstance(env, dict):
+            raise ValueError(f"env: {env!r} is not a mapping of variable names to values; write NAME: value lines")
+        if env and env.get(env_settings.THREADS_ENV) is not None:
+            try:  # read by each group as it starts: refused here, not as every group failing three times
+                env_settings.count(env_settings.THREADS_ENV, 1, env[env_settings.THREADS_ENV])
+            except TrainyardError as exc:
+                raise ValueError(f"env: {exc}") from None
         return v
 
     @model_validator(mode="after")

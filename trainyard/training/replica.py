@@ -16,13 +16,13 @@ import time
 import traceback
 from pathlib import Path
 
-from trainyard import collector
+from trainyard import collector, env_settings
+from trainyard.env_settings import THREADS_ENV
 from trainyard.errors import TrainyardError
 from trainyard.home import write_json_atomic
 from trainyard.redaction import redact_exception
 from trainyard.training.plan import PLAN_FILE, attempt_dir
 
-THREADS_ENV = "TRAINYARD_TORCH_THREADS"
 METER_ENV = "TRAINYARD_CARBON_METER"
 PLAN_WAIT_SECONDS = 6 * 3600
 # The pid of the process that started this group (launch sets it): read from the start-up's own
@@ -51,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="start from the job's latest S3 checkpoint")
     args = parser.parse_args(argv)
     parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+    out = attempt_dir(args.job_dir, args.replica, args.attempt)
+    try:  # set by the worker or the job's job_variables.env: its mistake, named, and not retried
+        threads = env_settings.count(THREADS_ENV, 1)
+    except TrainyardError as exc:
+        write_json_atomic(out / "error.json", {"message": str(exc), "kind": "TrainyardError", "user_error": True})
+        print(exc, file=sys.stderr, flush=True)
+        return 1
     # The imports below (torch, torchft, the engine, codecarbon) make objects that live as long as the
     # process: no collection while they run (collector.py), and what they made is then frozen out of
     # every later collection's walk.
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("RUST_LOG", "warn")
         import torch  # after argument parsing: a bad command line fails fast
 
-        torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
+        torch.set_num_threads(threads)
         if not hasattr(torch._C._distributed_c10d, "_reset_fr_recording_nccl"):
             # a build without NCCL's flight recorder (CPU): torchft warns at every quorum that it cannot reset it
             logging.getLogger("torchft.manager").addFilter(lambda r: "NCCL flight recorder" not in r.getMessage())
@@ -79,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     # (In a train-replica flow run, this replaces Prefect's handler.)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    out = attempt_dir(args.job_dir, args.replica, args.attempt)
     (out / "pid").write_text(str(os.getpid()))
     if not wait_for_plan(args.job_dir, parent):
         write_json_atomic(
