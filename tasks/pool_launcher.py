@@ -68,7 +68,7 @@ class WorkPoolLauncher:
     def __init__(self, deployment: str, resources: Resources):
         self.deployment, self.resources = deployment, resources
         self.cancel_confirm_seconds = env_settings.seconds(CANCEL_CONFIRM_SECONDS_ENV, CANCEL_CONFIRM_SECONDS)
-        self._states: dict[UUID, tuple[float, int | None]] = {}
+        self._states: dict[UUID, tuple[float, int | None, StateType | None]] = {}  # run id -> (read, code, type)
         self._cancelled: dict[UUID, float] = {}  # run id -> when we asked for the cancellation
 
     def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
@@ -94,12 +94,20 @@ class WorkPoolLauncher:
         return ReplicaProcess(replica=replica, attempt=attempt, pid=0, log="", resumed=resume, run_id=run_id)
 
     def exit_code(self, proc: ReplicaProcess) -> int | None:
+        return self._read(proc)[0]
+
+    def queued(self, proc: ReplicaProcess) -> bool:
+        return self._read(proc)[1] == StateType.SCHEDULED  # no worker with room has taken it yet
+
+    def _read(self, proc: ReplicaProcess) -> tuple[int | None, StateType | None]:
+        """The run's exit code (None while it runs) and state type, read at most every STATE_CACHE_SECONDS."""
         run_id = _run_id(proc)
-        seen, code = self._states.get(run_id, (0.0, None))
+        seen, code, kind = self._states.get(run_id, (0.0, None, None))
         if time.monotonic() - seen < STATE_CACHE_SECONDS:
-            return code
+            return code, kind
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(run_id).state
+            kind = state.type if state else None
             code = _EXIT_CODES.get(state.type) if state else None
             asked = self._cancelled.get(run_id)
             if code is None and asked is not None and time.monotonic() - asked > self.cancel_confirm_seconds:
@@ -108,9 +116,9 @@ class WorkPoolLauncher:
                     " presumed lost with its worker"
                 )
                 client.set_flow_run_state(run_id, Crashed(message=message), force=True)
-                code = _EXIT_CODES[StateType.CRASHED]
-        self._states[run_id] = (time.monotonic(), code)
-        return code
+                kind, code = StateType.CRASHED, _EXIT_CODES[StateType.CRASHED]
+        self._states[run_id] = (time.monotonic(), code, kind)
+        return code, kind
 
     def kill(self, proc: ReplicaProcess) -> None:
         run_id = _run_id(proc)

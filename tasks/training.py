@@ -79,7 +79,9 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             else:
                 resource = {"prefect.resource.id": f"trainyard.job.{plan.job_id}", "prefect.resource.name": plan.job_id}
             emit_event(event=f"trainyard.{kind}", resource=resource, payload=payload)
-            level = logging.WARNING if kind in ("replica.failed", "job.scale_refused") else logging.INFO
+            level = (
+                logging.WARNING if kind in ("replica.failed", "replica.queued", "job.scale_refused") else logging.INFO
+            )
             logger.log(level, "%s: %s", kind, payload)
 
         # A live reading (and budget check) at every power reading, at most once a second.

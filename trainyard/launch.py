@@ -93,6 +93,7 @@ class Launcher(Protocol):
 
     def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess: ...
     def exit_code(self, proc: ReplicaProcess) -> int | None: ...
+    def queued(self, proc: ReplicaProcess) -> bool: ...
     def kill(self, proc: ReplicaProcess) -> None: ...
     def terminate(self, proc: ReplicaProcess) -> None: ...
 
@@ -188,6 +189,11 @@ def exit_code(handle: LaunchHandle, proc: ReplicaProcess) -> int | None:
     return launcher_for(handle).exit_code(proc)
 
 
+def queued(handle: LaunchHandle, proc: ReplicaProcess) -> bool:
+    """Whether a group is still waiting for room to start (a pool's run not yet taken by a worker)."""
+    return launcher_for(handle).queued(proc)
+
+
 def kill(handle: LaunchHandle, proc: ReplicaProcess) -> None:
     """Stop a group at once (it may be stopped or wedged)."""
     launcher_for(handle).kill(proc)
@@ -206,6 +212,9 @@ class LocalProcesses:
 
     def exit_code(self, proc: ReplicaProcess) -> int | None:
         return _exit_code(proc.pid)
+
+    def queued(self, proc: ReplicaProcess) -> bool:
+        return False  # started as it is asked for
 
     def kill(self, proc: ReplicaProcess) -> None:
         _signal(proc.pid, kill=True)

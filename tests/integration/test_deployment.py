@@ -405,3 +405,27 @@ def test_a_group_still_queued_when_the_job_ends_is_withdrawn(deployed, bucket):
         time.sleep(0.5)
     assert runs[0].type.value == "COMPLETED"
     assert runs[1].type.value == "CANCELLED", runs[1]
+
+
+def test_the_first_groups_start_without_one_the_pool_has_no_room_for(deployed, bucket):
+    """replicas 2, min_replicas 1, on a pool with room for one group: the group that started trains once the
+    other has sat queued a short while (it waited out the start barrier's two minutes, its GPUs idle), and
+    the queued one is withdrawn when the job ends."""
+    url, _, home, _ = deployed
+    resources = {"replicas": 2, "min_replicas": 1, "work_pool": GPU_POOL}
+    spec = job_dict(upload_dataset(bucket, rows=400), resources=resources)
+    spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
+    spec["hyperparameters"]["epochs"] = 20
+    _pool_room(url, 1)
+    try:
+        run_id = client.submit(spec)
+        final = client.wait(run_id, timeout_seconds=300)
+    finally:
+        _pool_room(url, 4)
+    assert final["status"] == "Completed", (final, _logs(home))
+    summary = _summary(final["job_id"])
+    assert summary["training"]["first_batch_seconds"] < 60, summary["training"]  # not the barrier's 120 s
+    assert summary["training"]["replicas_finished"] == [0]
+    assert summary["elastic"]["withdrawn"] == [1]
+    said = [line["message"] for line in client.logs(run_id, groups=False)]
+    assert any("no room on work pool 'trainyard-gpu' yet" in message for message in said), said

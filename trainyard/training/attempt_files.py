@@ -44,28 +44,6 @@ def job_step(job_dir: Path) -> int:
     return max((last_step(path.parent) for path in job_dir.glob("replicas/*/attempt-*/heartbeat.json")), default=0)
 
 
-def start_barrier(job_dir: Path, replica: int, num_replicas: int, timeout_seconds: float = 120.0) -> None:
-    """Wait until every initial group's manager is heartbeating, so the first quorum has them all.
-
-    Without it the first group up forms a quorum alone and the others join late and heal, which is
-    correct but wastes their share of the first steps. Past the timeout the job starts elastically.
-    """
-    mark_ready(job_dir, replica)
-    markers = [job_dir / "replicas" / "ready" / str(r) for r in range(num_replicas)]
-    deadline = time.monotonic() + timeout_seconds
-    while not all(marker.exists() for marker in markers) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def mark_ready(job_dir: Path, replica: int) -> None:
-    """Count ``replica`` as present at the start barrier: its manager is up, or (said by the supervisor)
-    its first attempt ended before it was, and the others must not idle until the timeout for it: its
-    restart, if it has one, heals from them."""
-    ready = job_dir / "replicas" / "ready"
-    ready.mkdir(parents=True, exist_ok=True)
-    (ready / str(replica)).touch()
-
-
 class Heartbeat:
     """The group's current step in ``heartbeat.json``, at most every ``interval`` seconds: the
     supervisor reads it to know where a group was when it failed, and whether it has gone silent."""

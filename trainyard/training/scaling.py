@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from trainyard import launch
@@ -78,9 +78,10 @@ class Scaler:
             self.leaving.add(replica)
             self.emit("replica.removed", {"replica": replica, "at_step": step})
 
-    def withdraw_unstarted(self, live: dict[int, ReplicaProcess]) -> None:
-        """The job is over: cancel added groups that never started (still queued on their pool)."""
-        for replica in sorted(self.added):
+    def withdraw_unstarted(self, live: dict[int, ReplicaProcess], also: Iterable[int] = ()) -> None:
+        """The job is over: cancel added groups that never started (still queued on their pool), and the
+        groups in ``also`` (first groups the job started without, ``start_barrier.QueuedGroups``)."""
+        for replica in sorted({*self.added, *also}):
             proc = live.get(replica)
             if proc is None or (attempt_dir(self.job_dir, replica, proc.attempt) / "pid").exists():
                 continue

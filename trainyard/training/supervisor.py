@@ -20,7 +20,7 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.accounting import energy_by_replica, sifting_totals, work_done
-from trainyard.training.attempt_files import last_step, mark_ready, silent_seconds
+from trainyard.training.attempt_files import last_step, silent_seconds
 from trainyard.training.failures import failure_record, recoveries, training_failed
 from trainyard.training.plan import (
     SUPERVISOR_FILE,
@@ -31,6 +31,7 @@ from trainyard.training.plan import (
     stop_requested,
 )
 from trainyard.training.scaling import Scaler
+from trainyard.training.start_barrier import QueuedGroups, mark_ready
 from trainyard.training.trainer import PG_TIMEOUT, load_arrays
 
 POLL_SECONDS = 0.1
@@ -118,9 +119,8 @@ def train(
 
     ``on_progress(epochs_done, that_epochs_metrics)`` is called once per epoch, in order; ``on_event(kind,
     payload)`` for each ``replica.failed``, ``replica.restarted``, ``replica.recovered``, ``replica.left``,
-    ``job.scaled``, ``job.scale_refused`` (a group that could not be started), ``replica.added`` and
-    ``replica.removed``.
-    """
+    ``replica.queued`` (the job starts without it), ``job.scaled``, ``job.scale_refused`` (a group that
+    could not be started), ``replica.added`` and ``replica.removed``."""
     emit = on_event or (lambda kind, payload: None)
     job_dir = Path(handle.job_dir)
     silent_limit = silent_seconds_limit()  # before the plan the groups wait for: a bad value trains nothing
@@ -151,6 +151,7 @@ def _supervise(
     silenced: dict[tuple[int, int], tuple[float, float]] = {}  # (replica, attempt) -> (seconds silent, last beat)
     epochs_seen = 0
     scaler = Scaler(handle, job, emit)
+    queued = QueuedGroups(handle, plan.num_replicas, job.resources.min_replicas, emit)
     # A failed group's restart waits out its backoff here, while the loop goes on watching the others
     # (a second failure, a hang, a stop request): replica -> (when, the failed attempt, from a checkpoint).
     waiting: dict[int, tuple[float, ReplicaProcess, bool]] = {}
@@ -241,9 +242,10 @@ def _supervise(
                 live[replica] = restarted
         if ending:
             # Withdrawn at once: a queued group must not take the room a finishing group frees.
-            scaler.withdraw_unstarted(live)
+            scaler.withdraw_unstarted(live, queued.released)
         elif not waiting:  # a request is acted on once no restart is pending, so that it counts every group
             scaler.tick(live, max((last_step(attempt_dir(job_dir, r, p.attempt)) for r, p in live.items()), default=0))
+        queued.tick(live)
         for replica, proc in live.items():
             silent = silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
             if silent > silent_limit and (replica, proc.attempt) not in silenced:

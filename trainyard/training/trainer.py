@@ -35,7 +35,6 @@ from trainyard.training.attempt_files import (
     StepLog,
     job_step,
     last_step,
-    start_barrier,
     write_progress,
 )
 from trainyard.training.batches import StepData
@@ -43,6 +42,7 @@ from trainyard.training.epochs import History, end_epoch, evaluate, history_stat
 from trainyard.training.flops import FlopMeter
 from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
 from trainyard.training.plan import LIGHTHOUSE_ENV, TrainingPlan, attempt_dir, stop_requested
+from trainyard.training.start_barrier import start_barrier
 
 LEAVE = threading.Event()
 """Set on SIGTERM: the group leaves at its next step boundary, and the others go on."""
