@@ -117,15 +117,21 @@ def _read_run(api, run_id: str):
 
 
 def status(run_id: str) -> dict[str, Any]:
-    """The job's primary status, its secondary status transitions and, once it ended, its summary."""
+    """The job's primary status, its secondary status transitions (each with its start and end time) and,
+    once it ended, its outcome: ``failure_reason``, final ``metrics``, the registered ``model`` and the
+    ``summary_uri`` of the whole summary (None until the job has said them; a run that never started the
+    job, such as one whose parameters the API refused, has its state's message as ``failure_reason``)."""
     with _api() as api:
         run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
-        transitions = _transitions(api, job_id, run.created)
+        transitions, ended = _job_events(api, job_id, run.created)
     state = run.state.type.value if run.state else "PENDING"
     primary = _run_status(run.state)
     if state == "COMPLETED" and transitions:  # the run completes for a Stopped job too: its last status says
         primary = _FINAL.get(transitions[-1]["status"], primary)
+    reason = (ended or {}).get("failure_reason")
+    if reason is None and ended is None and state in ("FAILED", "CRASHED") and run.state.message:
+        reason = run.state.message
     return {
         "flow_run_id": str(run.id),
         "job_id": job_id,
@@ -133,6 +139,10 @@ def status(run_id: str) -> dict[str, Any]:
         "secondary_status": transitions[-1]["status"] if transitions else "Starting",
         "secondary_status_transitions": transitions,
         "prefect_state": run.state.name if run.state else None,
+        "failure_reason": reason,
+        "metrics": (ended or {}).get("metrics"),
+        "model": (ended or {}).get("model"),
+        "summary_uri": (ended or {}).get("summary_uri"),
     }
 
 
@@ -162,7 +172,10 @@ def wait(
         if current["status"] not in ("InProgress", "Scheduled"):
             # The run's state can land before the job's last status event: give the event a moment.
             settle = time.monotonic() + 10
-            while current["secondary_status"] not in _FINAL and time.monotonic() < settle:
+            # (metrics: None until the job's outcome event, which follows its last status)
+            while (current["secondary_status"] not in _FINAL or current["metrics"] is None) and (
+                time.monotonic() < settle
+            ):
                 time.sleep(0.5)
                 current = read()
             return current
@@ -268,7 +281,9 @@ def _run_status(state) -> str:
     return _PRIMARY.get(state.type.value, "InProgress")
 
 
-def _transitions(api, job_id: str, since) -> list[dict]:
+def _job_events(api, job_id: str, since) -> tuple[list[dict], dict | None]:
+    """The job's secondary status transitions, each closed by the next (an event is sent as a status
+    begins, its end time not yet known), and its outcome (the ``trainyard.job.ended`` event's; None before)."""
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
 
     page = api.read_events(
@@ -280,4 +295,10 @@ def _transitions(api, job_id: str, since) -> list[dict]:
         limit=50,  # the API's most per page; a job has under ten transitions
     )
     events = sorted(page.events, key=lambda e: e.occurred)
-    return [dict(e.payload) for e in events if "status" in e.payload]
+    transitions = [dict(e.payload) for e in events if "status" in e.payload]
+    for this, following in zip(transitions, transitions[1:], strict=False):
+        this["end_time"] = this["end_time"] or following["start_time"]
+    if transitions and transitions[-1]["status"] in _FINAL:  # as the job's summary has it: ended as it began
+        transitions[-1]["end_time"] = transitions[-1]["end_time"] or transitions[-1]["start_time"]
+    ended = [e.payload["ended"] for e in events if "ended" in e.payload]
+    return transitions, (dict(ended[-1]) if ended else None)

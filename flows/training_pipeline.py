@@ -257,6 +257,18 @@ def _emit_status(job_id: str, transition: dict) -> None:
     )
 
 
+def _emit_ended(job_id: str, summary: dict, model: dict | None) -> None:
+    """The job's outcome as one Prefect event, after its last status: what ``trainyard jobs describe`` and
+    other services read (``flows.client.status``) without reaching the S3 the summary is in."""
+    ended = {key: summary.get(key) for key in ("status", "failure_reason", "metrics", "summary_uri")}
+    ended["model"] = {key: model[key] for key in ("name", "version", "uri", "aliases")} if model else None
+    emit_event(
+        event="trainyard.job.ended",
+        resource={"prefect.resource.id": f"trainyard.job.{job_id}", "prefect.resource.name": job_id},
+        payload={"ended": ended},
+    )
+
+
 def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, failed_groups: list[dict]) -> dict:
     """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome)."""
     report = stages.get("filtering", {}).get("report")
@@ -349,6 +361,7 @@ def _publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, l
         except Exception as exc:  # noqa: BLE001 - the job is done and its summary written: a registry hiccup is logged
             # masked: MLflow's errors quote the tracking URI, password and all
             logger.warning("could not attach the summary to MLflow run %s: %s", model["run_id"], redact_text(str(exc)))
+    _emit_ended(job_id, summary, model)
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
     create_markdown_artifact(
         key=f"job-summary-{job.name.lower()}",

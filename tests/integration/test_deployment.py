@@ -132,8 +132,14 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     statuses = ["Starting", "Downloading", "Training", "Uploading", "Completed"]
     printed = [line.split()[1] for line in result.stderr.splitlines() if line[:2].isdigit() and line[2] == ":"]
     assert printed == statuses, result.stderr
-    assert client.status(run_id)["status"] == "Completed"
-    assert _summary(client.status(run_id)["job_id"])["status"] == "Completed"
+    described = client.status(run_id)
+    assert described["status"] == "Completed" and described["failure_reason"] is None
+    assert _summary(described["job_id"])["status"] == "Completed"
+    # every status with its end, and the outcome without reading S3: metrics, the version, the summary's place
+    assert all(t["end_time"] for t in described["secondary_status_transitions"]), described
+    assert described["model"]["name"] == "cli-job" and described["model"]["version"] == 1, described
+    assert 0 <= described["metrics"]["val_accuracy"] <= 1, described
+    assert described["summary_uri"].endswith(f"/{described['job_id']}/summary.json"), described
     again = CliRunner().invoke(app, [*submit, "--set", "name=cli-job", "--idempotency-key", "k1"])
     assert again.exit_code == 0 and again.stdout.strip() == run_id  # the same key: the same job, not a second
     other = CliRunner().invoke(app, [*submit, "--set", "name=other-job", "--idempotency-key", "k1"])
@@ -197,6 +203,11 @@ def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
     assert _summary(final["job_id"])["status"] == "Completed"
     groups = sorted((r.parameters["replica"], r.state.type.value) for r in _replica_runs(final["job_id"]))
     assert groups == [(0, "COMPLETED"), (1, "COMPLETED")]  # two groups, each a flow run on the GPU pool
+    # a spec the form or another service sent wrong fails before any compute, and describe says why
+    del spec["inputs"]["train"]["label"]
+    request.data = json.dumps({"parameters": {"job": spec}}).encode()
+    failed = client.wait(_rest(request)["id"], timeout_seconds=120)
+    assert failed["status"] == "Failed" and "inputs.train" in (failed["failure_reason"] or ""), failed
 
 
 def _rest(request: urllib.request.Request, attempts: int = 5) -> dict:
