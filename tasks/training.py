@@ -80,7 +80,9 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
                 resource = {"prefect.resource.id": f"trainyard.job.{plan.job_id}", "prefect.resource.name": plan.job_id}
             emit_event(event=f"trainyard.{kind}", resource=resource, payload=payload)
             level = (
-                logging.WARNING if kind in ("replica.failed", "replica.queued", "job.scale_refused") else logging.INFO
+                logging.WARNING
+                if kind in ("replica.failed", "replica.queued", "job.scale_refused", "job.waiting_for_workers")
+                else logging.INFO
             )
             logger.log(level, "%s: %s", kind, payload)
 

@@ -20,6 +20,8 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 # How long a group may sit queued on its pool, once enough others (min_replicas) are ready, before they
 # start without it: a worker with room takes a run within its query interval (10 s by default).
 QUEUED_GRACE_SECONDS = 15.0
+# After this long with every group still queued, the job says so: the pool may have no worker at all.
+NO_WORKER_SECONDS = 60.0
 
 
 def start_barrier(job_dir: Path, replica: int, num_replicas: int, timeout_seconds: float = 120.0) -> None:
@@ -60,6 +62,8 @@ class QueuedGroups:
         self.done = False
         self.released: set[int] = set()  # groups the others started without
         self._enough_since: float | None = None
+        self._since = time.monotonic()
+        self._said_no_worker = False
 
     def tick(self, live: dict[int, ReplicaProcess]) -> None:
         """Called at every look until every initial group is at the barrier."""
@@ -73,6 +77,7 @@ class QueuedGroups:
             return
         if len(ready) < self.min_replicas:
             self._enough_since = None
+            self._no_worker(live)
             return
         now = time.monotonic()
         self._enough_since = self._enough_since or now
@@ -91,3 +96,20 @@ class QueuedGroups:
                         f"{len(ready)} group(s), and group {replica} joins when a worker takes it",
                     },
                 )
+
+    def _no_worker(self, live: dict[int, ReplicaProcess]) -> None:
+        """Said once: every group still queued after ``NO_WORKER_SECONDS`` (the job shows as launching)."""
+        if self._said_no_worker or time.monotonic() - self._since < NO_WORKER_SECONDS:
+            return
+        if live and all(launch.queued(self.handle, proc) for proc in live.values()):
+            self._said_no_worker = True
+            self.emit(
+                "job.waiting_for_workers",
+                {
+                    "work_pool": self.handle.work_pool,
+                    "message": f"no worker of work pool {self.handle.work_pool!r} has taken any of the job's "
+                    f"{len(live)} group run(s) in {NO_WORKER_SECONDS:.0f} s: is one running (prefect worker start "
+                    f"--pool {self.handle.work_pool}), and does the pool have room (its concurrency limit)? "
+                    "stopping.max_runtime_seconds counts meanwhile",
+                },
+            )
