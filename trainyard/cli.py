@@ -75,7 +75,9 @@ def validate(spec: SpecArgument, set_: SetOption = None) -> None:
     training.
     """
     job = load(spec, set_)
-    say(console, f"{spec}: valid job {job.name!r}, {job.resources.replicas} replica group(s)", "green")
+    say(
+        out(), f"{spec}: valid job {job.name!r}, {job.resources.replicas} replica group(s)", "green"
+    )  # the result: stdout
     warn(job)
 
 

@@ -51,7 +51,7 @@ def list_(
     """List registered versions, newest first: aliases, approval status and the gate's decision."""
     rows = _call(registry_admin.list_versions, name)
     if not rows:
-        out().print("no registered models")
+        say(out(), f"no registered models in {redact_text(registry.tracking_uri())}")
         return
     table = Table(title=f"registered models ({redact_text(registry.tracking_uri())})")
     for column in ("model", "version", "aliases", "approval", "job", "gate"):

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainyard import promotion
 from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, model_summary, tracking_uri
 from trainyard.registry_errors import ModelNotFound, service_errors, translate
@@ -14,6 +16,11 @@ def list_versions(name: str | None = None) -> list[dict]:
     import mlflow
 
     uri = tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        # the embedded store nothing has registered to yet: not created just to be found empty
+        if name is not None:
+            raise ModelNotFound(f"{name}: no such registered model (nothing is registered in {uri} yet)")
+        return []
     try:
         client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
         if name is not None:

@@ -346,3 +346,14 @@ def test_a_gate_whose_champion_another_gate_moved_meanwhile_judges_again(trackin
     monkeypatch.setattr(mlflow.MlflowClient, "set_registered_model_alias", interleaved)
     register(job, model, x, "c", 0.90, tmp_path)  # best: must end champion, whatever b wrote meanwhile
     assert moved and str(client.get_model_version_by_alias("reg-test", "champion").version) == "3"
+
+
+def test_models_list_on_an_embedded_store_nothing_registered_to_names_it_and_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "elsewhere"))  # another home than the jobs'
+    listed = CliRunner().invoke(app, ["models", "list"])
+    assert listed.exit_code == 0 and "no registered models in sqlite:///" in listed.stdout, listed.output
+    assert "elsewhere/mlflow.db" in " ".join(listed.stdout.split())
+    unknown = CliRunner().invoke(app, ["models", "list", "churn"])
+    assert unknown.exit_code == 2 and "churn: no such registered model" in unknown.output, unknown.output
+    assert not (tmp_path / "elsewhere" / "mlflow.db").exists()

@@ -189,7 +189,7 @@ def test_validate_command(tmp_path):
     good.write_text(DESIGN_EXAMPLE)
     result = runner.invoke(app, ["validate", str(good)])
     assert result.exit_code == 0, result.output
-    assert "valid" in result.output
+    assert "valid job" in result.stdout  # the result on stdout, warnings on stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(DESIGN_EXAMPLE.replace("replicas: 2,", "replicas: 9,"))
     result = runner.invoke(app, ["validate", str(bad), "--set", "hyperparameters.epochs=0"])
