@@ -267,6 +267,10 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
             "status": _run_status(r.state),
             "prefect_state": r.state.name if r.state else None,
             "started": r.start_time.isoformat() if r.start_time else None,
+            # a scheduled run's: when it is due
+            "expected_start": r.expected_start_time.isoformat() if r.expected_start_time else None,
+            # why a Failed or Stopped job ended, as its run's state says
+            "reason": r.state.message if r.state and _run_status(r.state) in ("Failed", "Stopped") else None,
         }
         for r in runs
     ]

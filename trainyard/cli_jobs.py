@@ -73,10 +73,15 @@ def list_jobs(limit: Annotated[int, typer.Option(help="How many, newest first.")
 
     rows = _call(client.jobs, limit)
     table = Table(title="Training jobs")
-    for column in ("job", "status", "prefect state", "started", "flow run"):
+    for column in ("job", "status", "prefect state", "started", "flow run", "reason"):
         table.add_column(column, overflow="fold")  # ids whole, wrapped, in a narrow terminal
     for r in rows:
-        table.add_row(r["job_id"] or "", r["status"], r["prefect_state"] or "", r["started"] or "", r["flow_run_id"])
+        # a run not started yet has no job id: its spec's name, and when it is due
+        job = r["job_id"] or (f"{r['job_name']} (not started)" if r["job_name"] else "")
+        started = r["started"] or (f"due {r['expected_start']}" if r["expected_start"] else "")
+        reason = r["reason"] or ""
+        reason = reason if len(reason) <= 120 else reason[:117] + "..."
+        table.add_row(job, r["status"], r["prefect_state"] or "", started, r["flow_run_id"], reason)
     out().print(table)
 
 

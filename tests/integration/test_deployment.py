@@ -208,6 +208,8 @@ def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
     request.data = json.dumps({"parameters": {"job": spec}}).encode()
     failed = client.wait(_rest(request)["id"], timeout_seconds=120)
     assert failed["status"] == "Failed" and "inputs.train" in (failed["failure_reason"] or ""), failed
+    (row,) = [r for r in client.jobs(limit=50) if r["flow_run_id"] == failed["flow_run_id"]]
+    assert row["status"] == "Failed" and "inputs.train" in row["reason"], row  # jobs list's reason column
 
 
 def _rest(request: urllib.request.Request, attempts: int = 5) -> dict:
@@ -339,6 +341,10 @@ def test_a_scheduled_run_fires(deployed, bucket):
     assert "auto-scheduled" in run.tags
     assert run.state.is_completed(), (run.state, _logs(home))
     assert _summary(run.name)["status"] == "Completed" and _summary(run.name)["job_name"] == "scheduled-job"
+    # the schedule's next runs, not started: listed by their spec's name and when they are due
+    listed = CliRunner().invoke(app, ["jobs", "list", "--limit", "200"])
+    assert listed.exit_code == 0, listed.output
+    assert "scheduled-job (not started)" in listed.stdout and "due " in listed.stdout, listed.stdout
 
 
 def _pool_room(url: str, groups: int) -> None:
