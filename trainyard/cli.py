@@ -250,6 +250,12 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 @app.command()
 def clean(
+    job_ids: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[JOB_ID]...", help="Remove these jobs' folders, whatever their age (never a running one)."
+        ),
+    ] = None,
     older_than: Annotated[
         float,
         typer.Option(
@@ -260,19 +266,28 @@ def clean(
     ] = 30,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; remove nothing.")] = False,
 ) -> None:
-    """Remove the folders of jobs idle for --older-than days: TRAINYARD_HOME's jobs/JOB_ID (manifests,
-    logs, every group's model) and prefect/JOB_ID (a job run without a Prefect API).
+    """Remove the folders of jobs idle for --older-than days, or of the jobs named: TRAINYARD_HOME's
+    jobs/JOB_ID (manifests, logs, every group's model) and prefect/JOB_ID (a job run without a Prefect API).
 
     A running job is never removed. Registered models and their lineage stay in MLflow, outputs in S3;
     the cache keeps its own cap (TRAINYARD_CACHE_MAX_BYTES).
     """
     from trainyard import housekeeping
 
-    found = housekeeping.old_jobs(older_than * 86_400)
+    if job_ids:
+        try:
+            found = housekeeping.named_jobs(job_ids)
+        except TrainyardError as exc:  # nothing is removed when one of them cannot be
+            say(console, exc, "red")
+            raise typer.Exit(2) from None
+        which = "the jobs named"
+    else:
+        found = housekeeping.old_jobs(older_than * 86_400)
+        which = f"jobs idle for {older_than:g} days or more"
     if not found:
         say(console, f"nothing to remove: no job idle for {older_than:g} days or more", "green")
         return
-    table = Table(title=f"{'would remove' if dry_run else 'removed'}: jobs idle for {older_than:g} days or more")
+    table = Table(title=f"{'would remove' if dry_run else 'removed'}: {which}")
     for column, justify in (("job", "left"), ("idle (days)", "right"), ("MiB", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for job in found:

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainyard.home import home, is_job_id, jobs_dir
-from trainyard.job_folder import training_pid
+from trainyard.errors import TrainyardError
+from trainyard.home import Locked, check_job_id, flocked, home, is_job_id, jobs_dir
+from trainyard.job_folder import LOCK, training_pid
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,26 @@ def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob
         if now - newest >= older_than_seconds:
             found.append(OldJob(folder.name, folders, now - newest, size))
     return sorted(found, key=lambda job: -job.idle_seconds)
+
+
+def named_jobs(job_ids: list[str], now: float | None = None) -> list[OldJob]:
+    """The folders of the jobs ``job_ids`` name, whatever their age; a ``TrainyardError`` naming one that
+    has no folder here or is running (its run lock held: staging, training or registering)."""
+    now = time.time() if now is None else now
+    found = []
+    for job_id in job_ids:
+        folder = jobs_dir() / check_job_id(job_id)
+        if not folder.is_dir():
+            raise TrainyardError(f"job {job_id}: no folder under {jobs_dir()}; `trainyard clean --dry-run` lists them")
+        try:
+            with flocked(folder / LOCK, wait_seconds=0):
+                pass
+        except Locked:
+            raise TrainyardError(f"job {job_id} is running; stop it first (trainyard stop {job_id})") from None
+        folders = (folder, *[p for p in [home() / "prefect" / job_id] if p.is_dir()])
+        walked = [_walk(path) for path in folders]
+        found.append(OldJob(job_id, folders, now - max(w[0] for w in walked), sum(w[1] for w in walked)))
+    return found
 
 
 def remove(job: OldJob) -> None:

@@ -76,3 +76,20 @@ def test_the_version_is_printed():
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output == f"trainyard {version('trainyard')}\n"
+
+
+def test_jobs_named_are_removed_whatever_their_age_and_never_a_running_one(trainyard_home):
+    from trainyard.job_folder import RunLock
+
+    make_job("recent-20261201-000000-bbbbbb", days_idle=0.01)
+    make_job("live-20261201-000000-eeeeee", days_idle=0.01, prefect=False)
+    with RunLock(jobs_dir() / "live-20261201-000000-eeeeee"):  # staging, training or registering
+        refused = CliRunner().invoke(app, ["clean", "recent-20261201-000000-bbbbbb", "live-20261201-000000-eeeeee"])
+        assert refused.exit_code == 2 and "job live-20261201-000000-eeeeee is running" in refused.output
+        assert (jobs_dir() / "recent-20261201-000000-bbbbbb").exists()  # one refused: none removed
+    unknown = CliRunner().invoke(app, ["clean", "nope-20261201-000000-ffffff"])
+    assert unknown.exit_code == 2 and "job nope-20261201-000000-ffffff: no folder under" in unknown.output
+    removed = CliRunner().invoke(app, ["clean", "recent-20261201-000000-bbbbbb"])
+    assert removed.exit_code == 0 and "1 job(s), 2.0 MiB" in removed.output, removed.output
+    assert sorted(p.name for p in jobs_dir().iterdir()) == ["live-20261201-000000-eeeeee"]
+    assert not (home() / "prefect" / "recent-20261201-000000-bbbbbb").exists()
