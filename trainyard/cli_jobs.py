@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 from datetime import datetime
 from typing import Annotated
 
@@ -50,7 +51,19 @@ def submit(
     if not wait:
         return
     say(console, f"job {job.name!r} queued on {deployment}, flow run {run_id}: waiting for it to end")
-    final = _call(functools.partial(client.wait, on_transition=_print_transition), run_id)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: said, not silent
+    try:
+        final = _call(functools.partial(client.wait, on_transition=_print_transition), run_id)
+    except KeyboardInterrupt:
+        say(
+            console,
+            f"stopped waiting; the job goes on: `trainyard jobs describe {run_id}` follows it, "
+            f"`trainyard jobs stop {run_id}` stops it",
+            "yellow",
+        )
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     colour = "green" if final["status"] == "Completed" else "red"
     say(console, f"job {final['job_id']}: {final['status']} ({final['secondary_status']})", colour)
     raise typer.Exit(0 if final["status"] == "Completed" else 1)

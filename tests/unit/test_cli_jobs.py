@@ -38,3 +38,19 @@ def test_a_deployment_name_not_flow_slash_deployment_is_a_mistake_named_before_t
         result = CliRunner().invoke(app, ["jobs", "submit", str(spec), "--deployment", deployment])
     assert result.exit_code == 2, result.output
     assert f"deployment {deployment!r} is not FLOW/DEPLOYMENT" in result.stderr and not result.stdout, result.output
+
+
+def test_interrupting_submit_wait_says_the_job_goes_on_and_how_to_stop_it(tmp_path, monkeypatch):
+    from flows import client
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C, or SIGTERM, which --wait takes as one
+
+    monkeypatch.setattr(client, "submit", lambda *args: "run-1")
+    monkeypatch.setattr(client, "wait", interrupted)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    result = CliRunner().invoke(app, ["jobs", "submit", str(spec), "--wait"])
+    assert result.exit_code == 130 and result.stdout.strip() == "run-1", result.output
+    flat = " ".join(result.stderr.split())
+    assert "stopped waiting; the job goes on" in flat and "trainyard jobs stop run-1" in flat, flat
