@@ -299,6 +299,9 @@ def _job_events(api, job_id: str, since) -> tuple[list[dict], dict | None]:
         limit=50,  # the API's most per page; a job has under ten transitions
     )
     events = sorted(page.events, key=lambda e: e.occurred)
+    # A retried run (the same run id) starts the job again: only what its last try said is the job's now
+    starts = [i for i, e in enumerate(events) if e.payload.get("status") == "Starting"]
+    events = events[starts[-1] :] if starts else events
     transitions = [dict(e.payload) for e in events if "status" in e.payload]
     for this, following in zip(transitions, transitions[1:], strict=False):
         this["end_time"] = this["end_time"] or following["start_time"]

@@ -92,6 +92,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         try:
             with watch, _stop_when_tagged(Path(handle.job_dir), logger):
                 record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
+            update_progress_artifact(artifact, percent)  # the last epoch's, which the once-a-second rule may skip
             # Every job that trained gets its curves (loss, metrics, kept fraction), stopped ones included:
             # only a completed job is registered, with its own copy.
             if record["outcome"].history:

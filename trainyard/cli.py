@@ -274,18 +274,24 @@ def clean(
     """
     from trainyard import housekeeping
 
-    if job_ids:
-        try:
-            found = housekeeping.named_jobs(job_ids)
-        except TrainyardError as exc:  # nothing is removed when one of them cannot be
-            say(console, exc, "red")
-            raise typer.Exit(2) from None
-        which = "the jobs named"
-    else:
-        found = housekeeping.old_jobs(older_than * 86_400)
-        which = f"jobs idle for {older_than:g} days or more"
+    if not job_ids:
+        _remove(housekeeping.old_jobs(older_than * 86_400), f"jobs idle for {older_than:g} days or more", dry_run)
+        return
+    try:
+        # their run locks held until they are gone: a rerun of one cannot start in its folder meanwhile
+        with housekeeping.named_jobs(job_ids) as found:
+            _remove(found, "the jobs named", dry_run)
+    except TrainyardError as exc:  # nothing is removed when one of them cannot be
+        say(console, exc, "red")
+        raise typer.Exit(2) from None
+
+
+def _remove(found: list, which: str, dry_run: bool) -> None:
+    """Remove the folders of ``found`` (``housekeeping.OldJob``), listing them."""
+    from trainyard import housekeeping
+
     if not found:
-        say(console, f"nothing to remove: no job idle for {older_than:g} days or more", "green")
+        say(console, f"nothing to remove: no {which}", "green")
         return
     table = Table(title=f"{'would remove' if dry_run else 'removed'}: {which}")
     for column, justify in (("job", "left"), ("idle (days)", "right"), ("MiB", "right")):

@@ -8,9 +8,11 @@ cache has its own cap (``TRAINYARD_CACHE_MAX_BYTES``) and MLflow's store is neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,24 +49,28 @@ def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob
     return sorted(found, key=lambda job: -job.idle_seconds)
 
 
-def named_jobs(job_ids: list[str], now: float | None = None) -> list[OldJob]:
-    """The folders of the jobs ``job_ids`` name, whatever their age; a ``TrainyardError`` naming one that
-    has no folder here or is running (its run lock held: staging, training or registering)."""
+@contextlib.contextmanager
+def named_jobs(job_ids: list[str], now: float | None = None) -> Iterator[list[OldJob]]:
+    """The folders of the jobs ``job_ids`` name, whatever their age, with each job's run lock held for the
+    block (no run of it starts meanwhile); a ``TrainyardError`` naming one that has no folder here or is
+    running (its lock held: staging, training or registering)."""
     now = time.time() if now is None else now
     found = []
-    for job_id in job_ids:
-        folder = jobs_dir() / check_job_id(job_id)
-        if not folder.is_dir():
-            raise TrainyardError(f"job {job_id}: no folder under {jobs_dir()}; `trainyard clean --dry-run` lists them")
-        try:
-            with flocked(folder / LOCK, wait_seconds=0):
-                pass
-        except Locked:
-            raise TrainyardError(f"job {job_id} is running; stop it first (trainyard stop {job_id})") from None
-        folders = (folder, *[p for p in [home() / "prefect" / job_id] if p.is_dir()])
-        walked = [_walk(path) for path in folders]
-        found.append(OldJob(job_id, folders, now - max(w[0] for w in walked), sum(w[1] for w in walked)))
-    return found
+    with contextlib.ExitStack() as held:
+        for job_id in dict.fromkeys(job_ids):  # each once, in the order given
+            folder = jobs_dir() / check_job_id(job_id)
+            if not folder.is_dir():
+                raise TrainyardError(
+                    f"job {job_id}: no folder under {jobs_dir()}; `trainyard clean --dry-run` lists them"
+                )
+            folders = (folder, *[p for p in [home() / "prefect" / job_id] if p.is_dir()])
+            walked = [_walk(path) for path in folders]  # before the lock file, which a lock may create
+            try:
+                held.enter_context(flocked(folder / LOCK, wait_seconds=0))
+            except Locked:
+                raise TrainyardError(f"job {job_id} is running; stop it first (trainyard stop {job_id})") from None
+            found.append(OldJob(job_id, folders, now - max(w[0] for w in walked), sum(w[1] for w in walked)))
+        yield found
 
 
 def remove(job: OldJob) -> None:

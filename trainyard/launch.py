@@ -42,11 +42,11 @@ from trainyard.training.replica import PARENT_ENV
 # not dropped (if one were, it would rejoin at the next step and heal: slower, never wrong).
 # JOIN_TIMEOUT_MS bounds how long a quorum waits for a heartbeating group that has not asked to join.
 HEARTBEAT_TIMEOUT_MS = 500
-# How long a stopping job waits for its pool groups to leave before it stops their lighthouse: a worker
-# notices a cancelled run within its query interval (10 s by default) and a group leaves within a step,
-# or a collective's timeout (trainer.PG_TIMEOUT, 10 s) when a peer left first. Under the 30 s a process
-# worker gives a cancelled pipeline run before it kills it.
-POOL_LEAVE_SECONDS = 20.0
+# How long a stopping job waits for its pool groups to leave before it stops their lighthouse: a group
+# leaves within a step of its SIGTERM, or a collective's timeout (trainer.PG_TIMEOUT, 10 s) when a peer
+# left first. Well under the 30 s a process worker gives a cancelled pipeline run before it kills it: the
+# summary and its upload come after.
+POOL_LEAVE_SECONDS = 12.0
 JOIN_TIMEOUT_MS = 3000
 _PROCESSES: dict[int, subprocess.Popen] = {}
 # The exit codes of the processes ``shutdown`` stopped and forgot: a supervisor that shut its groups

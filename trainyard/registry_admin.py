@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from trainyard import promotion
+from trainyard.home import home
 from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, model_summary, tracking_uri
 from trainyard.registry_errors import ModelNotFound, service_errors, translate
 
@@ -16,7 +17,7 @@ def list_versions(name: str | None = None) -> list[dict]:
     import mlflow
 
     uri = tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not (home() / "mlflow.db").exists():  # as tracking_uri() reads it
         # the embedded store nothing has registered to yet: not created just to be found empty
         if name is not None:
             raise ModelNotFound(f"{name}: no such registered model (nothing is registered in {uri} yet)")

@@ -110,10 +110,11 @@ _clients: dict[tuple, tuple[boto3.session.Session, object]] = {}
 # pyarrow's AWS SDK, and keying on it cost a second client (~0.1 s) in every streaming process.
 _SET_IN_CONFIG = frozenset({"AWS_RESPONSE_CHECKSUM_VALIDATION"})
 _clients_lock = threading.Lock()
-# Hosts that have answered a request (any status) in this process. A host that never has is a wrong
-# endpoint or one that is down: botocore's own retries (9 attempts, about 4 s) have already waited for it,
-# and the task's retries would only triple the wait for the same message. One that answered before and
-# then refused is a blip, and worth trying again (the retry resumes from the cache).
+# Hosts that have answered a request (any status) in this process. A configured endpoint (not AWS's) when
+# none has yet is a wrong endpoint or one that is down: botocore's own retries (9 attempts, about 4 s) have
+# already waited for it, and the task's retries would only triple the wait for the same message. After any
+# answer, a refused connection is a blip, worth trying again (the retry resumes from the cache); on AWS
+# (a host per bucket) so is the first, a network not up yet.
 _answered_hosts: set[str] = set()
 
 
@@ -223,7 +224,8 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
         return StorageError(f"{uri}: not a request S3 can take ({exc}); check the URI")
     if isinstance(exc, EndpointConnectionError):
         host = _host(exc.kwargs.get("endpoint_url", ""))
-        if host not in _answered_hosts:
+        aws = host.split(":")[0].endswith((".amazonaws.com", ".amazonaws.com.cn"))
+        if not _answered_hosts and not aws:
             return StorageError(
                 f"{uri}: could not connect to S3 at {host or 'its endpoint'}, which has not answered once; check "
                 "AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL, or the profile's endpoint_url) and that the endpoint "

@@ -442,7 +442,8 @@ def test_the_first_groups_start_without_one_the_pool_has_no_room_for(deployed, b
     assert final["status"] == "Completed", (final, _logs(home))
     summary = _summary(final["job_id"])
     assert summary["training"]["first_batch_seconds"] < 60, summary["training"]  # not the barrier's 120 s
-    assert summary["training"]["replicas_finished"] == [0]
-    assert summary["elastic"]["withdrawn"] == [1]
+    # whichever group a worker took first trained; the other never started, and was withdrawn at the end
+    (trained,) = summary["training"]["replicas_finished"]
+    assert summary["elastic"]["withdrawn"] == [1 - trained]
     said = [line["message"] for line in client.logs(run_id, groups=False)]
     assert any("no room on work pool 'trainyard-gpu' yet" in message for message in said), said

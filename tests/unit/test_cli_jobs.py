@@ -5,6 +5,10 @@ The commands themselves, against a real ``prefect server`` and workers, are in
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 import yaml
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -44,13 +48,47 @@ def test_interrupting_submit_wait_says_the_job_goes_on_and_how_to_stop_it(tmp_pa
     from flows import client
 
     def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt  # Ctrl-C, or SIGTERM, which --wait takes as one
+        os.kill(os.getpid(), signal.SIGTERM)  # as a supervisor ends it; --wait takes it as Ctrl-C
+        time.sleep(5)  # (the signal's handler raises here)
 
     monkeypatch.setattr(client, "submit", lambda *args: "run-1")
     monkeypatch.setattr(client, "wait", interrupted)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(minimal()))
+    before = signal.getsignal(signal.SIGTERM)
     result = CliRunner().invoke(app, ["jobs", "submit", str(spec), "--wait"])
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
     assert result.exit_code == 130 and result.stdout.strip() == "run-1", result.output
     flat = " ".join(result.stderr.split())
     assert "stopped waiting; the job goes on" in flat and "trainyard jobs stop run-1" in flat, flat
+
+
+def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from flows import client
+
+    t0 = datetime(2026, 12, 5, tzinfo=UTC)
+
+    def event(seconds: int, payload: dict):
+        return SimpleNamespace(occurred=t0 + timedelta(seconds=seconds), payload=payload)
+
+    def status(seconds: int, name: str) -> dict:
+        return {"status": name, "start_time": f"t{seconds}", "end_time": None, "message": name}
+
+    first_try = [status(0, "Starting"), status(1, "Downloading"), status(2, "Failed")]
+    events = [event(i, p) for i, p in enumerate(first_try)] + [event(3, {"ended": {"failure_reason": "boom"}})]
+    api = SimpleNamespace(read_events=lambda *a, **k: SimpleNamespace(events=events))
+    transitions, ended = client._job_events(api, "j", t0)
+    assert [(t["status"], t["end_time"]) for t in transitions] == [
+        ("Starting", "t1"),
+        ("Downloading", "t2"),
+        ("Failed", "t2"),  # a final status ends as it begins, as the summary has it
+    ]
+    assert ended == {"failure_reason": "boom"}
+    # the run retried (the same run id): the first try's outcome is not the job's now
+    events += [event(10, status(10, "Starting")), event(11, status(11, "Downloading"))]
+    transitions, ended = client._job_events(api, "j", t0)
+    assert [(t["status"], t["end_time"]) for t in transitions] == [("Starting", "t11"), ("Downloading", None)]
+    assert ended is None

@@ -89,7 +89,7 @@ def test_jobs_named_are_removed_whatever_their_age_and_never_a_running_one(train
         assert (jobs_dir() / "recent-20261201-000000-bbbbbb").exists()  # one refused: none removed
     unknown = CliRunner().invoke(app, ["clean", "nope-20261201-000000-ffffff"])
     assert unknown.exit_code == 2 and "job nope-20261201-000000-ffffff: no folder under" in unknown.output
-    removed = CliRunner().invoke(app, ["clean", "recent-20261201-000000-bbbbbb"])
-    assert removed.exit_code == 0 and "1 job(s), 2.0 MiB" in removed.output, removed.output
+    removed = CliRunner().invoke(app, ["clean", "recent-20261201-000000-bbbbbb", "recent-20261201-000000-bbbbbb"])
+    assert removed.exit_code == 0 and "1 job(s), 2.0 MiB" in removed.output, removed.output  # named twice: once
     assert sorted(p.name for p in jobs_dir().iterdir()) == ["live-20261201-000000-eeeeee"]
     assert not (home() / "prefect" / "recent-20261201-000000-bbbbbb").exists()

@@ -187,6 +187,9 @@ def test_an_endpoint_that_never_answered_is_not_retried_and_one_that_answered_be
     assert not never.transient
     assert f"s3://b/ch/: could not connect to S3 at 127.0.0.1:{port}, which has not answered once" in str(never)
     assert "AWS_ENDPOINT_URL_S3" in str(never) and "secret" not in str(never)
+    # on AWS (a host per bucket, no endpoint configured) a first refusal is a network not up yet: retried
+    aws = EndpointConnectionError(endpoint_url="https://bkt.s3.us-east-1.amazonaws.com/ch/a.bin", error=OSError())
+    assert s3.describe_error(aws, "s3://bkt/ch/a.bin").transient
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Forbidden)
     threading.Thread(target=server.serve_forever, daemon=True).start()

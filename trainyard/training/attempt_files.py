@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainyard.home import write_json_atomic
+from trainyard.training.plan import attempt_dir
 
 if TYPE_CHECKING:
+    from trainyard.launch import LaunchHandle
     from trainyard.training.batches import StepData
     from trainyard.training.epochs import History
     from trainyard.training.flops import FlopMeter
@@ -132,3 +134,36 @@ def write_progress(
     }
     write_json_atomic(out / "progress.json", progress)
     return progress
+
+
+def finished_the_job(job_dir: Path, finished: dict[int, dict], live: dict) -> bool:
+    """Whether a group has finished the job (not just left it), even if its process is still exiting."""
+    results = list(finished.values())
+    for replica, proc in live.items():
+        try:
+            results.append(json.loads((attempt_dir(job_dir, replica, proc.attempt) / "result.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+    return any(res["stop_reason"] != "Left" for res in results)
+
+
+def report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress) -> int:
+    """Each epoch a group has ended since the ``seen`` first, to ``on_progress(epoch, its metrics)``, in order,
+    from the group that is furthest; returns the epochs seen."""
+    best: dict | None = None
+    for proc in handle.replicas:
+        path = attempt_dir(job_dir, proc.replica, proc.attempt) / "progress.json"
+        if path.exists():
+            try:
+                progress = json.loads(path.read_text())
+            except (json.JSONDecodeError, OSError):
+                continue
+            if best is None or len(progress["epochs"]) > len(best["epochs"]):
+                best = progress
+    if best is None:
+        return seen
+    done = len(best["epochs"])
+    if on_progress is not None:
+        for epoch in range(seen, done):  # each epoch once, in order: several may end between two looks
+            on_progress(epoch + 1, best["epochs"][epoch])
+    return max(done, seen)

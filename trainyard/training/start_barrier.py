@@ -75,7 +75,8 @@ class QueuedGroups:
         if not missing:
             self.done = True
             return
-        if len(ready) < self.min_replicas:
+        up = ready & set(live)  # (a group marked ready because its first attempt failed is not up)
+        if len(up) < self.min_replicas:
             self._enough_since = None
             self._no_worker(live)
             return
@@ -93,7 +94,7 @@ class QueuedGroups:
                         "replica": replica,
                         "work_pool": self.handle.work_pool,
                         "message": f"no room on work pool {self.handle.work_pool!r} yet: the job starts with "
-                        f"{len(ready)} group(s), and group {replica} joins when a worker takes it",
+                        f"{len(up)} group(s), and group {replica} joins when a worker takes it",
                     },
                 )
 

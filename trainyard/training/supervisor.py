@@ -20,7 +20,7 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.accounting import energy_by_replica, sifting_totals, work_done
-from trainyard.training.attempt_files import last_step, silent_seconds
+from trainyard.training.attempt_files import finished_the_job, last_step, report_progress, silent_seconds
 from trainyard.training.failures import failure_record, recoveries, training_failed
 from trainyard.training.plan import (
     SUPERVISOR_FILE,
@@ -145,6 +145,7 @@ def _supervise(
 ):
     deadline = time.monotonic() + job.stopping.max_runtime_seconds
     stop_deadline: float | None = None
+    shut_down = False
     live = {r.replica: r for r in handle.replicas}
     failures: list[dict] = []
     finished: dict[int, dict] = {}
@@ -181,7 +182,9 @@ def _supervise(
                 # before its SIGTERM handler was up, it is not a failure and is not restarted
                 continue
             failure = failure_record(out, replica, proc.attempt, code)
-            job_done = _ending(job_dir, finished, live)  # a group finished the job, its process maybe still exiting
+            job_done = finished_the_job(
+                job_dir, finished, live
+            )  # a group finished the job, its process maybe still exiting
             if job_done and failure["kind"] == "NoPeerToHeal":
                 continue  # a restart that came back after the others finished the job: nothing failed
             if (replica, proc.attempt) in silenced:
@@ -199,7 +202,8 @@ def _supervise(
             # A restart heals from a live group. With none left (or none ahead of a restarted group)
             # it would start over from step 0 alone; the S3 checkpoint, if the job writes them, is
             # the fallback for that.
-            lost = (not live and failure["step"] > 0) or failure.get("kind") == "NoPeerToHeal"
+            started = [p for p in live.values() if not launch.queued(handle, p)]  # a queued group has no state
+            lost = (not started and failure["step"] > 0) or failure.get("kind") == "NoPeerToHeal"
             resume = lost and job.elastic.checkpoint_every_steps is not None
             if resume:  # the restarts still waiting out their backoff have no live group either
                 waiting = {r: (when, failed, True) for r, (when, failed, _) in waiting.items()}
@@ -214,7 +218,7 @@ def _supervise(
                 and (resume or not lost)
             ):
                 waiting[replica] = (time.monotonic() + RETRY_BACKOFF_SECONDS * 2**proc.attempt, proc, resume)
-        job_finished = _ending(job_dir, finished, live)
+        job_finished = finished_the_job(job_dir, finished, live)
         ending = stop_requested(job_dir) or job_finished
         short = job.resources.min_replicas - len(live) - len(waiting)
         if failures and live and short > 0 and not ending and not scaler.leaving:  # (none live: said below)
@@ -245,7 +249,8 @@ def _supervise(
             scaler.withdraw_unstarted(live, queued.released)
         elif not waiting:  # a request is acted on once no restart is pending, so that it counts every group
             scaler.tick(live, max((last_step(attempt_dir(job_dir, r, p.attempt)) for r, p in live.items()), default=0))
-        queued.tick(live)
+        if not ending:
+            queued.tick(live)
         for replica, proc in live.items():
             silent = silent_seconds(attempt_dir(job_dir, replica, proc.attempt))
             if silent > silent_limit and (replica, proc.attempt) not in silenced:
@@ -257,7 +262,7 @@ def _supervise(
         for recovery in recoveries(job_dir, unannounced):
             announced.add((recovery["replica"], recovery["attempt"]))
             emit("replica.recovered", recovery)
-        epochs_seen = _report_progress(job_dir, handle, epochs_seen, on_progress)
+        epochs_seen = report_progress(job_dir, handle, epochs_seen, on_progress)
         now = time.monotonic()
         if now > deadline and not stop_requested(job_dir):
             request_stop(job_dir, "MaxRuntimeExceeded", f"max_runtime_seconds={job.stopping.max_runtime_seconds}")
@@ -270,11 +275,12 @@ def _supervise(
                 if (replica, proc.attempt) not in reaped:
                     reaped.add((replica, proc.attempt))
                     launch.kill(handle, proc)
-        if stop_deadline is not None and now > stop_deadline:
+        if stop_deadline is not None and now > stop_deadline and not shut_down:
             launch.shutdown(handle)  # stragglers stuck waiting for departed peers
+            shut_down = True
         due = min((when for when, _, _ in waiting.values()), default=now + POLL_SECONDS)
         time.sleep(min(POLL_SECONDS, max(0.0, due - now)))
-    _report_progress(job_dir, handle, epochs_seen, on_progress)
+    report_progress(job_dir, handle, epochs_seen, on_progress)
     if not finished:
         last = failures[-1]["message"] if failures else "no group reported a result"
         # the attempts that ran: a failure no retry can mend (no live peer to heal from) is not retried
@@ -358,37 +364,6 @@ def _collect(
         sifting=sifting_totals(sifted, flops) if sifted else None,
         energy_by_replica=energy_by_replica(job_dir),
     )
-
-
-def _ending(job_dir: Path, finished: dict[int, dict], live: dict) -> bool:
-    """Whether a group has finished the job (not just left it), even if its process is still exiting."""
-    results = list(finished.values())
-    for replica, proc in live.items():
-        try:
-            results.append(json.loads((attempt_dir(job_dir, replica, proc.attempt) / "result.json").read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            continue
-    return any(res["stop_reason"] != "Left" for res in results)
-
-
-def _report_progress(job_dir: Path, handle: LaunchHandle, seen: int, on_progress) -> int:
-    best: dict | None = None
-    for proc in handle.replicas:
-        path = attempt_dir(job_dir, proc.replica, proc.attempt) / "progress.json"
-        if path.exists():
-            try:
-                progress = json.loads(path.read_text())
-            except (json.JSONDecodeError, OSError):
-                continue
-            if best is None or len(progress["epochs"]) > len(best["epochs"]):
-                best = progress
-    if best is None:
-        return seen
-    done = len(best["epochs"])
-    if on_progress is not None:
-        for epoch in range(seen, done):  # each epoch once, in order: several may end between two looks
-            on_progress(epoch + 1, best["epochs"][epoch])
-    return max(done, seen)
 
 
 def load_model(outcome: TrainingOutcome, job: TrainingJob, plan: TrainingPlan) -> torch.nn.Module:

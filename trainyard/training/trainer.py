@@ -128,7 +128,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         hostname=advertised_host(),  # where a healing peer fetches this group's state (TRAINYARD_HOST)
         checkpoint_transport=HealTransport(timeout=MANAGER_TIMEOUT),
     )
-    joining = replica >= plan.num_replicas  # added while the job runs (trainyard scale)
+    # Added while the job runs (trainyard scale), or a first group that starts after the job has (one its pool
+    # had no room for, start_barrier.QueuedGroups): it heals from the others and joins, never starts at step 0.
+    joining = replica >= plan.num_replicas or (attempt == 0 and job_step(job_dir) > 0)
     if attempt == 0 and not joining:
         start_barrier(job_dir, replica, plan.num_replicas)
     ddp = SafeDistributedDataParallel(manager, model)
