@@ -68,3 +68,67 @@ def test_a_job_whose_groups_no_worker_takes_says_so_once(job):
     assert [kind for kind, _ in said] == ["job.waiting_for_workers"]
     assert "prefect worker start --pool small-pool" in said[0][1]["message"]
     assert ready_groups(Path(handle.job_dir)) == set()  # nobody to start without
+
+
+def test_a_first_group_the_pool_had_no_room_for_starts_late_joins_and_heals(trainyard_home, tmp_path, monkeypatch):
+    """Real groups: room for group 0 only until it has trained 20 steps. The job starts without group 1, which
+    then heals from group 0 and joins (it trained alone from step 0 before, a first attempt taken for a founder)."""
+    import json
+    import threading
+
+    from tests.conftest import rejoined, slow_until, wait_for_step
+    from tests.unit.jobs import make_job, run
+    from trainyard.training.plan import attempt_dir
+
+    monkeypatch.setattr(start_barrier, "QUEUED_GRACE_SECONDS", 0.5)
+
+    class RoomForOne:
+        """A pool that starts group 1 only once group 0 is 20 steps in: until then its run is queued."""
+
+        def start(self, handle, replica, attempt, resume):
+            if replica == 0 or attempt > 0:
+                return launch.LOCAL.start(handle, replica, attempt, resume)
+            proc = ReplicaProcess(replica=replica, attempt=attempt, pid=0, log="")
+
+            def when_room() -> None:
+                wait_for_step(attempt_dir(folder, 0, 0) / "heartbeat.json", 20)
+                started = launch.LOCAL.start(handle, replica, attempt, resume)
+                proc.log, proc.pid = started.log, started.pid
+                over.wait()  # a local group gets SIGTERM when the thread that started it ends (die_with_parent)
+
+            threading.Thread(target=when_room, daemon=True).start()
+            return proc
+
+        def exit_code(self, proc):
+            return None if proc.pid == 0 else launch.LOCAL.exit_code(proc)
+
+        def queued(self, proc):
+            return proc.pid == 0
+
+        def kill(self, proc):
+            if proc.pid:
+                launch.LOCAL.kill(proc)
+
+        def terminate(self, proc):
+            if proc.pid:
+                launch.LOCAL.terminate(proc)
+
+    over = threading.Event()
+    monkeypatch.setitem(launch._LAUNCHERS, "room-for-one", RoomForOne())
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
+        hyperparameters={"epochs": 60, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
+        resources={"replicas": 2, "min_replicas": 1, "work_pool": "room-for-one"},
+    )
+    events: list = []
+    try:
+        with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-0")):
+            outcome, _ = run(job, job_id, folder, plan, events)
+    finally:
+        over.set()
+    assert ("replica.queued", 1) in events
+    assert outcome.stop_reason == "Completed" and outcome.failures == [] and outcome.replicas_finished == [0, 1]
+    recovery = json.loads((folder / "replicas/1/attempt-0/progress.json").read_text())["recovery"]
+    assert recovery is not None, "group 1 started as a founder, from step 0"
+    assert recovery["joined"] is True and recovery["source"] == "peer" and recovery["rejoined_at_step"] > 20
