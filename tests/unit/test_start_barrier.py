@@ -42,11 +42,11 @@ def test_groups_still_queued_once_min_replicas_are_up_are_not_waited_for(job):
     )
     mark_ready(Path(handle.job_dir), 0)
     groups.tick(live)  # one up, two queued: fewer than min_replicas, the barrier holds
-    assert ready_groups(Path(handle.job_dir)) == {0} and groups.released == set()
+    assert ready_groups(Path(handle.job_dir)) == {0} and groups.released == {}
     pool.waiting = {2}  # group 1 started and is up; group 2 still has no room
     mark_ready(Path(handle.job_dir), 1)
     groups.tick(live)
-    assert ready_groups(Path(handle.job_dir)) == {0, 1, 2} and groups.released == {2}
+    assert ready_groups(Path(handle.job_dir)) == {0, 1, 2} and list(groups.released) == [2]
     assert [kind for kind, _ in said] == ["replica.queued"]
     assert (
         "no room on work pool 'small-pool' yet: the job starts with 2 group(s), and group 2 joins"
@@ -132,3 +132,5 @@ def test_a_first_group_the_pool_had_no_room_for_starts_late_joins_and_heals(trai
     recovery = json.loads((folder / "replicas/1/attempt-0/progress.json").read_text())["recovery"]
     assert recovery is not None, "group 1 started as a founder, from step 0"
     assert recovery["joined"] is True and recovery["source"] == "peer" and recovery["rejoined_at_step"] > 20
+    (join,) = outcome.joins  # in the summary's elastic.joins, as a group added mid-job is
+    assert join["replica"] == 1 and join["joined_at_step"] == recovery["rejoined_at_step"]

@@ -90,10 +90,11 @@ class Scaler:
             self.withdrawn.append(replica)
             self.emit("replica.withdrawn", {"replica": replica, "reason": "the job ended before it started"})
 
-    def joins(self) -> list[dict]:
-        """One record per added group that committed a step: when, and what it took from its peer."""
+    def joins(self, also: dict[int, float] | None = None) -> list[dict]:
+        """One record per added group that committed a step: when, and what it took from its peer. ``also``:
+        more late groups, by when they were asked for (unix; the first groups the job started without)."""
         records = []
-        for replica, started in sorted(self.added.items()):
+        for replica, started in sorted({**self.added, **(also or {})}.items()):
             path = attempt_dir(self.job_dir, replica, 0) / "progress.json"
             recovery = json.loads(path.read_text()).get("recovery") if path.exists() else None
             if not recovery or "rejoined_at_step" not in recovery:

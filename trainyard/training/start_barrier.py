@@ -60,7 +60,7 @@ class QueuedGroups:
     def __init__(self, handle: LaunchHandle, num_replicas: int, min_replicas: int, emit: Callable[[str, dict], None]):
         self.handle, self.num_replicas, self.min_replicas, self.emit = handle, num_replicas, min_replicas, emit
         self.done = False
-        self.released: set[int] = set()  # groups the others started without
+        self.released: dict[int, float] = {}  # groups the others started without -> when (unix)
         self._enough_since: float | None = None
         self._since = time.monotonic()
         self._said_no_worker = False
@@ -87,7 +87,7 @@ class QueuedGroups:
         for replica in missing:
             if replica in live and launch.queued(self.handle, live[replica]):
                 mark_ready(job_dir, replica)
-                self.released.add(replica)
+                self.released[replica] = time.time()
                 self.emit(
                     "replica.queued",
                     {

@@ -300,7 +300,7 @@ def _supervise(
             failures,
         )
     outcome = _collect(job_dir, handle, finished, failures)
-    outcome.joins, outcome.scaling, outcome.withdrawn = scaler.joins(), scaler.changes, scaler.withdrawn
+    outcome.joins, outcome.scaling, outcome.withdrawn = scaler.joins(queued.released), scaler.changes, scaler.withdrawn
     for recovery in outcome.recoveries:  # any the loop had not seen yet
         if (recovery["replica"], recovery["attempt"]) not in announced:
             emit("replica.recovered", recovery)
