@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -23,82 +22,22 @@ from typer.testing import CliRunner
 
 from flows import client
 from tests.conftest import job_dict, rejoined, slow_until, upload_dataset, wait_for_step
-from tests.integration.conftest import PREFECT, REPO
+from tests.integration import deployed_path
+from tests.integration.deployed_path import (
+    GPU_POOL,
+    attempt_folder,
+    pool_room,
+    replica_runs,
+    rest,
+    summary_of,
+    worker_logs,
+)
 from trainyard.cli import app
 
 # Above the longest test's own waits (a lost worker's: 240 s, then 500 s), so that those fail first, with the
 # workers' logs, not the suite's 300 s with nothing; the first test's also covers the module's fixture.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(800)]
-GPU_POOL = "trainyard-gpu"
-
-
-@pytest.fixture(scope="module")
-def deployed(prefect_server, tmp_path_factory):
-    """Pools applied, the deployments deployed, four workers running; yields (url, mlflow uri, home,
-    GPU-pool worker processes). Each GPU-pool worker runs one group at a time (one node with one
-    group's GPUs): two run a job's groups and the third is the spare a lost group is resubmitted to."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    url, env, home = prefect_server
-    mlflow_uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    # Workers look for runs every second (default 10): groups start as soon as they are submitted.
-    # A group silent for 12 s is taken for lost (120 s in production: long collectives, slow steps).
-    env = {
-        **env,
-        "MLFLOW_TRACKING_URI": mlflow_uri,
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "TRAINYARD_STEP_LOG": "1",
-        "TRAINYARD_SILENT_GROUP_SECONDS": "12",
-    }
-    applied = CliRunner().invoke(app, ["infra", "apply", "--api-url", url, "--gpus-per-pool", "4"])
-    assert applied.exit_code == 0, applied.output
-    # as the README deploys them: every deployment in prefect.yaml, in one process
-    subprocess.run([PREFECT, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO, check=True)
-    workers = []
-    for pool, n, limit in (("trainyard-process", 1, []), (GPU_POOL, 3, ["--limit", "1"])):
-        for i in range(n):
-            log = open(home / f"worker-{pool}-{i}.log", "wb")  # noqa: SIM115 - closed with the worker
-            command = [PREFECT, "worker", "start", "--pool", pool, *limit]
-            workers.append(subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=log))
-    try:
-        with temporary_settings({PREFECT_API_URL: url}):
-            yield url, mlflow_uri, home, workers[1:]
-    finally:
-        for worker in workers:
-            worker.terminate()
-        # One deadline for all four, not 30 s each: three of them outlived SIGTERM by 30 s each (90 s of
-        # teardown, measured on 2026-12-02). What the tests check has been checked by now, so a worker
-        # still there is killed.
-        deadline = time.monotonic() + 10
-        for worker in workers:
-            try:
-                worker.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait(timeout=30)
-
-
-def _summary(job_id: str) -> dict:
-    return json.loads((Path(os.environ["TRAINYARD_HOME"]) / "jobs" / job_id / "summary.json").read_text())
-
-
-def _replica_runs(job_id: str) -> list:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-
-    with get_client(sync_client=True) as api:
-        tags = FlowRunFilterTags(all_=[f"trainyard-job:{job_id}", "trainyard-replica"])
-        return api.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags))
-
-
-def _attempt(run_id: str, replica: int, attempt: int) -> Path:
-    """A group attempt's folder, once the pipeline run has made its job (a folder that isn't there before)."""
-    job_id = client.status(run_id).get("job_id")
-    return Path(os.environ["TRAINYARD_HOME"]) / "jobs" / str(job_id) / "replicas" / str(replica) / f"attempt-{attempt}"
-
-
-def _logs(home: Path) -> str:
-    return "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(home.glob("worker-*.log")))
+deployed = deployed_path.deployed  # the module's server, pools, deployments and workers
 
 
 def test_run_deployment_runs_the_pipeline(deployed, bucket):
@@ -108,8 +47,8 @@ def test_run_deployment_runs_the_pipeline(deployed, bucket):
     spec = job_dict(upload_dataset(bucket, rows=400))
     spec["name"] = "deployed-job"
     run = run_deployment("training-pipeline/on-demand", parameters={"job": spec}, timeout=300)
-    assert run.state.is_completed(), (run.state, _logs(home))
-    summary = _summary(run.name)  # a run started without a job id is named after the one it made
+    assert run.state.is_completed(), (run.state, worker_logs(home))
+    summary = summary_of(run.name)  # a run started without a job id is named after the one it made
     assert summary["status"] == "Completed"
     assert summary["prefect_flow_run_id"] == str(run.id)
     assert mlflow.MlflowClient(mlflow_uri).get_registered_model("deployed-job").name == "deployed-job"
@@ -125,7 +64,7 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     nowhere = CliRunner().invoke(app, [*submit, "--deployment", "training-pipeline/nope"])
     assert nowhere.exit_code == 2 and "no deployment 'training-pipeline/nope'" in nowhere.stderr, nowhere.output
     result = CliRunner().invoke(app, [*submit, "--set", "name=cli-job", "--idempotency-key", "k1", "--wait"])
-    assert result.exit_code == 0, (result.output, _logs(home))
+    assert result.exit_code == 0, (result.output, worker_logs(home))
     run_id = result.stdout.strip()  # the run id alone on stdout, for scripts
     assert "cli-job-" in result.stderr and ": Completed (Completed)" in result.stderr, result.stderr
     # each secondary status printed once, in order, as the job entered it
@@ -134,7 +73,7 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     assert printed == statuses, result.stderr
     described = client.status(run_id)
     assert described["status"] == "Completed" and described["failure_reason"] is None
-    assert _summary(described["job_id"])["status"] == "Completed"
+    assert summary_of(described["job_id"])["status"] == "Completed"
     # every status with its end, and the outcome without reading S3: metrics, the version, the summary's place
     assert all(t["end_time"] for t in described["secondary_status_transitions"]), described
     assert described["model"]["name"] == "cli-job" and described["model"]["version"] == 1, described
@@ -157,14 +96,14 @@ def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deplo
     spec["hyperparameters"] |= {"epochs": 120, "step_sleep": 0.04}
     spec["elastic"] = {"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]}
     submitted = time.time()
-    with slow_until(tmp_path / "slow", lambda: rejoined(_attempt(run_id, 1, 1))) as hold:
+    with slow_until(tmp_path / "slow", lambda: rejoined(attempt_folder(run_id, 1, 1))) as hold:
         spec["hyperparameters"]["slow_while"] = hold
         run_id = client.submit(spec)
         final = client.wait(run_id, timeout_seconds=400)
-    assert final["status"] == "Completed", (final, _logs(home))
+    assert final["status"] == "Completed", (final, worker_logs(home))
     assert [t["status"] for t in final["secondary_status_transitions"]][-1] == "Completed"
-    summary = _summary(final["job_id"])
-    runs = _replica_runs(final["job_id"])
+    summary = summary_of(final["job_id"])
+    runs = replica_runs(final["job_id"])
     # groups 0 and 1, then group 1's resubmission after its process was killed (Crashed)
     assert sorted((r.parameters["replica"], r.parameters["attempt"]) for r in runs) == [(0, 0), (1, 0), (1, 1)]
     states = {(r.parameters["replica"], r.parameters["attempt"]): r.state.type.value for r in runs}
@@ -190,40 +129,26 @@ def test_a_job_submitted_through_the_rest_api_completes(deployed, bucket):
     url, _, home, _ = deployed
     spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 2, "work_pool": GPU_POOL})
     spec["name"] = "rest-job"
-    deployment = _rest(urllib.request.Request(f"{url}/deployments/name/training-pipeline/on-demand"))
+    deployment = rest(urllib.request.Request(f"{url}/deployments/name/training-pipeline/on-demand"))
     request = urllib.request.Request(
         f"{url}/deployments/{deployment['id']}/create_flow_run",
         data=json.dumps({"parameters": {"job": spec}}).encode(),
         headers={"Content-Type": "application/json"},
         method="POST",
     )
-    run_id = _rest(request)["id"]
+    run_id = rest(request)["id"]
     final = client.wait(run_id, timeout_seconds=300)
-    assert final["status"] == "Completed", (final, _logs(home))
-    assert _summary(final["job_id"])["status"] == "Completed"
-    groups = sorted((r.parameters["replica"], r.state.type.value) for r in _replica_runs(final["job_id"]))
+    assert final["status"] == "Completed", (final, worker_logs(home))
+    assert summary_of(final["job_id"])["status"] == "Completed"
+    groups = sorted((r.parameters["replica"], r.state.type.value) for r in replica_runs(final["job_id"]))
     assert groups == [(0, "COMPLETED"), (1, "COMPLETED")]  # two groups, each a flow run on the GPU pool
     # a spec the form or another service sent wrong fails before any compute, and describe says why
     del spec["inputs"]["train"]["label"]
     request.data = json.dumps({"parameters": {"job": spec}}).encode()
-    failed = client.wait(_rest(request)["id"], timeout_seconds=120)
+    failed = client.wait(rest(request)["id"], timeout_seconds=120)
     assert failed["status"] == "Failed" and "inputs.train" in (failed["failure_reason"] or ""), failed
     (row,) = [r for r in client.jobs(limit=50) if r["flow_run_id"] == failed["flow_run_id"]]
     assert row["status"] == "Failed" and "inputs.train" in row["reason"], row  # jobs list's reason column
-
-
-def _rest(request: urllib.request.Request, attempts: int = 5) -> dict:
-    """One call to the Prefect REST API, as another service makes it: a 503 (the server's SQLite busy
-    under the workers' load) is retried with backoff, as Prefect's own client does."""
-    for attempt in range(attempts):
-        try:
-            with urllib.request.urlopen(request) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as exc:
-            if exc.code != 503 or attempt == attempts - 1:
-                raise
-            time.sleep(2**attempt)
-    raise AssertionError("unreachable")
 
 
 def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
@@ -234,25 +159,25 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         job_id = client.status(run_id)["job_id"]
-        if len([r for r in _replica_runs(job_id) if r.state and r.state.is_running()]) == 2:
+        if len([r for r in replica_runs(job_id) if r.state and r.state.is_running()]) == 2:
             break
         time.sleep(1)
     else:
-        pytest.fail(f"the groups never ran: {_logs(home)}")
+        pytest.fail(f"the groups never ran: {worker_logs(home)}")
     for replica in (0, 1):  # both training, their SIGTERM handlers (leave at a step boundary) in place
-        wait_for_step(_attempt(run_id, replica, 0) / "heartbeat.json", 20)
+        wait_for_step(attempt_folder(run_id, replica, 0) / "heartbeat.json", 20)
     result = CliRunner().invoke(app, ["jobs", "stop", run_id])
     assert result.exit_code == 0 and "cancelled 3 run(s)" in result.output, result.output
     final = client.wait(run_id, timeout_seconds=120)
     assert final["status"] == "Stopped"
     deadline = time.monotonic() + 60
-    while any(not r.state.is_final() for r in _replica_runs(job_id)) and time.monotonic() < deadline:
+    while any(not r.state.is_final() for r in replica_runs(job_id)) and time.monotonic() < deadline:
         time.sleep(1)
-    assert all(r.state.type.value == "CANCELLED" for r in _replica_runs(job_id))
-    assert sorted(r.name for r in _replica_runs(job_id)) == [f"{job_id}-g0-a0", f"{job_id}-g1-a0"]
+    assert all(r.state.type.value == "CANCELLED" for r in replica_runs(job_id))
+    assert sorted(r.name for r in replica_runs(job_id)) == [f"{job_id}-g0-a0", f"{job_id}-g1-a0"]
     # each group left at a step boundary (its result written), not killed in a quorum whose lighthouse was gone
     for replica in (0, 1):
-        result = json.loads((_attempt(run_id, replica, 0) / "result.json").read_text())
+        result = json.loads((attempt_folder(run_id, replica, 0) / "result.json").read_text())
         assert result["stop_reason"] == "Left", result
     # torchft's INFO (several lines a step) stays out of the workers' logs, as it does for local groups
     for log in home.glob(f"worker-{GPU_POOL}-*.log"):
@@ -274,31 +199,31 @@ def test_a_lost_worker_has_its_group_resubmitted_and_healed(deployed, bucket, tm
     # 50 ms steps, 1,700 of them: the survivor is still training when the lost group is found silent
     # (12 s), given up on (15 s more) and back from the spare worker (~15 s); the rest at full speed.
     spec["hyperparameters"] |= {"epochs": 170, "step_sleep": 0.05}
-    with slow_until(tmp_path / "slow", lambda: rejoined(_attempt(run_id, 1, 1))) as hold:
+    with slow_until(tmp_path / "slow", lambda: rejoined(attempt_folder(run_id, 1, 1))) as hold:
         spec["hyperparameters"]["slow_while"] = hold
         run_id = client.submit(spec)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            group = _attempt(run_id, 1, 0)
+            group = attempt_folder(run_id, 1, 0)
             if (group / "heartbeat.json").exists() and json.loads((group / "heartbeat.json").read_text())["step"] >= 20:
                 break
             time.sleep(0.5)
         else:
-            pytest.fail(f"group 1 never trained: {_logs(home)}")
+            pytest.fail(f"group 1 never trained: {worker_logs(home)}")
         group_pid = int((group / "pid").read_text())
         ancestors = {p.pid for p in psutil.Process(group_pid).parents()}
         (node,) = [w for w in gpu_workers if w.pid in ancestors]
         os.kill(node.pid, signal.SIGKILL)  # the worker first, so it cannot report its run Crashed
         os.kill(group_pid, signal.SIGKILL)
         final = client.wait(run_id, timeout_seconds=500)
-    assert final["status"] == "Completed", (final, _logs(home))
+    assert final["status"] == "Completed", (final, worker_logs(home))
     job_id = final["job_id"]
-    runs = {(r.parameters["replica"], r.parameters["attempt"]): r for r in _replica_runs(job_id)}
+    runs = {(r.parameters["replica"], r.parameters["attempt"]): r for r in replica_runs(job_id)}
     assert sorted(runs) == [(0, 0), (1, 0), (1, 1)]
     lost = runs[1, 0].state
     assert lost.type.value == "CRASHED" and "presumed lost with its worker" in lost.message
     assert runs[1, 1].state.type.value == "COMPLETED" and runs[0, 0].state.type.value == "COMPLETED"
-    summary = _summary(job_id)
+    summary = summary_of(job_id)
     (recovery,) = summary["elastic"]["recoveries"]
     assert recovery["source"] == "peer"
     assert "silent" in summary["elastic"]["failure_details"][0]["message"]
@@ -336,21 +261,15 @@ def test_a_scheduled_run_fires(deployed, bucket):
                 break
             time.sleep(2)
         else:
-            pytest.fail(f"no scheduled run finished: {_logs(home)}")
+            pytest.fail(f"no scheduled run finished: {worker_logs(home)}")
     (run,) = done
     assert "auto-scheduled" in run.tags
-    assert run.state.is_completed(), (run.state, _logs(home))
-    assert _summary(run.name)["status"] == "Completed" and _summary(run.name)["job_name"] == "scheduled-job"
+    assert run.state.is_completed(), (run.state, worker_logs(home))
+    assert summary_of(run.name)["status"] == "Completed" and summary_of(run.name)["job_name"] == "scheduled-job"
     # the schedule's next runs, not started: listed by their spec's name and when they are due
     listed = CliRunner().invoke(app, ["jobs", "list", "--limit", "200"])
     assert listed.exit_code == 0, listed.output
     assert "scheduled-job (not started)" in listed.stdout and "due " in listed.stdout, listed.stdout
-
-
-def _pool_room(url: str, groups: int) -> None:
-    """Room for ``groups`` groups on the GPU pool, as its platform team sets it."""
-    applied = CliRunner().invoke(app, ["infra", "apply", "--api-url", url, "--gpus-per-pool", str(groups)])
-    assert applied.exit_code == 0, applied.output
 
 
 def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket, tmp_path):
@@ -366,33 +285,33 @@ def test_a_job_fills_up_to_max_replicas_as_the_pool_has_room(deployed, bucket, t
     # 1,300, CI once saw the first group finish before the second had committed a step: no join); the
     # steps left after the join run at full speed, shared by the two groups.
     spec["hyperparameters"] |= {"epochs": 300, "step_sleep": 0.04}
-    _pool_room(url, 1)
-    with slow_until(tmp_path / "slow", lambda: rejoined(_attempt(run_id, 1, 0))) as hold:
+    pool_room(url, 1)
+    with slow_until(tmp_path / "slow", lambda: rejoined(attempt_folder(run_id, 1, 0))) as hold:
         spec["hyperparameters"]["slow_while"] = hold
         try:
             run_id = client.submit(spec)
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
                 job_id = client.status(run_id).get("job_id")
-                beat = _attempt(run_id, 0, 0) / "heartbeat.json"
-                queued = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1] if job_id else []
+                beat = attempt_folder(run_id, 0, 0) / "heartbeat.json"
+                queued = [r for r in replica_runs(job_id) if r.parameters["replica"] == 1] if job_id else []
                 if queued and beat.exists() and json.loads(beat.read_text())["step"] >= 200:
                     break
                 time.sleep(0.5)
             else:
-                pytest.fail(f"the first group never trained: {_logs(home)}")
-            (waiting,) = [r for r in _replica_runs(job_id) if r.parameters["replica"] == 1]
+                pytest.fail(f"the first group never trained: {worker_logs(home)}")
+            (waiting,) = [r for r in replica_runs(job_id) if r.parameters["replica"] == 1]
             assert waiting.state.type.value == "SCHEDULED", waiting.state  # queued for room, not failed
         finally:
-            _pool_room(url, 4)
+            pool_room(url, 4)
         final = client.wait(run_id, timeout_seconds=400)
-    assert final["status"] == "Completed", (final, _logs(home))
-    elastic = _summary(job_id)["elastic"]
+    assert final["status"] == "Completed", (final, worker_logs(home))
+    elastic = summary_of(job_id)["elastic"]
     assert [(c["from"], c["to"]) for c in elastic["scaling"]] == [(1, 2)]
-    assert len(elastic["joins"]) == 1, (elastic, _summary(job_id)["training"], _logs(home))
+    assert len(elastic["joins"]) == 1, (elastic, summary_of(job_id)["training"], worker_logs(home))
     (join,) = elastic["joins"]
     assert join["replica"] == 1 and join["source"] == "peer" and join["joined_at_step"] > 200
-    assert _summary(job_id)["training"]["replicas_finished"] == [0, 1]
+    assert summary_of(job_id)["training"]["replicas_finished"] == [0, 1]
     assert elastic["withdrawn"] == []
 
 
@@ -403,20 +322,20 @@ def test_a_group_still_queued_when_the_job_ends_is_withdrawn(deployed, bucket):
     spec = job_dict(upload_dataset(bucket, rows=400), resources=resources)
     spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
     spec["hyperparameters"]["epochs"] = 50  # ~5 s of training: group 1 is asked for while it runs
-    _pool_room(url, 1)
+    pool_room(url, 1)
     try:
         final = client.wait(client.submit(spec), timeout_seconds=300)
     finally:
-        _pool_room(url, 4)
-    assert final["status"] == "Completed", (final, _logs(home))
-    elastic = _summary(final["job_id"])["elastic"]
+        pool_room(url, 4)
+    assert final["status"] == "Completed", (final, worker_logs(home))
+    elastic = summary_of(final["job_id"])["elastic"]
     assert elastic["withdrawn"] == [1] and all(j["replica"] != 1 for j in elastic["joins"])  # it never trained
     # Withdrawn while group 0 was still exiting. A run still queued is cancelled at once ("withdrawn before it
     # started"); one a worker had just claimed as group 0's room came free is cancelled by that worker moments
     # later, after the job has ended.
     deadline = time.monotonic() + 60
     while True:
-        runs = {r.parameters["replica"]: r.state for r in _replica_runs(final["job_id"])}
+        runs = {r.parameters["replica"]: r.state for r in replica_runs(final["job_id"])}
         if runs[1].type.value != "CANCELLING" or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -433,14 +352,14 @@ def test_the_first_groups_start_without_one_the_pool_has_no_room_for(deployed, b
     spec = job_dict(upload_dataset(bucket, rows=400), resources=resources)
     spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
     spec["hyperparameters"]["epochs"] = 20
-    _pool_room(url, 1)
+    pool_room(url, 1)
     try:
         run_id = client.submit(spec)
         final = client.wait(run_id, timeout_seconds=300)
     finally:
-        _pool_room(url, 4)
-    assert final["status"] == "Completed", (final, _logs(home))
-    summary = _summary(final["job_id"])
+        pool_room(url, 4)
+    assert final["status"] == "Completed", (final, worker_logs(home))
+    summary = summary_of(final["job_id"])
     assert summary["training"]["first_batch_seconds"] < 60, summary["training"]  # not the barrier's 120 s
     # whichever group a worker took first trained; the other never started, and was withdrawn at the end
     (trained,) = summary["training"]["replicas_finished"]
