@@ -36,7 +36,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
     with stage_meter("training", job) as record, progress.bar("training epochs", job.hyperparameters.epochs) as advance:
         created = create_progress_artifact(0.0, description=f"{plan.job_id}: training")
         artifact: UUID = created  # type: ignore[assignment]  # called sync, it returns the id (typed: id or coroutine)
-        percent, epochs_done, artifact_updated = 0.0, 0, 0.0
+        percent, epochs_done, reported, told_through = 0.0, 0, 0.0, 0
+        untold: tuple[int, dict | None] | None = None  # the last epoch not logged yet, and its metrics
         last_sample: dict | None = None
         live = LiveRun(job, plan.job_id)
 
@@ -57,16 +58,25 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             request_stop(Path(handle.job_dir), "CarbonBudgetExceeded", message)
 
         def on_progress(epochs: int, metrics: dict | None) -> None:
-            nonlocal percent, epochs_done, artifact_updated
+            nonlocal percent, epochs_done, untold
             advance(epochs - epochs_done)
-            epochs_done = epochs
+            epochs_done, untold = epochs, (epochs, metrics)
             percent = 100.0 * epochs / job.hyperparameters.epochs
-            # each epoch is logged; the artifact (an API call) at most once a second, short epochs come in bursts
-            if time.monotonic() - artifact_updated >= 1.0 or epochs == job.hyperparameters.epochs:
-                update_progress_artifact(artifact, percent)
-                artifact_updated = time.monotonic()
-            shown_metrics = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
-            logger.info("epoch %d: %s", epochs, shown_metrics)
+            # Told at most once a second (a log line and the artifact, both calls to the API): epochs of
+            # milliseconds once flooded the API with a line each. A line covers every epoch since the last.
+            if time.monotonic() - reported >= 1.0 or epochs == job.hyperparameters.epochs:
+                tell()
+
+        def tell() -> None:
+            nonlocal reported, told_through, untold
+            if untold is None:
+                return
+            (epochs, metrics), untold = untold, None
+            update_progress_artifact(artifact, percent)
+            shown = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
+            span = f"epoch {epochs}" if epochs == told_through + 1 else f"epochs {told_through + 1}-{epochs}"
+            logger.info("%s: %s", span, shown)
+            reported, told_through = time.monotonic(), epochs
 
         def on_event(kind: str, payload: dict) -> None:
             # One Prefect event per failure, restart, recovery, arrival and departure of a replica
@@ -92,7 +102,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         try:
             with watch, _stop_when_tagged(Path(handle.job_dir), logger):
                 record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
-            update_progress_artifact(artifact, percent)  # the last epoch's, which the once-a-second rule may skip
+            tell()  # the last epochs, which the once-a-second rule may have held back
             # Every job that trained gets its curves (loss, metrics, kept fraction), stopped ones included:
             # only a completed job is registered, with its own copy.
             if record["outcome"].history:
