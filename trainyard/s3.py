@@ -124,6 +124,11 @@ def _host(url: str) -> str:
     return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or ""
 
 
+def on_aws(hostname: str | None) -> bool:
+    """Whether an S3 host is AWS's own (a bucket's virtual host, or a regional endpoint), not a configured one."""
+    return hostname is not None and hostname.endswith(("amazonaws.com", "amazonaws.com.cn"))
+
+
 def _note_answer(http_response=None, **_kwargs) -> None:
     if http_response is not None:
         _answered_hosts.add(_host(http_response.url))
@@ -224,8 +229,7 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
         return StorageError(f"{uri}: not a request S3 can take ({exc}); check the URI")
     if isinstance(exc, EndpointConnectionError):
         host = _host(exc.kwargs.get("endpoint_url", ""))
-        aws = host.split(":")[0].endswith((".amazonaws.com", ".amazonaws.com.cn"))
-        if not _answered_hosts and not aws:
+        if not _answered_hosts and not on_aws(host.split(":")[0]):
             return StorageError(
                 f"{uri}: could not connect to S3 at {host or 'its endpoint'}, which has not answered once; check "
                 "AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL, or the profile's endpoint_url) and that the endpoint "

@@ -69,9 +69,7 @@ def arrow_filesystem(bucket: str | None = None) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**kwargs)
 
 
-def _on_aws(hostname: str | None) -> bool:
-    """Whether the S3 endpoint is AWS's own (pyarrow then finds it from the region)."""
-    return hostname is not None and hostname.endswith("amazonaws.com")
+_on_aws = s3.on_aws  # AWS's own endpoint: pyarrow then finds it from the region
 
 
 def describe(
