@@ -39,14 +39,20 @@ APPROVAL_TAG = "approval_status"
 APPROVAL_STATUSES = ("PendingManualApproval", "Approved", "Rejected")  # SageMaker's ModelApprovalStatus
 
 
+def embedded_store() -> Path | None:
+    """The embedded SQLite store's file, or ``None`` where ``MLFLOW_TRACKING_URI`` names another store."""
+    return None if os.environ.get("MLFLOW_TRACKING_URI") else home() / "mlflow.db"
+
+
 def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the embedded SQLite store."""
+    """``MLFLOW_TRACKING_URI`` if set, else the embedded SQLite store (``embedded_store``)."""
     # MLflow prints each run's URL to stdout (past Prefect's log capture, into worker and pod logs), a
     # password in the tracking URI included; Trainyard's own messages name runs without it.
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # "Creating initial MLflow database tables..." at INFO, on every new store: MLflow's business, not the job's
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
+    store = embedded_store()
+    return f"sqlite:///{store}" if store else os.environ["MLFLOW_TRACKING_URI"]
 
 
 def ensure_store(uri: str | None = None) -> str:

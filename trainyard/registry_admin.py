@@ -4,11 +4,8 @@
 
 from __future__ import annotations
 
-import os
-
 from trainyard import promotion
-from trainyard.home import home
-from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, model_summary, tracking_uri
+from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, embedded_store, model_summary, tracking_uri
 from trainyard.registry_errors import ModelNotFound, service_errors, translate
 
 
@@ -17,7 +14,8 @@ def list_versions(name: str | None = None) -> list[dict]:
     import mlflow
 
     uri = tracking_uri()
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not (home() / "mlflow.db").exists():  # as tracking_uri() reads it
+    store = embedded_store()
+    if store is not None and not store.exists():
         # the embedded store nothing has registered to yet: not created just to be found empty
         if name is not None:
             raise ModelNotFound(f"{name}: no such registered model (nothing is registered in {uri} yet)")
