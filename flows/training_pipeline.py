@@ -273,13 +273,16 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
     """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome)."""
     report = stages.get("filtering", {}).get("report")
     energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
-    done = None if outcome else accounting.work_done(make_job_dir(job_id))  # a stage that gave up: its compute
+    # a stage that gave up or was stopped: its compute, and the last epoch's metrics (as SageMaker's final
+    # metrics of a stopped job)
+    done = None if outcome else accounting.work_done(make_job_dir(job_id))
+    metrics = status.final_metrics(outcome.history if outcome else done["history"])
     summary = {
         "job_id": job_id,
         "job_name": job.name,
         "status": log.status,
         "secondary_status_transitions": log.transitions,
-        "metrics": status.final_metrics(outcome.history) if outcome else {},
+        "metrics": metrics,
         "compute": status.compute_section(outcome, report.scoring_flops if report else 0, done),
         "sifting": status.sifting_section(job, report, outcome, done),
         "elastic": {
@@ -298,7 +301,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
             job.carbon,
             outcome,
             report,
-            status.final_metrics(outcome.history) if outcome else {},
+            metrics,
         ),
         "training": {
             "stop_reason": outcome.stop_reason,

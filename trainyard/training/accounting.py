@@ -16,11 +16,13 @@ from trainyard.training.attempt_files import latest_counts
 def work_done(job_dir: Path) -> dict:
     """What every group attempt of the job computed, finished or not: FLOPs by kind, samples trained,
     the furthest step committed, each attempt's sifting counts and their totals (``sifting_totals``, as
-    an outcome's ``sifting``). A training stage that gave up has no outcome; its summary still counts
-    the compute it spent."""
+    an outcome's ``sifting``), and the epochs the furthest attempt validated (``history``, as an outcome's).
+    A training stage that gave up or was stopped has no outcome; its summary still counts the compute it
+    spent and gives the last metrics it reached."""
     flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
     samples, step = 0, 0
     sifted: list[dict] = []
+    history: list[dict] = []
     for folder in job_dir.glob("replicas/*/attempt-*"):
         progress = latest_counts(folder)
         if progress is None:
@@ -31,8 +33,17 @@ def work_done(job_dir: Path) -> dict:
             flops[key] += progress["flops"].get(key, 0)
         if progress.get("sifting"):
             sifted.append(progress["sifting"])
+        if len(progress.get("epochs") or []) > len(history):  # a healed attempt's history starts with its peer's
+            history = progress["epochs"]
     totals = sifting_totals(sifted, flops) if sifted else None
-    return {"flops": flops, "samples_trained": samples, "steps": step, "sifting": sifted, "sifting_totals": totals}
+    return {
+        "flops": flops,
+        "samples_trained": samples,
+        "steps": step,
+        "sifting": sifted,
+        "sifting_totals": totals,
+        "history": history,
+    }
 
 
 def energy_by_replica(job_dir: Path) -> dict[str, float]:
