@@ -72,6 +72,9 @@ def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
     assert (prune.hardest_after, prune.until, prune.hardest_min_loss) == (0.25, 0.875, "chance")
     assert (sifting.loss_history_length, sifting.delay_steps, sifting.min_class_fraction) == (500, 10, 0.5)
     assert sifting.score == "loss"
+    # reducible-loss scoring with no keep rule to rank by it is ignored (with a warning), and no prefilter comes of it
+    ignored = parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss"})).sifting
+    assert ignored.beta == 0 and not ignored.by_reducible_loss and not ignored.prefilter_on
     # what a deployment receives (the spec dumped whole) resolves to the same
     assert parse_job(job.model_dump(mode="json")).sifting == sifting
     # a streamed channel cannot prune: smart sifting's keep rule at beta 1, every candidate scored, no error

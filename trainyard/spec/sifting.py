@@ -263,12 +263,13 @@ class Sifting(_Model):
     def prefilter_on(self) -> bool:
         """Whether the filtering stage prefilters: ``prefilter.enabled``; left unset, when sifting is on and
         something needs it: the keep rule (whose default removes exact duplicates first, the stop 16-24
-        pick), loss-based drops, or reducible-loss scoring (its reference losses)."""
+        pick), loss-based drops, or reducible-loss scoring (its reference losses; not where no keep rule
+        ranks by it, and ``score`` is ignored with a warning)."""
         if self.prefilter.enabled is not None:
             return self.prefilter.enabled
         pre = self.prefilter
         wanted = (self.beta or 0) > 0 or pre.drop_learnt_fraction or pre.drop_unlearnable_fraction
-        return self.enabled and bool(wanted or self.score == "reducible_loss")
+        return self.enabled and bool(wanted or self.by_reducible_loss)
 
     def loss_reuse_epochs(self, streamed: bool) -> int:
         """``reuse_loss_epochs`` as it applies to a train channel that is streamed or not."""
