@@ -8,7 +8,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import stage_meter
-from trainyard import filtering, outputs, registry
+from trainyard import filtering, outputs
+from trainyard.champion import ChampionUnloadable
+from trainyard.champion import load as load_champion
 from trainyard.datasets import StagedData
 from trainyard.errors import RegistryError
 from trainyard.spec import TrainingJob
@@ -47,7 +49,9 @@ def _champion(job: TrainingJob) -> filtering.Champion:
     """The registry's champion of the job's model name; a missing one or an unreachable registry is
     not fatal: the prefilter falls back to its own reference models and says why."""
     try:
-        found = registry.load_champion(job.model_name)
+        found = load_champion(job.model_name)
+    except ChampionUnloadable as exc:
+        return filtering.Champion(None, str(exc))
     except RegistryError as exc:
         return filtering.Champion(None, f"the registry could not be read ({exc})")
     if found is None:

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -141,33 +141,6 @@ def job_version(name: str, job_id: str) -> int | None:
     except service_errors() as exc:
         raise translate(exc, f"looking up the version of job {job_id}", uri, registering=False) from exc
     return None if version is None else int(version.version)
-
-
-def load_champion(name: str) -> tuple[torch.nn.Module, str] | None:
-    """The current ``champion`` of ``name`` as a torch module, and ``"<name> v<N>"``; None if there is none.
-
-    Used as the prefilter's reference model (``sifting.prefilter.reference: champion``).
-    """
-    import mlflow
-
-    uri = ensure_store()
-    client = mlflow.MlflowClient(uri)
-    try:
-        version = promotion.alias_version(client, name, promotion.CHAMPION)
-        if version is None:
-            return None
-        # A models:/ URI is resolved in MLflow's process-wide store, which is ./mlflow.db in a process
-        # that has not set it (not the embedded store); the version the alias named, not the alias again.
-        mlflow.set_tracking_uri(uri)
-        # A pickled model would run whatever it holds in this process (whoever can register a version or
-        # write the artifact store could). Unless the operator allows it, only a pt2 archive MLflow finds
-        # free of pickles loads; a pickled champion (one torch.export could not trace) is refused, and
-        # the prefilter falls back to its own reference models, saying why.
-        with _environment("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false"):
-            model = mlflow.pytorch.load_model(f"models:/{name}/{version.version}", map_location="cpu")
-    except service_errors() as exc:
-        raise translate(exc, f"loading the champion of {name!r}", uri, registering=False) from exc
-    return model, f"{name} v{version.version}"
 
 
 def log_summary(run_id: str, summary: dict) -> None:
@@ -378,16 +351,3 @@ def model_summary(client, name: str, version, uri: str) -> dict:
         "gate": tags.get(promotion.GATE_TAG),
         "job_id": tags.get(JOB_ID_TAG),
     }
-
-
-@contextlib.contextmanager
-def _environment(name: str, default: str) -> Iterator[None]:
-    """``name`` set to ``default`` for the block, unless already set (the operator's choice stands)."""
-    if name in os.environ:
-        yield
-        return
-    os.environ[name] = default
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)

@@ -4,23 +4,26 @@ never unpickled, and a missing one a fallback, not a failure."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from tests.unit.models import register, trained
-from trainyard import filtering, registry
+from trainyard import filtering
+from trainyard.champion import load as load_champion
 from trainyard.errors import RegistryError
+from trainyard.registry_errors import RegistryUnavailable
 from trainyard.spec import Prefilter
 
 
 def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
-    assert registry.load_champion("reg-test") is None  # nothing registered yet
+    assert load_champion("reg-test") is None  # nothing registered yet
     job, model, x = trained()
     register(job, model, x, "a", 0.80, tmp_path)
     register(job, model, x, "b", 0.90, tmp_path)
-    champion, label = registry.load_champion("reg-test")
+    champion, label = load_champion("reg-test")
     assert label == "reg-test v2"
     with torch.no_grad():
         np.testing.assert_allclose(champion(torch.from_numpy(x)).numpy(), model(torch.from_numpy(x)).numpy(), atol=1e-5)
@@ -49,11 +52,12 @@ def test_a_pickled_champion_is_not_unpickled_as_the_prefilters_reference(trackin
     job, _, x = trained()
     register(job, Untraceable(x.shape[1]), x, "p", 0.9, tmp_path)
     monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
-    with pytest.raises(RegistryError, match="pickle"):
-        registry.load_champion("reg-test")
+    with pytest.raises(RegistryError, match="pickle") as refused:
+        load_champion("reg-test")
+    assert "could not be loaded here" in str(refused.value) and not isinstance(refused.value, RegistryUnavailable)
     assert "MLFLOW_ALLOW_PICKLE_DESERIALIZATION" not in os.environ  # as it was
     monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")  # the operator's choice stands
-    champion, label = registry.load_champion("reg-test")
+    champion, label = load_champion("reg-test")
     assert isinstance(champion, Untraceable) and label == "reg-test v1"
 
 
@@ -70,7 +74,7 @@ def test_the_champion_loads_from_the_embedded_store_in_a_process_that_did_not_re
     # A new process (the filtering task's, before any registration): MLflow's process-wide store is its
     # default there, ./mlflow.db, not ours.
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    code = "from trainyard import registry; print(registry.load_champion('reg-test')[1])"
+    code = "from trainyard.champion import load; print(load('reg-test')[1])"
     root = Path(__file__).parents[2]
     env["PYTHONPATH"] = str(root)
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -89,3 +93,23 @@ def test_the_filtering_task_falls_back_when_there_is_no_champion_to_load(trackin
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     down = _champion(job)
     assert down.model is None and down.label.startswith("the registry could not be read")
+
+
+def test_a_champion_this_torch_cannot_load_is_a_fallback_not_a_crash(tracking, tmp_path):
+    # A damaged archive, or one a different torch saved: torch's own error, not MLflow's. The prefilter
+    # falls back to its own reference models and says why, as for a missing champion.
+    import mlflow
+
+    from tasks.filtering import _champion
+
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    uri = mlflow.MlflowClient(tracking).get_model_version_download_uri("reg-test", "1")
+    archives = list(Path(uri.removeprefix("file://")).rglob("*.pt2"))
+    assert archives, uri
+    for archive in archives:
+        archive.write_bytes(b"not a pt2 archive")
+    with pytest.raises(RegistryError, match=r"the champion reg-test v1 could not be loaded here"):
+        load_champion("reg-test")
+    fallback = _champion(job)
+    assert fallback.model is None and "could not be loaded here" in fallback.label

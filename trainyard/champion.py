@@ -1,0 +1,76 @@
+"""The registry's current ``champion`` of a model name, loaded as a torch module: the prefilter's reference
+model (``sifting.prefilter.reference: champion``). Never unpickled unless the operator allows it; one that
+cannot be loaded here is ``ChampionUnloadable``, on which the prefilter falls back to its own reference models."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+
+import torch
+
+from trainyard import promotion, registry
+from trainyard.errors import RegistryError
+from trainyard.redaction import redact_text
+from trainyard.registry_errors import service_errors, translate
+
+
+class ChampionUnloadable(RegistryError):
+    """The champion was fetched but cannot be loaded here: pickled, damaged, or saved by another torch."""
+
+
+def load(name: str) -> tuple[torch.nn.Module, str] | None:
+    """The current ``champion`` of ``name`` as a torch module, and ``"<name> v<N>"``; None if there is none.
+
+    Used as the prefilter's reference model (``sifting.prefilter.reference: champion``).
+    """
+    import mlflow
+
+    uri = registry.ensure_store()
+    client = mlflow.MlflowClient(uri)
+    try:
+        version = promotion.alias_version(client, name, promotion.CHAMPION)
+        if version is None:
+            return None
+        # A models:/ URI is resolved in MLflow's process-wide store, which is ./mlflow.db in a process
+        # that has not set it (not the embedded store); the version the alias named, not the alias again.
+        mlflow.set_tracking_uri(uri)
+        with tempfile.TemporaryDirectory(prefix="trainyard-champion-") as folder:
+            # fetched, then loaded: a failure to fetch is the registry's (unavailable, or not found), one to
+            # load is the archive's (damaged, pickled, or saved by a torch this one cannot read)
+            local = mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}", dst_path=folder)
+            return _load_reference(mlflow, local, f"{name} v{version.version}"), f"{name} v{version.version}"
+    except service_errors() as exc:
+        raise translate(exc, f"loading the champion of {name!r}", uri, registering=False) from exc
+
+
+def _load_reference(mlflow, local: str, label: str) -> torch.nn.Module:
+    """The champion's model from its fetched folder; ``ChampionUnloadable`` when it cannot be loaded here, a
+    pickled one included.
+
+    A pickled model would run whatever it holds in this process (whoever can register a version or
+    write the artifact store could). Unless the operator allows it, only a pt2 archive MLflow finds
+    free of pickles loads; a pickled champion (one torch.export could not trace) is refused.
+    """
+    try:
+        with _environment("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false"):
+            return mlflow.pytorch.load_model(local, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - MLflow's refusal or torch's error on this archive: not the job's bug
+        raise ChampionUnloadable(
+            f"the champion {label} could not be loaded here ({type(exc).__name__}: {redact_text(str(exc))[:400]})"
+        ) from exc
+
+
+@contextlib.contextmanager
+def _environment(name: str, default: str) -> Iterator[None]:
+    """``name`` set to ``default`` for the block, unless already set (the operator's choice stands)."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = default
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
