@@ -211,10 +211,15 @@ def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) ->
         _publish(job, job_id, summary, summary["model"], logger)
         write_json_atomic(written, summary)
         return summary
+    ended = (  # the earlier run's end: killed before its summary, or failed after the version (its gate, say)
+        f"which ended {summary['status']} after registering it ({summary.get('failure_reason')})"
+        if summary is not None
+        else "which ended before its summary was written here"
+    )
     failed = JobFailed(
-        f"job {job_id} was registered as {job.model_name} v{version} by an earlier run, which ended before its "
-        f"summary was written here; that model and its outputs stand ({model['gate']}), and a rerun would train "
-        "another under the same id: submit the job under a new id to train it again"
+        f"job {job_id} was registered as {job.model_name} v{version} by an earlier run, {ended}; that model and "
+        f"its outputs stand ({model['gate']}), and a rerun would train another under the same id: submit the job "
+        "under a new id to train it again"
     )
     return Failed(message=str(failed), data=failed)
 

@@ -7,7 +7,7 @@ retries it; registering again for the same job never adds a second version.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,10 @@ from prefect.runtime import deployment, flow_run
 
 from tasks._metering import retry_transient, stage_meter
 from trainyard import model_card, plots, registry
-from trainyard.home import flocked, home
+from trainyard.errors import RegistryError
+from trainyard.home import Locked, flocked, home
+from trainyard.redaction import redact_text
+from trainyard.registry_errors import RegistryUnavailable
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.supervisor import TrainingOutcome, load_model
@@ -85,15 +88,42 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
     the other (each against the champion the one before it left): a file lock under ``TRAINYARD_HOME`` for
     the jobs of this machine (``trainyard run`` gives each job a Prefect API of its own), and a Prefect
     global concurrency limit of one slot for those of every machine of a shared Prefect API. The limit's
-    lease outlives a holder killed mid-gate by at most five minutes."""
+    lease outlives a holder killed mid-gate by at most five minutes.
+
+    Not had within ``GATE_WAIT_SECONDS``: a ``RegistryError`` naming the lock and how to free it (not retried:
+    whatever holds it holds it still); a Prefect API that does not answer: ``RegistryUnavailable`` (retried).
+    Either way the version stays registered, ungated, and a rerun of the job id gates it."""
+    import httpx
     from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists
 
     limit = f"{GATE_LIMIT_PREFIX}{model_name}"
-    with flocked(home() / "locks" / f"{limit}.lock", wait_seconds=GATE_WAIT_SECONDS):
-        # (ObjectAlreadyExists: another job of the name made it between the upsert's look and its create)
-        with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
-            client.upsert_global_concurrency_limit_by_name(limit, 1)
-        with concurrency(limit, occupy=1, timeout_seconds=GATE_WAIT_SECONDS, strict=True):
-            yield
+    lock = home() / "locks" / f"{limit}.lock"
+    with ExitStack() as held:
+        try:
+            held.enter_context(flocked(lock, wait_seconds=GATE_WAIT_SECONDS))
+            # (ObjectAlreadyExists: another job of the name made it between the upsert's look and its create)
+            with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
+                client.upsert_global_concurrency_limit_by_name(limit, 1)
+            held.enter_context(concurrency(limit, occupy=1, timeout_seconds=GATE_WAIT_SECONDS, strict=True))
+        except Locked as exc:
+            raise RegistryError(
+                f"the promotion gate of {model_name!r} stayed held by another job of this machine for "
+                f"{GATE_WAIT_SECONDS:g} s (lock {lock}); the version is registered but not gated: once that job "
+                "has ended, run this job again to gate it, or judge it by hand (trainyard models promote)"
+            ) from exc
+        except TimeoutError as exc:  # prefect's AcquireConcurrencySlotTimeoutError
+            raise RegistryError(
+                f"the promotion gate of {model_name!r} (the Prefect global concurrency limit {limit}) stayed held "
+                f"for {GATE_WAIT_SECONDS:g} s; the version is registered but not gated. If no other job of the "
+                f"model is registering, free it (prefect gcl update {limit} --active-slots 0) and run this job "
+                "again to gate it, or judge it by hand (trainyard models promote)"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailable(
+                f"the Prefect API did not answer while taking the promotion gate of {model_name!r} "
+                f"({type(exc).__name__}: {redact_text(str(exc))}); the version is registered but not gated, "
+                "and a rerun of this job gates it"
+            ) from exc
+        yield

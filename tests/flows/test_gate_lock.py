@@ -46,3 +46,36 @@ def test_jobs_of_one_machine_each_with_a_prefect_api_of_its_own_are_gated_one_at
     monkeypatch.setattr(prefect.concurrency.sync, "concurrency", lambda *a, **k: contextlib.nullcontext())
     (a_start, a_end), (b_start, _) = _hold_together(["gate-local", "gate-local"])
     assert b_start >= a_end  # the file lock under TRAINYARD_HOME held the second
+
+
+def test_a_gate_held_too_long_is_named_with_its_fix_not_called_an_outage(prefect_api, monkeypatch):
+    import pytest
+
+    import tasks.registry
+    from trainyard.errors import RegistryError
+    from trainyard.home import flocked, home
+    from trainyard.registry_errors import RegistryUnavailable
+
+    monkeypatch.setattr(tasks.registry, "GATE_WAIT_SECONDS", 1.0)
+    # another job of this machine in its gate: the file lock
+    with (
+        flocked(home() / "locks" / "trainyard-gate-held-here.lock"),
+        pytest.raises(RegistryError, match="held by another job of this machine") as held,
+        one_gate_at_a_time("held-here"),
+    ):
+        pytest.fail("the gate was had while another held it")
+    assert not isinstance(held.value, RegistryUnavailable) and "trainyard models promote" in str(held.value)
+    # another machine's job in its gate, or a holder that died within its lease: the limit's slot taken
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+
+    limit = "trainyard-gate-held-elsewhere"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=1))
+        client.update_global_concurrency_limit(limit, GlobalConcurrencyLimitUpdate(active_slots=1))
+    with (
+        pytest.raises(RegistryError, match=f"prefect gcl update {limit} --active-slots 0") as taken,
+        one_gate_at_a_time("held-elsewhere"),
+    ):
+        pytest.fail("the gate was had while its slot was taken")
+    assert not isinstance(taken.value, RegistryUnavailable)
