@@ -63,6 +63,7 @@ def register_model(
             lineage,
             {"training_curves": plot} | {name: Path(path) for name, path in (files or {}).items()},
             one_gate_at_a_time,
+            plan.schema,
         )
     m = record["model"]
     logger.info("registered %s version %s (aliases %s; %s)", m["name"], m["version"], m["aliases"], m["gate"])

@@ -129,7 +129,7 @@ def infer_schema(
             raise DataError(f"{where}: feature columns {missing} not found; columns are {table.column_names}")
         features = list(channel.features)
     else:
-        features = [c for c in table.column_names if c != label and is_numeric(table.schema.field(c).type)]
+        features = [c for c in table.column_names if c != label and table_checks.is_numeric(table.schema.field(c).type)]
     if not features:
         raise DataError(f"{where}: no numeric feature columns besides {label!r}; set inputs.{channel_name}.features")
     classes: list = []
@@ -150,7 +150,7 @@ def to_arrays(
     if missing:
         raise DataError(f"{where}: columns {missing} not found; columns are {table.column_names}")
     for name in schema.features:
-        if not is_numeric(table[name].type):
+        if not table_checks.is_numeric(table[name].type):
             raise DataError(
                 f"{where}: feature {name!r} is {table[name].type}, not numeric; encode it or drop it from features"
             )
@@ -197,7 +197,7 @@ def to_arrays(
                 f"{hint}"
             )
     else:
-        if not is_numeric(table[schema.label].type):
+        if not table_checks.is_numeric(table[schema.label].type):
             raise DataError(f"{where}: label {schema.label!r} is {table[schema.label].type}; regression needs numbers")
         with np.errstate(over="ignore"):
             y = _numeric_numpy(table[schema.label]).astype(np.float32)
@@ -228,7 +228,7 @@ def _numeric_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _class_indices(col: pa.ChunkedArray, classes: list) -> tuple[np.ndarray, np.ndarray]:
     """Each label's index in ``classes`` (int64; 0 where it is none), and whether it is one (bool)."""
-    numeric = is_numeric(col.type) and not pa.types.is_boolean(col.type)
+    numeric = table_checks.is_numeric(col.type) and not pa.types.is_boolean(col.type)
     if numeric and col.null_count == 0 and all(isinstance(c, int | float) and not isinstance(c, bool) for c in classes):
         raw = _numeric_numpy(col)  # vectorised: a Python loop over millions of labels takes seconds
         if raw.dtype.kind in "iu" and classes == list(range(len(classes))):  # labels 0..K-1: their own index
@@ -267,11 +267,6 @@ def check_labels(table: pa.Table, label: str, where: str, layout: list[dict] | N
         )
 
 
-def is_numeric(dtype: pa.DataType) -> bool:
-    """Whether a column of this type can be a feature (integers, floats, booleans)."""
-    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
-
-
 @dataclass(slots=True)
 class StagedData:
     """The channels as arrays on local disk (``.npz`` with ``x`` and ``y``), ready for training."""
@@ -285,7 +280,7 @@ class StagedData:
     streamed: bool = False
     """True when ``train_data`` is only a scaling sample and the groups stream the channel from S3."""
     warnings: list[str] = field(default_factory=list)
-    """What the staging stage should tell the user but does not fail on (``numbers_as_text``)."""
+    """What the staging stage should tell the user but does not fail on (``left_out_columns``)."""
 
 
 def schema_dict(schema: Schema) -> dict:
@@ -320,7 +315,7 @@ def prepare(manifests: dict[str, ChannelManifest], channels: dict[str, Channel],
             manifests["train"], layout, table_checks.required_columns(channels["train"]), columns
         )
         schema = infer_schema(train_table, channels["train"], task, layout=layout)
-        warnings = table_checks.numbers_as_text(train_table, channels["train"], layout=layout)
+        warnings = table_checks.left_out_columns(train_table, channels["train"], layout=layout)
         # Features the spec does not list are inferred from all the objects together: a column only some
         # objects have would fail as the others' "missing values", naming an object that never had it.
         table_checks.check_objects_have(schema.features, columns)

@@ -92,10 +92,34 @@ def final_metrics(history: list[dict], names: Collection[str]) -> dict[str, floa
     return final
 
 
-def render(name: str, job_id: str, tags: dict[str, str]) -> str:
-    """The model card (Markdown) of a version from its lineage tags: data, metrics, carbon, lineage."""
+def io_metadata(schema: dict) -> dict:
+    """What the model takes and gives, from the training plan's schema: its input columns in order, and
+    for a classifier the class each output (logit) stands for, in order."""
+    meta = {"task": schema["task"], "features": list(schema["features"]), "label": schema["label"]}
+    if schema["task"] == "classification":
+        meta["classes"] = list(schema["classes"])
+    return meta
+
+
+def render(name: str, job_id: str, tags: dict[str, str], io: dict | None = None) -> str:
+    """The model card (Markdown) of a version from its lineage tags: data, metrics, carbon, lineage; and,
+    given ``io`` (``io_metadata``), its inputs and outputs."""
     channels = sorted({k.split(".")[1] for k in tags if k.startswith("data.") and k.count(".") >= 2})
     lines = [f"# {name}", "", f"Trained by Trainyard job `{job_id}`.", ""]
+    if io:
+        meta = io
+        columns = ", ".join(f"`{f}`" for f in meta["features"])
+        lines += [
+            "## Inputs and outputs",
+            "",
+            f"Input: float32, {len(meta['features'])} columns in this order: {columns}.",
+        ]
+        if "classes" in meta:
+            classes = ", ".join(f"`{c}`" for c in meta["classes"])
+            lines.append(f"Output: one logit per class of `{meta['label']}`, in order: {classes} (argmax: the class).")
+        else:
+            lines.append(f"Output: the predicted `{meta['label']}`, one number per row.")
+        lines.append("")
     lines += ["## Data", ""]
     if channels:
         lines += ["| channel | URI | manifest digest |", "| --- | --- | --- |"]

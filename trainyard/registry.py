@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 JOB_ID_TAG = "trainyard.job_id"
 APPROVAL_TAG = "approval_status"
+IO_METADATA_KEY = "trainyard"  # in the MLmodel file's metadata: the model's input columns and output classes
 APPROVAL_STATUSES = ("PendingManualApproval", "Approved", "Rejected")  # SageMaker's ModelApprovalStatus
 
 
@@ -77,6 +78,7 @@ def register(
     tags: dict[str, str],
     artifacts: dict[str, Path],
     one_gate_at_a_time: Callable[[str], AbstractContextManager] = nullcontext,
+    schema: dict | None = None,
 ) -> dict:
     """Log ``model`` in an MLflow run of the job's experiment and register it; return the ``model`` summary.
 
@@ -84,6 +86,8 @@ def register(
     code version, the job spec and the final metrics, and a model card as its description.
     ``one_gate_at_a_time(model name)``: held while the promotion gate runs, so that two jobs of one model
     name finishing together are judged one after the other (MLflow has no compare-and-set for aliases).
+    ``schema``: the training plan's (features in input order, label, task, classes in output order), in the
+    model's MLflow metadata and its card, so that whoever loads it knows what its columns and outputs are.
     """
     import mlflow
 
@@ -93,7 +97,9 @@ def register(
     try:
         version = _one_version_of_job(client, name, job_id)
         if version is None:
-            created = _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts)
+            created = _create_version(
+                client, uri, model, job, job_id, example, history, params, tags, artifacts, schema
+            )
             version = _one_version_of_job(client, name, job_id) or created
         _gate_once(client, job, version, one_gate_at_a_time)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
@@ -172,7 +178,7 @@ def log_summary(run_id: str, summary: dict) -> None:
     for key, value in final.items():
         client.set_model_version_tag(name, number, key, value)
         client.set_tag(run_id, key, value)
-    card = model_card.render(name, tags.get(JOB_ID_TAG, summary.get("job_id", "")), tags | final)
+    card = model_card.render(name, tags.get(JOB_ID_TAG, summary.get("job_id", "")), tags | final, _io(name, number))
     client.update_model_version(name, number, description=model_card.description(card))
     client.log_text(run_id, card, "model_card.md")
 
@@ -183,7 +189,19 @@ def log_summary(run_id: str, summary: dict) -> None:
 LOGGED_METRICS = (*METRICS, "candidate_loss", "kept_fraction", "mean_keep_probability", "pruned_fraction")
 
 
-def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts):
+def _io(name: str, number: str) -> dict | None:
+    """The inputs and outputs a registered version's model was logged with (``_log_model``), if any."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())  # a models:/ URI resolves in MLflow's process-wide store
+    try:
+        metadata = mlflow.models.get_model_info(f"models:/{name}/{number}").metadata
+    except service_errors():  # its artifacts deleted by hand, say: the card goes without that section
+        return None
+    return (metadata or {}).get(IO_METADATA_KEY)
+
+
+def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts, schema):
     import mlflow
 
     mlflow.set_tracking_uri(uri)
@@ -191,7 +209,8 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
     _discard_unregistered_runs(client, experiment_id, job_id)
     final = model_card.final_metrics(history, METRICS)
     lineage = {JOB_ID_TAG: job_id, **model_card.lineage_tags(job, final), **tags}
-    card = model_card.render(job.model_name, job_id, lineage)
+    io = model_card.io_metadata(schema) if schema else None
+    card = model_card.render(job.model_name, job_id, lineage, io)
     run_tags = {k: v for k, v in lineage.items() if k != model_card.JOB_SPEC_TAG}  # run tags hold 8000 chars
     with mlflow.start_run(experiment_id=experiment_id, run_name=job_id, tags=run_tags) as run:
         mlflow.log_params(params)
@@ -202,7 +221,7 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
             mlflow.log_artifact(str(artifact))
         mlflow.log_dict(redact_spec(job.model_dump(mode="json")), "job_spec.json")
         mlflow.log_text(card, "model_card.md")
-        info = _log_model(model, example)
+        info = _log_model(model, example, io)
         _check_artifacts(info.model_uri)
     return client.create_model_version(
         name=_ensure_registered(client, job.model_name),
@@ -214,7 +233,7 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
     )
 
 
-def _log_model(model: torch.nn.Module, example: np.ndarray):
+def _log_model(model: torch.nn.Module, example: np.ndarray, io: dict | None = None):
     import mlflow
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
@@ -229,6 +248,11 @@ def _log_model(model: torch.nn.Module, example: np.ndarray):
     # Pinning requirements skips MLflow's slow inference of them; "+cpu" is not on PyPI.
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"]
     kwargs = {"name": "model", "signature": signature, "input_example": example, "pip_requirements": requirements}
+    if io:
+        # A pt2 model's signature can only be tensors, without column names: the MLmodel file's metadata
+        # (``model.metadata.metadata["trainyard"]`` once loaded) says which column is which, and which class
+        # each output is.
+        kwargs["metadata"] = {IO_METADATA_KEY: io}
     try:
         return mlflow.pytorch.log_model(model, serialization_format="pt2", **kwargs)
     except (RuntimeError, ValueError, TypeError, NotImplementedError):

@@ -174,7 +174,7 @@ def describe(
     sample_path = out_dir / "train.sample.npz"
     np.savez(sample_path, x=x[:SAMPLE_ROWS], y=y[:SAMPLE_ROWS])
     meta = datasets.schema_dict(schema)
-    warnings = table_checks.numbers_as_text(table, channel, manifest.name, layout)  # in the sample: a writer's typing
+    warnings = table_checks.left_out_columns(table, channel, manifest.name, layout)  # in the sample: a writer's typing
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True, warnings=warnings)
 
 
@@ -185,7 +185,7 @@ def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: S
         if missing:
             raise DataError(f"{uri}: columns {missing} not found; columns are {schema.names}")
         for name in numeric:
-            if not datasets.is_numeric(schema.field(name).type):
+            if not table_checks.is_numeric(schema.field(name).type):
                 raise DataError(f"{uri}: feature {name!r} is {schema.field(name).type}, not numeric; encode it")
 
 

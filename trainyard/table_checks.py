@@ -113,28 +113,44 @@ def required_columns(channel: Channel) -> list[str]:
 _NUMBER = r"^\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*$"
 
 
-def numbers_as_text(
+def is_numeric(dtype: pa.DataType) -> bool:
+    """Whether a column of this type can be a feature (integers, floats, booleans)."""
+    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
+
+
+def left_out_columns(
     table: pa.Table, channel: Channel, channel_name: str = "train", layout: list[dict] | None = None
 ) -> list[str]:
-    """A warning for each text column that inferred features left out though most of its values are
-    numbers: one stray value (``n/a ``, ``1,5``) makes CSV's reader type a numeric column as text, and the
-    model would silently train without it. Nothing when the channel lists its features."""
+    """Warnings of the columns that inferred features leave out: each text column most of whose values are
+    numbers (one stray value, ``n/a `` or ``1,5``, makes CSV's reader type a numeric column as text, and the
+    model would silently train without it), then one naming the other columns that are not numbers (text,
+    dates: the model takes numbers only). Nothing when the channel lists its features."""
     if channel.features is not None:
         return []
     where = f"channel {channel_name!r} ({channel.s3_uri})"
-    found = []
+    found, other = [], []
     for name in table.column_names:
         column = table[name]
-        if name == channel.label or not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        if name == channel.label or is_numeric(column.type):
+            continue
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            other.append(name)
             continue
         numeric = pc.match_substring_regex(column, _NUMBER)
         values, numbers = len(column) - column.null_count, int(pc.sum(numeric).as_py() or 0)
         if numbers * 2 < values:  # mostly text: an id, a name, a category
+            other.append(name)
             continue
         first = pc.index(pc.invert(numeric), True).as_py()
         found.append(
             f"{where}: column {name!r} is left out of the features: it is text, though {numbers} of its {values} "
             f"values are numbers ({column[first].as_py()!r} is not{first_in(layout, first)}); fix those values to "
             f"train on it, or list the features in inputs.{channel_name}.features to leave it out knowingly"
+        )
+    if other:
+        found.append(
+            f"{where}: columns {other} are left out of the features: they are not numbers (the model takes "
+            f"numbers only); encode them as numbers (one column per category, say) to train on them, or list the "
+            f"features in inputs.{channel_name}.features to leave them out knowingly"
         )
     return found

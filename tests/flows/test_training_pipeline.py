@@ -14,6 +14,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -77,6 +78,14 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     loaded = mlflow.pyfunc.load_model("models:/test-job@champion")
     x = np.random.default_rng(0).normal(size=(33, 4)).astype(np.float32)
     assert np.asarray(loaded.predict(x)).shape == (33, 2)
+    # what its columns and outputs are travels with it: used as the README shows, on the validation rows
+    meta = loaded.metadata.metadata["trainyard"]
+    assert meta == {"task": "classification", "features": ["f0", "f1", "f2", "f3"], "label": "label", "classes": [0, 1]}
+    body = s3.client().get_object(Bucket=bucket, Key="data/validation/part-0.parquet")["Body"].read()
+    rows = pq.read_table(io.BytesIO(body)).to_pandas()
+    logits = loaded.predict(rows[meta["features"]].to_numpy("float32", copy=True))
+    predicted = np.asarray(meta["classes"])[np.asarray(logits).argmax(axis=1)]
+    assert (predicted == rows[meta["label"]]).mean() == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-6)
     artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(model["run_id"])}
     assert {"summary.json", "training_curves.png"} <= artifacts
     # the data lineage: the staged manifest's digest (of the objects it lists), in the summary and on the run
@@ -120,6 +129,7 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     # one figure everywhere: the version's tags say what the summary and the ledger say
     version = mlflow.MlflowClient(mlflow_uri).get_model_version("test-job", str(model["version"]))
     assert version.tags["carbon.emissions_kg"] == f"{c['emissions_kg']:.6g}"
+    assert "columns in this order: `f0`, `f1`, `f2`, `f3`" in version.description and "`0`, `1`" in version.description
     ledger = s3.client().get_object(Bucket=bucket, Key=f"output/carbon-ledger/{job_id}.csv")["Body"].read().decode()
     header, row = ledger.strip().splitlines()
     assert header.startswith("job_id,") and row.startswith(f"{job_id},")
