@@ -123,8 +123,11 @@ def training_pipeline(
             )
             outcome = stages["training"]["outcome"]
             primary, secondary = status.primary_status(outcome.stop_reason)
-            log.enter("Uploading", "Uploading the trained model")
-            model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
+            if outcome.steps > 0 or primary == "Completed":
+                log.enter("Uploading", "Uploading the trained model")
+                model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
+            else:  # stopped (or out of time) before a first step: its parameters are the initial ones
+                logger.warning("job %s ended before its first training step: no model is uploaded", job_id)
             stages["carbon"] = account(job, [s["energy"] for s in stages.values()], outcome, report)
             carbon_section = stages["carbon"]["carbon"]
             if primary == "Completed":
