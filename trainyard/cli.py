@@ -304,13 +304,23 @@ def _remove(found: list, which: str, dry_run: bool) -> None:
     say(console, f"{len(found)} job(s), {sum(job.size for job in found) / 2**20:.1f} MiB", "green")
 
 
+def _cell(value) -> str:
+    return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def print_summary(summary: dict) -> None:
     """The end-of-job table."""
     table = Table(title=f"{summary['job_id']}: {summary['status']}", show_header=True)
     table.add_column("what")
     table.add_column("value", justify="right")
-    for key, value in summary.get("metrics", {}).items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    for key, value in summary.get("metrics", {}).items():  # the last epoch's
+        table.add_row(key, _cell(value))
+    sifting = summary.get("sifting") or {}
+    if sifting.get("enabled"):  # the job's, over every epoch (the summary's ``sifting`` has them by epoch)
+        online = sifting.get("online") or {}
+        table.add_row("kept fraction (job)", _cell(sifting.get("kept_fraction")))
+        if "pruned_fraction" in online:
+            table.add_row("pruned fraction (job)", _cell(online["pruned_fraction"]))
     compute = summary.get("compute", {})
     table.add_row("FLOPs", f"{compute.get('flops_total', 0):.3e}")
     table.add_row("steps", str(compute.get("steps", 0)))

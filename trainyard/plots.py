@@ -51,7 +51,8 @@ def _plot_kept_fraction(ax, epochs: list[int], history: list[dict]) -> None:
     the classes' show which ones the sifter found informative as training went on. With
     ``sifting.prune``, the dotted line is the share of the rows dealt that trained once pruned, and with
     pruning alone the classes' lines are their own such shares."""
-    ax.plot(epochs, [h.get("kept_fraction") for h in history], marker="o", color="black", label="all")
+    if any(h.get("kept_fraction") is not None for h in history):  # none with pruning alone: nothing ranked
+        ax.plot(epochs, [h.get("kept_fraction") for h in history], marker="o", color="black", label="all")
     if any(h.get("mean_keep_probability") is not None for h in history):
         rule = [h.get("mean_keep_probability") for h in history]
         ax.plot(epochs, rule, linestyle="--", color="grey", label="keep rule alone")

@@ -194,6 +194,11 @@ NOT_METRICS = (
     "epoch",
     "elapsed_seconds",
     "group_train_flops",
+    # sifting's figures of the last epoch: the job's are in the summary's ``sifting`` (totals and by epoch),
+    # where one of them alone under ``metrics`` read as the job's
+    "kept_fraction",
+    "mean_keep_probability",
+    "pruned_fraction",
     "kept_fraction_by_class",
     "trained_fraction_by_class",
     "steps",

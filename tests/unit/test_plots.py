@@ -68,9 +68,11 @@ def test_a_pruned_jobs_kept_fraction_panel_shows_the_share_that_trained_after_pr
     plt.close(fig)
     # pruning alone (nothing ranked by the keep rule): each class's line is the share of its rows that trained
     alone = [
-        {k: v for k, v in h.items() if k != "kept_fraction_by_class"} | {"trained_fraction_by_class": {"a": t}}
+        {k: v for k, v in h.items() if k not in ("kept_fraction_by_class", "mean_keep_probability")}
+        | {"kept_fraction": None, "trained_fraction_by_class": {"a": t}}
         for h, t in zip(HISTORY, (1.0, 0.6, 0.9), strict=True)
     ]
     fig = plots.history_figure(alone, "job")
     assert lines(fig.axes[2])["class a"] == [1.0, 0.6, 0.9]
+    assert "all" not in lines(fig.axes[2])  # no line (and no legend entry) for a kept fraction never ranked
     plt.close(fig)
