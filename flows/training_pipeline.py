@@ -284,7 +284,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
     # a stage that gave up or was stopped: its compute, and the last epoch's metrics (as SageMaker's final
     # metrics of a stopped job)
     done = None if outcome else accounting.work_done(make_job_dir(job_id))
-    metrics = status.final_metrics(outcome.history if outcome else done["history"])
+    metrics = status.final_metrics(outcome.history if outcome else (done or {}).get("history", []))
     summary = {
         "job_id": job_id,
         "job_name": job.name,

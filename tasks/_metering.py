@@ -30,7 +30,9 @@ _EARLIER_ATTEMPTS: dict[Any, list[dict]] = {}
 
 @contextmanager
 def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
-    """Time and meter the enclosed stage; the yielded dict gets ``seconds`` and ``energy`` on exit.
+    """Time and meter the enclosed stage; the yielded dict gets ``seconds`` and ``energy`` on exit. The stage
+    may put ``elsewhere`` on it (``accounting.energy_elsewhere``): work it waited on that this machine's meter
+    did not see, added to its energy.
 
     A stage that fails spent its time and energy all the same: the exception carries them as
     ``stage_record`` (``stage``, ``seconds``, ``energy``), for the job's summary and ledger. In a Prefect
@@ -63,6 +65,9 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
             _journal_ended(journal, stage, exc.stage_record["energy"])  # type: ignore[attr-defined]
         raise
     record["energy"] = energy.to_dict()
+    elsewhere = record.pop("elsewhere", None)  # the stage's work on other machines (the training stage's groups)
+    if elsewhere:
+        record["energy"] = carbon.add_elsewhere(record["energy"], elsewhere, job.carbon)
     record.update(_with_earlier(record, earlier))
     _EARLIER_ATTEMPTS.pop(run, None)
     _journal_ended(journal, stage, record["energy"])

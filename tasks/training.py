@@ -19,10 +19,11 @@ from prefect.runtime import flow_run
 
 from tasks._metering import in_background, stage_meter
 from trainyard import carbon, plots, progress
+from trainyard.carbon_probe import machine_id
 from trainyard.launch import LaunchHandle
 from trainyard.live_metrics import LiveRun
 from trainyard.spec import TrainingJob
-from trainyard.training import supervisor, user_stop
+from trainyard.training import accounting, supervisor, user_stop
 from trainyard.training.plan import TrainingPlan, request_stop
 
 
@@ -102,6 +103,13 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         try:
             with watch, _stop_when_tagged(Path(handle.job_dir), logger):
                 record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
+            record["elsewhere"] = accounting.energy_elsewhere(Path(handle.job_dir), machine_id())
+            if record["elsewhere"]:  # groups on other nodes: outside this machine's meter, added to the stage
+                logger.info(
+                    "%d group attempt(s) ran on other machines: their %.4g kWh (at PUE 1) count in the training stage",
+                    record["elsewhere"]["attempts"],
+                    record["elsewhere"]["energy_kwh"],
+                )
             tell()  # the last epochs, which the once-a-second rule may have held back
             # Every job that trained gets its curves (loss, metrics, kept fraction), stopped ones included:
             # only a completed job is registered, with its own copy.

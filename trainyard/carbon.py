@@ -2,8 +2,11 @@
 
 Each stage runs inside ``meter(stage, settings)``, one offline tracker (no network) in
 machine mode: it measures the whole machine, so the replica group processes the training stage
-waits on are inside the training stage's figure, and stages never overlap, so nothing is counted
-twice. ``rollup`` turns the per-stage records into the summary's ``carbon`` section.
+waits on are inside the training stage's figure, and a job's stages never overlap, so nothing of its
+own is counted twice. Groups on other machines (a GPU pool's nodes) are outside it: their own
+process-mode meters are added to the training stage (``add_elsewhere``). The machine-wide figure
+includes whatever else runs on the machine (another job's stages). ``rollup`` turns the per-stage
+records into the summary's ``carbon`` section.
 """
 
 from __future__ import annotations
@@ -153,6 +156,21 @@ def measurement_mode(tracker) -> str:
     return ",".join(modes) or "unknown"
 
 
+def add_elsewhere(stage: dict, elsewhere: dict, settings: Carbon) -> dict:
+    """A stage's energy record (``StageEnergy.to_dict``) with what its work drew on other machines added:
+    ``elsewhere`` (``accounting.energy_elsewhere``, at PUE 1) times the job's PUE, its emissions at the
+    stage's own grid intensity (the job's ``country_iso_code`` and ``region``, as every stage's)."""
+    added = dict(stage)
+    kwh = elsewhere["energy_kwh"] * settings.pue
+    intensity = stage["emissions_kg"] / stage["energy_kwh"] if stage["energy_kwh"] > 0 else 0.0
+    added["energy_kwh"] += kwh
+    added["emissions_kg"] += kwh * intensity
+    for device in ("cpu", "gpu", "ram"):
+        added[f"{device}_energy_kwh"] += elsewhere[f"{device}_energy_kwh"] * settings.pue
+    added["measurement_mode"] = f"{stage['measurement_mode']};other machines' groups:{elsewhere['measurement_mode']}"
+    return added
+
+
 def rollup(records: list[StageEnergy], settings: Carbon) -> dict:
     """The job's ``carbon`` summary from its per-stage records."""
     energy = sum(r.energy_kwh for r in records)
@@ -178,7 +196,8 @@ def rollup(records: list[StageEnergy], settings: Carbon) -> dict:
             "gpu": sum(r.gpu_energy_kwh for r in records),
             "ram": sum(r.ram_energy_kwh for r in records),
         },
-        "merge": "one machine-wide tracker per stage in the orchestrating process; stages never overlap",
+        "merge": "one machine-wide tracker per stage in the orchestrating process (stages never overlap), and "
+        "the groups that ran on other machines' own trackers, added to the training stage",
     }
 
 

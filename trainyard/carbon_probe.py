@@ -87,7 +87,7 @@ def _path(key) -> Path:
 
     fields = {k: v for k, v in dataclasses.asdict(key).items() if k != "tracking_mode"}
     identity = {
-        "machine": _machine_id(),
+        "machine": machine_id(),
         "codecarbon": __version__,
         # A process that sees no GPU shares the machine's probe (seed() drops its GPUs).
         "visible_gpus": None if sees_no_gpu() else os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -97,8 +97,9 @@ def _path(key) -> Path:
     return home() / "hardware" / f"codecarbon-{digest}.json"
 
 
-def _machine_id() -> str:
-    """This boot of this machine: hardware can change across a reboot (a resized VM), not within one."""
+def machine_id() -> str:
+    """This boot of this machine (a container's is its node's): hardware can change across a reboot (a
+    resized VM), not within one; and a machine-wide meter here measures every process that shares it."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:

@@ -68,9 +68,10 @@ def report(carbon: dict, settings: Carbon, outcome=None, prefilter=None, metrics
     out["sifting_saved"] = _sifting_saved(carbon, outcome, prefilter)
     out["merge"] = (
         "job total = one machine-wide tracker per stage in the orchestrating process (stages never overlap), "
-        "and as 'earlier runs' what the job id's earlier runs on this machine spent (their energy journals); "
-        "by_replica = each group's own process-mode tracker (times the job's PUE, as the stages are): its share "
-        "of the training stage on this machine, shown for attribution and not added to the total"
+        "the groups that ran on other machines' own trackers added to the training stage, and as 'earlier runs' "
+        "what the job id's earlier runs on this machine spent (their energy journals); by_replica = each group's "
+        "own process-mode tracker (times the job's PUE, as the stages are): its share of the training stage, "
+        "shown for attribution (added to the total only for groups on other machines)"
     )
     return out
 

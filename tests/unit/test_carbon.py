@@ -227,3 +227,43 @@ def test_a_grid_codecarbon_has_no_figures_for_is_refused_not_priced_at_the_world
     assert any(
         w.startswith("carbon.region: codecarbon has regional figures for USA") for w in ignored_settings(ireland)
     )
+
+
+def test_groups_on_other_machines_are_added_to_the_training_stage_and_this_machines_are_not(tmp_path):
+    from tasks._metering import stage_meter
+    from trainyard.carbon_probe import machine_id
+    from trainyard.training import accounting
+
+    def attempt(replica: int, machine: str, kwh: float, mode: str) -> None:
+        folder = tmp_path / "replicas" / str(replica) / "attempt-0"
+        folder.mkdir(parents=True)
+        record = {"energy_kwh": kwh, "cpu_energy_kwh": kwh * 0.4, "gpu_energy_kwh": kwh * 0.5}
+        record |= {"ram_energy_kwh": kwh * 0.1, "measurement_mode": mode, "machine": machine}
+        (folder / "energy.json").write_text(json.dumps(record))
+
+    assert accounting.energy_elsewhere(tmp_path, machine_id()) is None  # no group has run
+    attempt(0, machine_id(), 1.0, "cpu:load")  # inside this machine's machine-wide meter already
+    assert accounting.energy_elsewhere(tmp_path, machine_id()) is None
+    attempt(1, "a-gpu-node", 0.5, "cpu:load,gpu:nvml")  # a GPU pool's node: outside it
+    elsewhere = accounting.energy_elsewhere(tmp_path, machine_id())
+    assert elsewhere == {
+        "energy_kwh": 0.5,
+        "cpu_energy_kwh": 0.2,
+        "gpu_energy_kwh": 0.25,
+        "ram_energy_kwh": 0.05,
+        "measurement_mode": "cpu:load,gpu:nvml",
+        "attempts": 1,
+    }
+    job = parse_job(minimal(carbon={"pue": 1.5, "measure_power_secs": 1}))
+    with stage_meter("training", job) as plain:
+        pass
+    with stage_meter("training", job) as record:
+        record["elsewhere"] = elsewhere
+    energy, alone = record["energy"], plain["energy"]
+    assert "elsewhere" not in record
+    # at the job's PUE, and at the stage's own grid intensity
+    assert energy["energy_kwh"] == pytest.approx(alone["energy_kwh"] + 0.75, abs=1e-4)
+    assert energy["gpu_energy_kwh"] == pytest.approx(alone["gpu_energy_kwh"] + 0.375, abs=1e-4)
+    intensity = energy["emissions_kg"] / energy["energy_kwh"]
+    assert intensity == pytest.approx(alone["emissions_kg"] / alone["energy_kwh"], rel=1e-3) and intensity > 0
+    assert energy["measurement_mode"].endswith(";other machines' groups:cpu:load,gpu:nvml")

@@ -55,6 +55,25 @@ def energy_by_replica(job_dir: Path) -> dict[str, float]:
     return dict(sorted(totals.items()))
 
 
+def energy_elsewhere(job_dir: Path, machine: str) -> dict | None:
+    """What the group attempts that ran on another machine than ``machine`` measured (their process-mode
+    meters, at PUE 1): ``energy_kwh``, by device, how (``measurement_mode``) and how many attempts; None
+    when every group ran on ``machine``, whose stage meters (machine-wide) counted them already."""
+    total = {"energy_kwh": 0.0, "cpu_energy_kwh": 0.0, "gpu_energy_kwh": 0.0, "ram_energy_kwh": 0.0}
+    modes, attempts = set(), 0
+    for path in job_dir.glob("replicas/*/attempt-*/energy.json"):
+        record = json.loads(path.read_text())
+        if record.get("machine", machine) == machine:  # (none named: written before groups named theirs)
+            continue
+        attempts += 1
+        modes.add(record.get("measurement_mode", "unknown"))
+        for key in total:
+            total[key] += record.get(key, 0.0)
+    if not attempts:
+        return None
+    return total | {"measurement_mode": ",".join(sorted(modes)), "attempts": attempts}
+
+
 def sifting_totals(reports: list[dict], flops: dict) -> dict:
     """Every group's sifting, added up: kept fraction overall and per class, and what scoring cost."""
     scored = sum(r["scored"] for r in reports)

@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         record = energy.stop() if energy else None
         if record is not None:  # this group's share of the machine, for the job's carbon by replica
-            write_json_atomic(out / "energy.json", record)
+            # and which machine: a group on another one than the pipeline's is outside its stage meters
+            from trainyard.carbon_probe import machine_id
+
+            write_json_atomic(out / "energy.json", record | {"machine": machine_id()})
     return 0
 
 
