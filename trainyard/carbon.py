@@ -104,6 +104,12 @@ def meter(
         # (No return in this finally: it would swallow the enclosed work's exception.)
         data = getattr(tracker, "final_emissions_data", None)
         record.measurement_mode = measurement_mode(tracker) if data is not None else "unavailable"
+        if data is None:
+            logging.getLogger(__name__).warning(
+                "carbon: the %s stage's energy could not be measured (codecarbon did not start; its log says "
+                "why): its figures are 0, and a carbon.budget_kg could not be enforced during it",
+                stage,
+            )
         if data is not None:
             record.energy_kwh = float(data.energy_consumed)
             record.emissions_kg = float(data.emissions)
@@ -256,13 +262,15 @@ class LiveWatch:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self._sample()  # the stage's last figures, however short it was
+        self._sample(final=True)  # the stage's last figures, however short it was
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def _sample(self) -> None:
+    def _sample(self, final: bool = False) -> None:
+        """One reading to ``on_sample``; past the budget, ``on_budget`` once, unless training has ended
+        (``final``): there is nothing left to stop, and the summary says the budget was exceeded."""
         kwh, kg = self.record.reading()
         sample = {
             "seconds": time.monotonic() - self._started,
@@ -272,7 +280,8 @@ class LiveWatch:
         self.samples.append(sample)
         try:
             self.on_sample(sample)
-            if not self._over and self.budget_kg is not None and sample["emissions_kg"] > self.budget_kg:
+            over = self.budget_kg is not None and sample["emissions_kg"] > self.budget_kg
+            if over and not self._over and not final:
                 self._over = True
                 self.on_budget(sample["emissions_kg"])
         except Exception:  # noqa: BLE001 - a failing reporter must not stop the watch

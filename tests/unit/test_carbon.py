@@ -122,6 +122,14 @@ def test_live_watch_reports_and_stops_once_past_the_budget():
             busy(1.0)
     assert len(samples) >= 3 and samples[-1]["emissions_kg"] >= samples[0]["emissions_kg"] > 1e-9
     assert len(over) == 1  # the budget callback fires once, not at every reading
+    # past the budget only at the last reading, once the stage's work has ended: nothing left to stop
+    samples, over = [], []
+    with (
+        carbon.meter("training", Carbon(country_iso_code="IRL")) as record,
+        carbon.LiveWatch(record, 60.0, 0.0, 0.0, 1e-9, samples.append, over.append),
+    ):
+        busy(0.5)
+    assert samples[-1]["emissions_kg"] > 1e-9 and over == []
 
 
 def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
