@@ -4,12 +4,15 @@ with one line per problem."""
 from __future__ import annotations
 
 import copy
+import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import AliasChoices, BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from trainyard.errors import SpecError
 from trainyard.spec.job import TrainingJob
@@ -50,13 +53,45 @@ def problems_of_error(err: Any) -> list[str]:
     if kind == "missing":
         msg = "required; add it"
     elif kind == "extra_forbidden":
-        msg = "unknown field; remove it or fix its spelling"
+        close = difflib.get_close_matches(str(err["loc"][-1]), _known_fields(err["loc"]), n=1, cutoff=0.6)
+        msg = f"unknown field; did you mean {close[0]}? " if close else "unknown field; "
+        msg += "remove it or fix its spelling"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         msg = f"a section: give its fields as a mapping, e.g. {{field: value}} (got {err.get('input')!r})"
     elif not isinstance(err.get("input"), dict | list) and "input" in err and not kind.startswith("value_error"):
         msg = f"{msg} (got {err['input']!r})"
     # Whole-job checks already name their fields, one problem a line.
     return [f"{loc}: {msg}"] if loc else msg.split("\n")
+
+
+def _known_fields(loc: tuple) -> list[str]:
+    """The field names (aliases included) of the section an error's location ``loc`` ends in, for a
+    "did you mean"; none where the path does not lead to a section (a dict's key, a list's index)."""
+    models: list[type[BaseModel]] = [TrainingJob]
+    for part in loc[:-1]:
+        models = [
+            m for model in models if part in model.model_fields for m in _models_in(model.model_fields[part].annotation)
+        ]
+    return sorted(
+        {name for model in models for field, info in model.model_fields.items() for name in _names(field, info)}
+    )
+
+
+def _names(field: str, info: FieldInfo) -> list[str]:
+    """A field's name and the others it is accepted by (``beta_value`` for ``beta``)."""
+    alias = info.validation_alias
+    others = alias.choices if isinstance(alias, AliasChoices) else [alias] if isinstance(alias, str) else []
+    return [field, *(name for name in others if isinstance(name, str))]
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The sections an annotation can hold, through ``X | None``, unions and a dict's values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is dict and len(args) == 2:
+        args = args[1:]
+    return [model for arg in args for model in _models_in(arg)]
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

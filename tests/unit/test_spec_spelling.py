@@ -1,0 +1,30 @@
+"""A misspelt field is named with the field it most likely meant, in every section, the section's own
+names and smart sifting's aliases among them."""
+
+from __future__ import annotations
+
+from tests.unit.specs import minimal, problems
+
+
+def test_an_unknown_field_in_any_section_names_the_closest_known_one():
+    spec = minimal(
+        inputs={"train": {"s3_uri": "s3://bkt/train/", "label": "y", "lable": "z"}},
+        output={"s3_uri": "s3://bkt/out/", "s3uri": "s3://bkt/o/"},
+        hyperparamters={"epochs": 3},
+        sifting={"enabled": True, "beta_valeu": 1.0, "prefilter": {"enabeld": True}},
+        carbon={"country_iso": "IRL"},
+    )
+    found = problems(spec)
+    for line in (
+        "inputs.train.lable: unknown field; did you mean label? remove it or fix its spelling",
+        "output.s3uri: unknown field; did you mean s3_uri? remove it or fix its spelling",
+        "hyperparamters: unknown field; did you mean hyperparameters? remove it or fix its spelling",
+        "sifting.beta_valeu: unknown field; did you mean beta_value? remove it or fix its spelling",
+        "sifting.prefilter.enabeld: unknown field; did you mean enabled? remove it or fix its spelling",
+        "carbon.country_iso: unknown field; did you mean country_iso_code? remove it or fix its spelling",
+    ):
+        assert line in found, found
+    # nothing close: no guess
+    assert "output.colour: unknown field; remove it or fix its spelling" in problems(
+        minimal(output={"s3_uri": "s3://bkt/out/", "colour": "red"})
+    )
