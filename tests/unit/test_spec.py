@@ -165,8 +165,9 @@ def test_load_job_reports_missing_file_and_bad_yaml(tmp_path):
         load_job(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed")
-    with pytest.raises(SpecError, match="not valid YAML"):
+    with pytest.raises(SpecError, match="not valid YAML") as refused:
         load_job(bad)
+    assert f'in "{bad}", line 1' in str(refused.value)  # the file named where the error is, not "<unicode string>"
 
 
 def test_unreadable_job_files_and_bad_override_values_are_spec_errors(tmp_path):

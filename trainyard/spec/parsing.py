@@ -197,11 +197,12 @@ class _DuplicateKey(yaml.YAMLError):
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _load_yaml(text: str):
+def _load_yaml(text: str, name: str = "<spec>"):
     """``yaml.safe_load``, refusing a key given twice in one mapping (PyYAML keeps the last silently, so a
     second ``resources:`` block dropped the first without a word). Checked on the composed node tree, before
     anything is built: a merge key's (``<<: *defaults``) keys may be overridden, as YAML means them to be."""
     loader = yaml.SafeLoader(text)
+    loader.name = name  # where its errors say they are: the file, not "<unicode string>"
     try:
         node = loader.get_single_node()
         if node is None:
@@ -238,7 +239,7 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> TrainingJo
     """Read a YAML job spec, apply ``--set`` overrides, and validate it."""
     path = Path(path)
     try:
-        data = _load_yaml(path.read_text())
+        data = _load_yaml(path.read_text(), str(path))
     except FileNotFoundError:
         raise SpecError([f"{path}: no such file"]) from None
     except IsADirectoryError:
