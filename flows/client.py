@@ -4,8 +4,9 @@
 This is the client side of the orchestrator, so it lives with the flows, not in the engine: it talks to the
 Prefect API named by ``PREFECT_API_URL`` (Prefect is imported inside each function, so ``trainyard jobs
 --help`` never loads it). A job is a run of a ``training-pipeline`` deployment; its run is
-named after its job id. Statuses are SageMaker's: primary ``InProgress | Completed | Failed |
-Stopped`` and the secondary status transitions the pipeline publishes as ``trainyard.job.*`` events.
+named after its job id. Statuses are SageMaker's: primary ``Scheduled`` (a schedule's run, not started) ``|
+InProgress | Completed | Failed | Stopped`` and the secondary status transitions the pipeline publishes as
+``trainyard.job.*`` events.
 
     from flows import client
     run_id = client.submit({"name": "churn", ...})          # or a TrainingJob
@@ -23,6 +24,7 @@ from typing import Any
 from trainyard.errors import TrainyardError
 from trainyard.home import new_job_id
 from trainyard.spec import TrainingJob, parse_job
+from trainyard.status import PROGRESS_EVENT
 
 DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
 PIPELINE_FLOW = "training-pipeline"
@@ -120,11 +122,16 @@ def status(run_id: str) -> dict[str, Any]:
     """The job's primary status, its secondary status transitions (each with its start and end time) and,
     once it ended, its outcome: ``failure_reason``, final ``metrics``, the registered ``model`` and the
     ``summary_uri`` of the whole summary (None until the job has said them; a run that never started the
-    job, such as one whose parameters the API refused, has its state's message as ``failure_reason``)."""
+    job, such as one whose parameters the API refused, has its state's message as ``failure_reason``).
+    While it trains, ``progress``: the epochs done, of how many, and the last one's ``metrics`` (None before
+    the first epoch ends, and outside training)."""
     with _api() as api:
         run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
         transitions, ended = _job_events(api, job_id, run.created)
+        progress = (
+            _progress(api, job_id, run.created) if transitions and transitions[-1]["status"] == "Training" else None
+        )
     state = run.state.type.value if run.state else "PENDING"
     primary = _run_status(run.state)
     if state == "COMPLETED" and transitions:  # the run completes for a Stopped job too: its last status says
@@ -143,6 +150,7 @@ def status(run_id: str) -> dict[str, Any]:
         "metrics": (ended or {}).get("metrics"),
         "model": (ended or {}).get("model"),
         "summary_uri": (ended or {}).get("summary_uri"),
+        "progress": progress,
     }
 
 
@@ -285,6 +293,22 @@ def _run_status(state) -> str:
     return _PRIMARY.get(state.type.value, "InProgress")
 
 
+def _progress(api, job_id: str, since) -> dict | None:
+    """The job's last ``trainyard.progress`` event's payload (the train stage's, at most once a second)."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+    page = api.read_events(
+        EventFilter(
+            occurred=EventOccurredFilter(since=since),
+            event=EventNameFilter(name=[PROGRESS_EVENT]),
+            resource=EventResourceFilter(id=[f"trainyard.job.{job_id}"]),
+        ),
+        limit=5,
+    )
+    latest = max(page.events, key=lambda e: e.occurred, default=None)
+    return dict(latest.payload) if latest is not None else None
+
+
 def _job_events(api, job_id: str, since) -> tuple[list[dict], dict | None]:
     """The job's secondary status transitions, each closed by the next (an event is sent as a status
     begins, its end time not yet known), and its outcome (the ``trainyard.job.ended`` event's; None before)."""
@@ -302,7 +326,12 @@ def _job_events(api, job_id: str, since) -> tuple[list[dict], dict | None]:
     # A retried run (the same run id) starts the job again: only what its last try said is the job's now
     starts = [i for i, e in enumerate(events) if e.payload.get("status") == "Starting"]
     events = events[starts[-1] :] if starts else events
-    transitions = [dict(e.payload) for e in events if "status" in e.payload]
+    transitions: list[dict] = []
+    for payload in (dict(e.payload) for e in events if "status" in e.payload):
+        if transitions and transitions[-1]["status"] == payload["status"]:  # told again, further on: its message
+            transitions[-1]["message"] = payload["message"]
+            continue
+        transitions.append(payload)
     for this, following in zip(transitions, transitions[1:], strict=False):
         this["end_time"] = this["end_time"] or following["start_time"]
     if transitions and transitions[-1]["status"] in _FINAL:  # as the job's summary has it: ended as it began

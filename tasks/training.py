@@ -23,6 +23,7 @@ from trainyard.carbon_probe import machine_id
 from trainyard.launch import LaunchHandle
 from trainyard.live_metrics import LiveRun
 from trainyard.spec import TrainingJob
+from trainyard.status import PROGRESS_EVENT
 from trainyard.training import accounting, supervisor, user_stop
 from trainyard.training.plan import TrainingPlan, request_stop
 
@@ -77,6 +78,12 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             shown = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
             span = f"epoch {epochs}" if epochs == told_through + 1 else f"epochs {told_through + 1}-{epochs}"
             logger.info("%s: %s", span, shown)
+            # for services following the job (flows.client.status's "progress")
+            emit_event(
+                event=PROGRESS_EVENT,
+                resource={"prefect.resource.id": f"trainyard.job.{plan.job_id}", "prefect.resource.name": plan.job_id},
+                payload={"epochs_done": epochs, "epochs": job.hyperparameters.epochs, "metrics": shown},
+            )
             reported, told_through = time.monotonic(), epochs
 
         def on_event(kind: str, payload: dict) -> None:

@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+PROGRESS_EVENT = "trainyard.progress"  # the train stage's epochs so far; not a "trainyard.job.*" status event
+
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -29,8 +31,10 @@ class StatusLog:
         """Begin a secondary status (closing the current one)."""
         now = _now()
         if self.transitions and self.transitions[-1]["end_time"] is None:
-            if self.transitions[-1]["status"] == status:
+            if self.transitions[-1]["status"] == status:  # the same status, further on: told again
                 self.transitions[-1]["message"] = message
+                if self._on_transition is not None:
+                    self._on_transition(self.transitions[-1])
                 return
             self.transitions[-1]["end_time"] = now
         self.transitions.append({"status": status, "start_time": now, "end_time": None, "message": message})

@@ -166,6 +166,13 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
         pytest.fail(f"the groups never ran: {worker_logs(home)}")
     for replica in (0, 1):  # both training, their SIGTERM handlers (leave at a step boundary) in place
         wait_for_step(attempt_folder(run_id, replica, 0) / "heartbeat.json", 20)
+    # a service following the job sees how far it is (epochs of 5 steps: at least 2 ended) and what it says
+    deadline = time.monotonic() + 30
+    while (now := client.status(run_id))["progress"] is None and time.monotonic() < deadline:
+        time.sleep(1)
+    assert now["progress"]["epochs_done"] >= 1 and now["progress"]["epochs"] == 100_000, now
+    assert "val_accuracy" in now["progress"]["metrics"], now
+    assert now["secondary_status_transitions"][-1]["message"] == "Training in progress", now
     result = CliRunner().invoke(app, ["jobs", "stop", run_id])
     assert result.exit_code == 0 and "cancelled 3 run(s)" in result.output, result.output
     final = client.wait(run_id, timeout_seconds=120)

@@ -92,3 +92,20 @@ def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     transitions, ended = client._job_events(api, "j", t0)
     assert [(t["status"], t["end_time"]) for t in transitions] == [("Starting", "t11"), ("Downloading", None)]
     assert ended is None
+    # a status told again further on (Training: launching, then training) is one transition, with the later word
+    events += [event(12, status(12, "Training") | {"message": "Launching replica groups"})]
+    events += [event(13, status(12, "Training") | {"message": "Training in progress"})]
+    transitions, _ = client._job_events(api, "j", t0)
+    assert [(t["status"], t["message"]) for t in transitions][-1] == ("Training", "Training in progress")
+    assert [t["status"] for t in transitions] == ["Starting", "Downloading", "Training"]
+
+
+def test_a_status_entered_again_with_a_new_message_is_told_again_and_stays_one_transition():
+    from trainyard.status import StatusLog
+
+    told: list[dict] = []
+    log = StatusLog(on_transition=lambda t: told.append(dict(t)))
+    log.enter("Training", "Launching replica groups")
+    log.enter("Training", "Training in progress")  # what a service following the job's events must see too
+    assert [t["message"] for t in told] == ["Launching replica groups", "Training in progress"]
+    assert [(t["status"], t["message"]) for t in log.transitions] == [("Training", "Training in progress")]
