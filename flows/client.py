@@ -26,6 +26,27 @@ from trainyard.home import new_job_id
 from trainyard.spec import TrainingJob, parse_job
 from trainyard.status import PROGRESS_EVENT
 
+
+class ApiNotSet(TrainyardError):
+    """No ``PREFECT_API_URL``: nothing to submit to or ask."""
+
+
+class DeploymentNotFound(TrainyardError, LookupError):
+    """The deployment named is not ``FLOW/DEPLOYMENT``, or the API has none by that name."""
+
+
+class RunNotFound(TrainyardError, LookupError):
+    """The run id is not one (a UUID), or the API has no such run."""
+
+
+class WaitTimeout(TrainyardError, TimeoutError):
+    """``wait``'s ``timeout_seconds`` passed before the job ended (the job goes on)."""
+
+
+class IdempotencyKeyReused(TrainyardError, ValueError):
+    """The key already started a run for another job spec."""
+
+
 DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
 PIPELINE_FLOW = "training-pipeline"
 _PRIMARY = {
@@ -48,7 +69,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     spec = job if isinstance(job, TrainingJob) else parse_job(job)
     flow_name, _, deployment_name = deployment.partition("/")
     if not flow_name or not deployment_name or "/" in deployment_name:
-        raise TrainyardError(
+        raise DeploymentNotFound(
             f"deployment {deployment!r} is not FLOW/DEPLOYMENT; Trainyard's is {DEFAULT_DEPLOYMENT!r}, and "
             "`prefect deployment ls` lists the API's"
         )
@@ -64,7 +85,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
             as_subflow=False,
         )
     except ObjectNotFound:
-        raise TrainyardError(
+        raise DeploymentNotFound(
             f"no deployment {deployment!r} on the Prefect API at PREFECT_API_URL; `prefect deployment ls` lists "
             "them, and `prefect deploy --all` in Trainyard's folder makes prefect.yaml's"
         ) from None
@@ -72,7 +93,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     if idempotency_key is not None and earlier != spec.model_dump(mode="json"):
         # Prefect hands back the run the key first started, whatever was asked this time: a key reused for
         # another job would silently report on the old one
-        raise TrainyardError(
+        raise IdempotencyKeyReused(
             f"idempotency key {idempotency_key!r} already started run {run.id} "  # type: ignore[union-attr]
             f"({run.parameters.get('job_id')}) for another job spec; use a new key for a new job"  # type: ignore[union-attr]
         )
@@ -87,7 +108,7 @@ def _api_url() -> str:
 
     url = get_current_settings().api.url
     if not url:
-        raise TrainyardError(
+        raise ApiNotSet(
             "PREFECT_API_URL is not set: point it at the Prefect server that runs Trainyard's deployments "
             "(for example http://127.0.0.1:4200/api); `trainyard run` runs a job in this process without one"
         )
@@ -109,11 +130,11 @@ def _read_run(api, run_id: str):
     try:
         uuid.UUID(run_id)
     except ValueError:
-        raise TrainyardError(f"{run_id!r} is not a flow run id (a UUID); `trainyard jobs list` shows them") from None
+        raise RunNotFound(f"{run_id!r} is not a flow run id (a UUID); `trainyard jobs list` shows them") from None
     try:
         return api.read_flow_run(run_id)
     except ObjectNotFound:
-        raise TrainyardError(
+        raise RunNotFound(
             f"no flow run {run_id} on the Prefect API at PREFECT_API_URL; `trainyard jobs list` shows them"
         ) from None
 
@@ -160,7 +181,7 @@ def wait(
     poll_seconds: float = 2.0,
     on_transition: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
-    """Block until the job ends (or ``timeout_seconds`` pass: ``TrainyardError``); returns ``status``.
+    """Block until the job ends (or ``timeout_seconds`` pass: ``WaitTimeout``); returns ``status``.
     ``on_transition`` is called with each secondary status transition once, in order, as it is seen."""
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
     seen = 0
@@ -188,7 +209,7 @@ def wait(
                 current = read()
             return current
         if deadline is not None and time.monotonic() > deadline:
-            raise TrainyardError(f"job run {run_id} still {current['secondary_status']} after {timeout_seconds} s")
+            raise WaitTimeout(f"job run {run_id} still {current['secondary_status']} after {timeout_seconds} s")
         time.sleep(poll_seconds)
 
 

@@ -109,3 +109,22 @@ def test_a_status_entered_again_with_a_new_message_is_told_again_and_stays_one_t
     log.enter("Training", "Training in progress")  # what a service following the job's events must see too
     assert [t["message"] for t in told] == ["Launching replica groups", "Training in progress"]
     assert [(t["status"], t["message"]) for t in log.transitions] == [("Training", "Training in progress")]
+
+
+def test_a_services_mistakes_are_told_apart_by_type_not_by_their_words(monkeypatch):
+    from flows import client
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(client.ApiNotSet):
+        client.status("0" * 8 + "-0000-4000-8000-" + "0" * 12)
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing is asked of it below
+        with pytest.raises(client.DeploymentNotFound):
+            client.submit(minimal(), deployment="nope")
+        with pytest.raises(client.RunNotFound):
+            client.status("nope")
+        # each is a TrainyardError too (the CLI's exit 2), and a LookupError where that is what it is
+        assert issubclass(client.RunNotFound, LookupError) and issubclass(client.WaitTimeout, TimeoutError)
+        training = {"status": "InProgress", "secondary_status": "Training", "secondary_status_transitions": []}
+        monkeypatch.setattr(client, "status", lambda run_id: training)
+        with pytest.raises(client.WaitTimeout, match="still Training after 0.1 s"):
+            client.wait("any", timeout_seconds=0.1, poll_seconds=0.05)
