@@ -19,6 +19,8 @@ GATE_TAG = "trainyard.gate"
 EMISSIONS_TAG = "carbon.emissions_kg"
 GATE_ROUNDS = 5  # a gate's rounds against champions other gates set meanwhile (see ``gate``)
 CHAMPION, CANDIDATE = "champion", "candidate"
+APPROVAL_TAG = "approval_status"  # a version's SageMaker-style approval (registry, registry_admin)
+REJECTED = "Rejected"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +80,14 @@ def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
         if champion is not None and str(champion.version) == str(version.version):
             decision = GateDecision(True, "already champion")  # an earlier attempt moved the alias, then stopped
             break
-        theirs = _version_metric(client, champion, metric) if champion is not None else None
-        decision = decide(rule, ours, theirs, champion is not None, emissions)
+        rejected = champion is not None and (champion.tags or {}).get(APPROVAL_TAG) == REJECTED
+        if rejected:  # a person judged it unfit: not a bar for the versions after it (they may replace it)
+            decision = decide(rule, ours, None, False, emissions)
+            if decision.wins:
+                decision = GateDecision(True, f"the champion v{champion.version} was Rejected")
+        else:
+            theirs = _version_metric(client, champion, metric) if champion is not None else None
+            decision = decide(rule, ours, theirs, champion is not None, emissions)
         if not decision.wins:
             client.set_registered_model_alias(name, CANDIDATE, version.version)
             break

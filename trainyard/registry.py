@@ -35,7 +35,7 @@ from trainyard.spec import METRICS, TrainingJob
 log = logging.getLogger(__name__)
 
 JOB_ID_TAG = "trainyard.job_id"
-APPROVAL_TAG = "approval_status"
+APPROVAL_TAG = promotion.APPROVAL_TAG
 IO_METADATA_KEY = "trainyard"  # in the MLmodel file's metadata: the model's input columns and output classes
 APPROVAL_STATUSES = ("PendingManualApproval", "Approved", "Rejected")  # SageMaker's ModelApprovalStatus
 

@@ -75,6 +75,18 @@ def test_champion_moves_only_to_a_better_model(tracking, tmp_path):
     assert int(client.get_model_version_by_alias("reg-test", "champion").version) == 3
 
 
+def test_a_rejected_champion_is_no_bar_to_the_next_version(tracking, tmp_path):
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    registry_admin.set_approval("reg-test", "1", "Rejected")  # a person found it unfit, good metric or not
+    second = register(job, model, x, "b", 0.70, tmp_path)
+    assert second["aliases"] == ["champion"] and second["gate"] == "champion: the champion v1 was Rejected"
+    # in its place, a version the gate keeps out for itself (a diverged metric) still stays out
+    registry_admin.set_approval("reg-test", "2", "Rejected")
+    third = register(job, model, x, "c", float("nan"), tmp_path)
+    assert third["aliases"] == ["candidate"] and "did training diverge?" in third["gate"]
+
+
 def test_a_champion_whose_run_is_gone_and_lacks_its_metric_tag_is_beaten_not_a_failed_job(tracking, tmp_path):
     job, model, x = trained()
     first = register(job, model, x, "a", 0.9, tmp_path)
