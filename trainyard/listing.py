@@ -115,14 +115,15 @@ def list_channel(name: str, channel: Channel) -> ChannelManifest:
     return manifest
 
 
-def check_relative_key(rel: str, uri: str) -> None:
-    """Refuse keys that would escape the channel's folder if laid out on disk."""
+def check_relative_key(rel: str, uri: str, manifest: str | None = None) -> None:
+    """Refuse keys that would escape the channel's folder if laid out on disk (``manifest``: the manifest
+    that lists the object, whose entry is then the thing to fix)."""
     parts = rel.split("/")
     if not rel or "\x00" in rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
-        raise DataError(
-            f"{uri}: unsafe key (empty, '.' or '..' segments, an absolute path, a backslash or NUL); "
-            "rename the object in S3"
-        )
+        unsafe = "unsafe key (empty, '.' or '..' segments, an absolute path, a backslash or NUL)"
+        if manifest is not None:
+            raise DataError(f"{manifest}: its entry {uri} has an {unsafe}; fix the entry in the manifest")
+        raise DataError(f"{uri}: {unsafe}; rename the object in S3")
 
 
 def _list_prefix(uri: str, raw: bool = False) -> list[StagedObject]:
@@ -220,7 +221,7 @@ def _list_manifest(uri: str) -> list[StagedObject]:
             raise DataError(f"{uri}: the manifest lists {target} more than once; list each object once")
         seen.add(target)
         # before any request: S3 would answer "no such object" for most unsafe keys, hiding why
-        check_relative_key(_manifest_rel(target, prefix), str(target))
+        check_relative_key(_manifest_rel(target, prefix), str(target), manifest=uri)
 
     def described(entry: tuple[s3.S3Uri, str]) -> StagedObject:
         target, version = entry
