@@ -48,18 +48,20 @@ Ref = Annotated[str, typer.Argument(help="Version number, or an alias such as ch
 def list_(
     name: Annotated[str | None, typer.Argument(help="Only this registered model (default: all).")] = None,
 ) -> None:
-    """List registered versions, newest first: aliases, approval status and the gate's decision."""
+    """List registered versions, newest first: aliases, approval status, final metrics and the gate's decision."""
     rows = _call(registry_admin.list_versions, name)
     if not rows:
         say(out(), f"no registered models in {redact_text(registry.tracking_uri())}")
         return
     table = Table(title=f"registered models ({redact_text(registry.tracking_uri())})")
-    for column in ("model", "version", "aliases", "approval", "job", "gate"):
+    for column in ("model", "version", "aliases", "approval", "metrics", "job", "gate"):
         # a narrow terminal wraps a job id or an approval status rather than cut it short with an ellipsis
         table.add_column(column, justify="right" if column == "version" else "left", overflow="fold")
     for r in rows:
         aliases = ", ".join(r["aliases"])
-        table.add_row(r["name"], str(r["version"]), aliases, r["approval_status"], r["job_id"] or "", r["gate"] or "")
+        metrics = ", ".join(f"{k} {v}" for k, v in r["metrics"].items())  # to compare versions at a glance
+        row = (r["name"], str(r["version"]), aliases, r["approval_status"], metrics, r["job_id"] or "", r["gate"] or "")
+        table.add_row(*row)
     out().print(table)
 
 

@@ -216,6 +216,11 @@ def test_models_cli_lists_shows_approves_rejects_and_promotes(tracking, tmp_path
     runner = CliRunner()
     listed = runner.invoke(app, ["models", "list"])
     assert listed.exit_code == 0 and "reg-test" in listed.output and "candidate" in listed.output
+    assert "val_accuracy 0.8" in listed.output and "val_accuracy 0.7" in listed.output  # each version's, to compare
+    assert [r["metrics"] for r in registry_admin.list_versions("reg-test")] == [
+        {"train_loss": "0.5", "val_accuracy": "0.7"},
+        {"train_loss": "0.5", "val_accuracy": "0.8"},
+    ]
     shown = runner.invoke(app, ["models", "show", "reg-test", "candidate"])
     assert shown.exit_code == 0 and "trainyard.job_id" in shown.output and "## Metrics" in shown.output
     assert runner.invoke(app, ["models", "approve", "reg-test", "2"]).exit_code == 0
@@ -245,7 +250,7 @@ def test_models_list_shows_each_versions_aliases(tracking, tmp_path):
     assert "champion" in listed.output and "candidate" in listed.output
     # at 80 columns a long value wraps in its cell, whole, rather than end in an ellipsis
     assert "…" not in listed.output and "PendingManualApproval" in "".join(
-        line.split("│")[4].strip() for line in listed.output.splitlines() if line.count("│") == 7
+        line.split("│")[4].strip() for line in listed.output.splitlines() if line.count("│") == 8
     ), listed.output
 
 
