@@ -95,7 +95,8 @@ def test_a_job_told_to_stop_or_killed_leaves_no_server(tmp_path, signal_name):
     deadline = time.monotonic() + 15
     while any(_cmdline(pid) for pid in left) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in left if _cmdline(pid)], "a process the job started outlived it"
+    survivors = {pid: _cmdline(pid).replace(b"\0", b" ")[:200] for pid in left if _cmdline(pid)}
+    assert not survivors, f"a process the job started outlived it: {survivors}"
 
 
 def _cmdline(pid: int) -> bytes:

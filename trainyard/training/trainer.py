@@ -46,6 +46,22 @@ from trainyard.training.start_barrier import start_barrier
 
 LEAVE = threading.Event()
 """Set on SIGTERM: the group leaves at its next step boundary, and the others go on."""
+
+
+def _leave_or_die(parent: int):
+    """The SIGTERM handler once training has begun: a graceful leave at the next step boundary, unless the
+    process that started this group is gone (a pipeline killed outright: its death sends this SIGTERM,
+    ``servers.die_with_parent``). Then no one is left to leave to, and the lighthouse went with it: the
+    next quorum would wait a minute, the group outliving its job. It ends at once instead."""
+
+    def handler(*_) -> None:
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+        LEAVE.set()
+
+    return handler
+
+
 # Failure detection: short enough that survivors stall briefly when a peer dies.
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
@@ -188,7 +204,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 # From its first quorum on, SIGTERM (a spot interruption notice, a scale-down) is a graceful
                 # leave at the next step boundary: the others go on without this group. Until then it ended
                 # the process (replica.py): that quorum can wait a minute in torchft, where no handler runs.
-                signal.signal(signal.SIGTERM, lambda *_: LEAVE.set())
+                signal.signal(signal.SIGTERM, _leave_or_die(os.getppid()))
                 leave_on_sigterm = True
             if recovery is not None and "source" not in recovery and manager.current_step() <= before < resume_floor:
                 how = "added" if joining else "restarted"
