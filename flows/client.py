@@ -19,6 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from trainyard.errors import TrainyardError
@@ -150,9 +151,10 @@ def status(run_id: str) -> dict[str, Any]:
         run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
         transitions, ended = _job_events(api, job_id, run.created)
-        progress = (
-            _progress(api, job_id, run.created) if transitions and transitions[-1]["status"] == "Training" else None
-        )
+        training = bool(transitions) and transitions[-1]["status"] == "Training"
+        # since this try's start: a retried run's first try had epochs of its own
+        since = datetime.fromisoformat(transitions[0]["start_time"]) if training else None
+        progress = _progress(api, job_id, since) if training else None
     state = run.state.type.value if run.state else "PENDING"
     primary = _run_status(run.state)
     if state == "COMPLETED" and transitions:  # the run completes for a Stopped job too: its last status says

@@ -57,20 +57,25 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
     except BaseException as exc:  # a SIGTERM's TerminationSignal too: the stage spent what it spent
         redact_exception(exc)  # Prefect logs a failed task's exception, with what it quotes (a URL's password)
         if energy is not None:  # (None: the meter itself failed, or the signal came while it started)
-            this = {"stage": stage, "seconds": time.monotonic() - started, "energy": energy.to_dict()}
+            this = {"stage": stage, "seconds": time.monotonic() - started, "energy": _measured(record, energy, job)}
             # read back with getattr where the job fails
             exc.stage_record = _with_earlier(this, earlier)  # type: ignore[attr-defined]
             if run is not None:
                 _EARLIER_ATTEMPTS[run] = [*earlier, this]
             _journal_ended(journal, stage, exc.stage_record["energy"])  # type: ignore[attr-defined]
         raise
-    record["energy"] = energy.to_dict()
-    elsewhere = record.pop("elsewhere", None)  # the stage's work on other machines (the training stage's groups)
-    if elsewhere:
-        record["energy"] = carbon.add_elsewhere(record["energy"], elsewhere, job.carbon)
+    record["energy"] = _measured(record, energy, job)
     record.update(_with_earlier(record, earlier))
     _EARLIER_ATTEMPTS.pop(run, None)
     _journal_ended(journal, stage, record["energy"])
+
+
+def _measured(record: dict, energy: carbon.StageEnergy, job: TrainingJob) -> dict:
+    """The stage's energy: its meter's, and what its work drew on other machines (``elsewhere``, which the
+    training stage puts on its record: groups on a GPU pool's nodes), failed or not."""
+    measured = energy.to_dict()
+    elsewhere = record.pop("elsewhere", None)
+    return carbon.add_elsewhere(measured, elsewhere, job.carbon) if elsewhere else measured
 
 
 def _journal_ended(journal: energy_journal.Journal | None, stage: str, energy: dict) -> None:

@@ -96,6 +96,7 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
     Either way the version stays registered, ungated, and a rerun of the job id gates it."""
     import httpx
     from prefect.client.orchestration import get_client
+    from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists
 
@@ -121,7 +122,7 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
                 f"model is registering, free it (prefect gcl update {limit} --active-slots 0) and run this job "
                 "again to gate it, or judge it by hand (trainyard models promote)"
             ) from exc
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, ConcurrencySlotAcquisitionError) as exc:  # the latter: httpx's, while waiting
             raise RegistryUnavailable(
                 f"the Prefect API did not answer while taking the promotion gate of {model_name!r} "
                 f"({type(exc).__name__}: {redact_text(str(exc))}); the version is registered but not gated, "

@@ -23,7 +23,7 @@ from trainyard.carbon_probe import machine_id
 from trainyard.launch import LaunchHandle
 from trainyard.live_metrics import LiveRun
 from trainyard.spec import TrainingJob
-from trainyard.status import PROGRESS_EVENT
+from trainyard.status import PROGRESS_EVENT, final_metrics
 from trainyard.training import accounting, supervisor, user_stop
 from trainyard.training.plan import TrainingPlan, request_stop
 
@@ -82,7 +82,11 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             emit_event(
                 event=PROGRESS_EVENT,
                 resource={"prefect.resource.id": f"trainyard.job.{plan.job_id}", "prefect.resource.name": plan.job_id},
-                payload={"epochs_done": epochs, "epochs": job.hyperparameters.epochs, "metrics": shown},
+                payload={
+                    "epochs_done": epochs,
+                    "epochs": job.hyperparameters.epochs,
+                    "metrics": final_metrics([shown]),  # as the summary's: no bookkeeping (steps, FLOPs)
+                },
             )
             reported, told_through = time.monotonic(), epochs
 
@@ -110,13 +114,6 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         try:
             with watch, _stop_when_tagged(Path(handle.job_dir), logger):
                 record["outcome"] = supervisor.train(handle, plan, job, on_progress, on_event)
-            record["elsewhere"] = accounting.energy_elsewhere(Path(handle.job_dir), machine_id())
-            if record["elsewhere"]:  # groups on other nodes: outside this machine's meter, added to the stage
-                logger.info(
-                    "%d group attempt(s) ran on other machines: their %.4g kWh (at PUE 1) count in the training stage",
-                    record["elsewhere"]["attempts"],
-                    record["elsewhere"]["energy_kwh"],
-                )
             tell()  # the last epochs, which the once-a-second rule may have held back
             # Every job that trained gets its curves (loss, metrics, kept fraction), stopped ones included:
             # only a completed job is registered, with its own copy.
@@ -124,6 +121,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
                 path = Path(plan.train_data).parent / "training_curves.png"
                 live.log_file(plots.plot_history(record["outcome"].history, path, plan.job_id))
         finally:
+            # groups on other nodes: outside this machine's meter, added to the stage (stopped or failed too)
+            record["elsewhere"] = _energy_elsewhere(Path(handle.job_dir), logger)
             live.close()
         record["carbon_live"] = watch.samples
     outcome = record["outcome"]
@@ -131,6 +130,23 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         "training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps, len(outcome.failures)
     )
     return record
+
+
+def _energy_elsewhere(job_dir: Path, logger) -> dict | None:
+    """``accounting.energy_elsewhere`` for this machine, said in the log; None (and a warning) if it cannot
+    be read: the stage's own figures stand."""
+    try:
+        elsewhere = accounting.energy_elsewhere(job_dir, machine_id())
+    except (OSError, ValueError, KeyError) as exc:
+        logger.warning("could not read the energy of groups on other machines: %s", exc)
+        return None
+    if elsewhere:
+        logger.info(
+            "%d group attempt(s) ran on other machines: their %.4g kWh (at PUE 1) count in the training stage",
+            elsewhere["attempts"],
+            elsewhere["energy_kwh"],
+        )
+    return elsewhere
 
 
 STOP_POLL_SECONDS = 5.0

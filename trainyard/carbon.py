@@ -106,8 +106,8 @@ def meter(
         record.measurement_mode = measurement_mode(tracker) if data is not None else "unavailable"
         if data is None:
             logging.getLogger(__name__).warning(
-                "carbon: the %s stage's energy could not be measured (codecarbon did not start; its log says "
-                "why): its figures are 0, and a carbon.budget_kg could not be enforced during it",
+                "carbon: %s's energy could not be measured (codecarbon did not start; its log says why): "
+                "its figures are 0, and nothing past a carbon.budget_kg was seen while it ran",
                 stage,
             )
         if data is not None:
@@ -169,11 +169,18 @@ def add_elsewhere(stage: dict, elsewhere: dict, settings: Carbon) -> dict:
     added = dict(stage)
     kwh = elsewhere["energy_kwh"] * settings.pue
     intensity = stage["emissions_kg"] / stage["energy_kwh"] if stage["energy_kwh"] > 0 else 0.0
+    if not intensity:  # this machine's meter read nothing (it did not start): no intensity to borrow
+        logging.getLogger(__name__).warning(
+            "carbon: %.4g kWh of groups on other machines added with no emissions: this machine's %s meter, "
+            "whose grid intensity they take, measured nothing",
+            kwh,
+            stage["stage"],
+        )
     added["energy_kwh"] += kwh
     added["emissions_kg"] += kwh * intensity
     for device in ("cpu", "gpu", "ram"):
         added[f"{device}_energy_kwh"] += elsewhere[f"{device}_energy_kwh"] * settings.pue
-    added["measurement_mode"] = f"{stage['measurement_mode']};other machines' groups:{elsewhere['measurement_mode']}"
+    added["measurement_mode"] = f"{stage['measurement_mode']} (other machines' groups: {elsewhere['measurement_mode']})"
     return added
 
 

@@ -28,6 +28,7 @@ from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import home, new_job_id, write_json_atomic
 from trainyard.spec import TrainingJob, parse_job
 from trainyard.spec.sections import MOST_REPLICAS
+from trainyard.status import LAST_EPOCH_SIFTING
 
 app = typer.Typer(
     help="Trainyard: managed ML training as Prefect pipelines.",
@@ -314,7 +315,7 @@ def print_summary(summary: dict) -> None:
     table.add_column("what")
     table.add_column("value", justify="right")
     for key, value in summary.get("metrics", {}).items():  # the last epoch's
-        table.add_row(key, _cell(value))
+        table.add_row(f"{key} (last epoch)" if key in LAST_EPOCH_SIFTING else key, _cell(value))
     sifting = summary.get("sifting") or {}
     if sifting.get("enabled"):  # the job's, over every epoch (the summary's ``sifting`` has them by epoch)
         online = sifting.get("online") or {}

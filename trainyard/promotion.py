@@ -81,8 +81,8 @@ def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
             decision = GateDecision(True, "already champion")  # an earlier attempt moved the alias, then stopped
             break
         rejected = champion is not None and (champion.tags or {}).get(APPROVAL_TAG) == REJECTED
-        if rejected:  # a person judged it unfit: not a bar for the versions after it (they may replace it)
-            decision = decide(rule, ours, None, False, emissions)
+        if rejected and rule is not None:  # judged unfit by a person: no bar to the next version the gate passes
+            decision = decide(rule, ours, None, True, emissions)  # as a champion with no metric: beaten if ours is one
             if decision.wins:
                 decision = GateDecision(True, f"the champion v{champion.version} was Rejected")
         else:

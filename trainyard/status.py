@@ -198,15 +198,14 @@ NOT_METRICS = (
     "epoch",
     "elapsed_seconds",
     "group_train_flops",
-    # sifting's figures of the last epoch: the job's are in the summary's ``sifting`` (totals and by epoch),
-    # where one of them alone under ``metrics`` read as the job's
-    "kept_fraction",
-    "mean_keep_probability",
-    "pruned_fraction",
     "kept_fraction_by_class",
     "trained_fraction_by_class",
     "steps",
 )
+
+
+# Under ``metrics``, sifting's figures are the last epoch's; the job's are the summary's ``sifting`` section.
+LAST_EPOCH_SIFTING = ("kept_fraction", "mean_keep_probability", "pruned_fraction")
 
 
 def final_metrics(history: list[dict]) -> dict:

@@ -274,4 +274,9 @@ def test_groups_on_other_machines_are_added_to_the_training_stage_and_this_machi
     assert energy["gpu_energy_kwh"] == pytest.approx(alone["gpu_energy_kwh"] + 0.375, abs=1e-4)
     intensity = energy["emissions_kg"] / energy["energy_kwh"]
     assert intensity == pytest.approx(alone["emissions_kg"] / alone["energy_kwh"], rel=1e-3) and intensity > 0
-    assert energy["measurement_mode"].endswith(";other machines' groups:cpu:load,gpu:nvml")
+    assert energy["measurement_mode"].endswith(" (other machines' groups: cpu:load,gpu:nvml)")
+    # a training stage that failed or was stopped counts them too
+    with pytest.raises(KeyboardInterrupt) as stopped, stage_meter("training", job) as record:
+        record["elsewhere"] = elsewhere
+        raise KeyboardInterrupt
+    assert stopped.value.stage_record["energy"]["energy_kwh"] >= 0.75
