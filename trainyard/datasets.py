@@ -220,6 +220,8 @@ def _numeric_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     array = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if array.null_count == 0 and (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
         return np.from_dlpack(array)
+    if pa.types.is_decimal(array.type):  # a DECIMAL(10,2) price, say: as the float it is to the model
+        return pc.cast(array, pa.float64()).to_numpy(zero_copy_only=False)
     if pa.types.is_boolean(array.type) and array.null_count:
         # as floats: pyarrow gives a boolean column with nulls as Python objects, which no finiteness check takes
         array = pc.cast(array, pa.float64())

@@ -114,8 +114,13 @@ _NUMBER = r"^\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*$"
 
 
 def is_numeric(dtype: pa.DataType) -> bool:
-    """Whether a column of this type can be a feature (integers, floats, booleans)."""
-    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
+    """Whether a column of this type can be a feature (integers, floats, decimals, booleans)."""
+    return (
+        pa.types.is_integer(dtype)
+        or pa.types.is_floating(dtype)
+        or pa.types.is_decimal(dtype)
+        or (pa.types.is_boolean(dtype))
+    )
 
 
 def left_out_columns(

@@ -361,3 +361,15 @@ def test_csv_header_and_column_problems_name_the_object_and_the_fix(bucket, tmp_
     manifest, channel = stage(bucket, tmp_path, "csv", prefix="csv/")
     with pytest.raises(DataError, match=rf"^s3://{bucket}/csv/{message}"):
         datasets.prepare({"train": manifest}, {"train": channel}, "classification", tmp_path / "d")
+
+
+def test_a_decimal_column_is_a_numeric_feature():
+    import decimal
+
+    prices = pa.array([decimal.Decimal("1.50"), decimal.Decimal("2.25")], pa.decimal128(10, 2))  # DECIMAL(10,2)
+    table = pa.table({"price": prices, "label": [0, 1]})
+    channel = Channel(s3_uri="s3://bkt/t/", label="label")
+    schema = datasets.infer_schema(table, channel, "classification")
+    assert schema.features == ["price"] and table_checks.left_out_columns(table, channel) == []
+    x, _ = datasets.to_arrays(table, schema, "here")
+    assert x.dtype == np.float32 and x[:, 0].tolist() == [1.5, 2.25]

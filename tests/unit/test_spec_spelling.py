@@ -24,6 +24,15 @@ def test_an_unknown_field_in_any_section_names_the_closest_known_one():
         "carbon.country_iso: unknown field; did you mean country_iso_code? remove it or fix its spelling",
     ):
         assert line in found, found
+    # in a list's item, and in a channel beside train and validation
+    drill = minimal(elastic={"fault_injection": [{"replica": 0, "at_stpe": 3, "kind": "kill"}]})
+    assert "elastic.fault_injection.0.at_stpe: unknown field; did you mean at_step? remove it or fix its spelling" in (
+        problems(drill)
+    )
+    side = {"train": {"s3_uri": "s3://bkt/train/", "label": "y"}, "extra": {"s3_uri": "s3://bkt/x/", "lable": "z"}}
+    assert "inputs.extra.lable: unknown field; did you mean label? remove it or fix its spelling" in problems(
+        minimal(algorithm={"entrypoint": "a.b:c"}, inputs=side)
+    )
     # nothing close: no guess
     assert "output.colour: unknown field; remove it or fix its spelling" in problems(
         minimal(output={"s3_uri": "s3://bkt/out/", "colour": "red"})

@@ -69,9 +69,9 @@ def _known_fields(loc: tuple) -> list[str]:
     "did you mean"; none where the path does not lead to a section (a dict's key, a list's index)."""
     models: list[type[BaseModel]] = [TrainingJob]
     for part in loc[:-1]:
-        models = [
-            m for model in models if part in model.model_fields for m in _models_in(model.model_fields[part].annotation)
-        ]
+        if isinstance(part, int):  # a list's item: of the sections the list holds
+            continue
+        models = [m for model in models for m in _models_in(_field_type(model, str(part)))]
     return sorted(
         {name for model in models for field, info in model.model_fields.items() for name in _names(field, info)}
     )
@@ -82,6 +82,17 @@ def _names(field: str, info: FieldInfo) -> list[str]:
     alias = info.validation_alias
     others = alias.choices if isinstance(alias, AliasChoices) else [alias] if isinstance(alias, str) else []
     return [field, *(name for name in others if isinstance(name, str))]
+
+
+def _field_type(model: type[BaseModel], name: str) -> Any:
+    """The type of ``model``'s field ``name``; for a name it does not declare, the type of its extra fields
+    (``Inputs``' channels beside train and validation), if it takes any."""
+    if name in model.model_fields:
+        return model.model_fields[name].annotation
+    extra = (
+        typing.get_type_hints(model).get("__pydantic_extra__") if model.model_config.get("extra") == "allow" else None
+    )
+    return typing.get_args(extra)[1] if typing.get_origin(extra) is dict else None
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
