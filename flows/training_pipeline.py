@@ -128,6 +128,7 @@ def training_pipeline(
                 model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
             else:  # stopped (or out of time) before a first step: its parameters are the initial ones
                 logger.warning("job %s ended before its first training step: no model is uploaded", job_id)
+                outputs.remove_model(job, job_id)  # nor is an earlier run's left as this one's
             stages["carbon"] = account(job, [s["energy"] for s in stages.values()], outcome, report)
             carbon_section = stages["carbon"]["carbon"]
             if primary == "Completed":
@@ -215,7 +216,8 @@ def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) ->
         write_json_atomic(written, summary)
         return summary
     ended = (  # the earlier run's end: killed before its summary, or failed after the version (its gate, say)
-        f"which ended {summary['status']} after registering it ({summary.get('failure_reason')})"
+        f"which ended {summary['status']} after registering it ({summary.get('failure_reason')}); this run "
+        "finished its registration"
         if summary is not None
         else "which ended before its summary was written here"
     )
@@ -283,7 +285,8 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
     energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
     # a stage that gave up or was stopped: its compute, and the last epoch's metrics (as SageMaker's final
     # metrics of a stopped job)
-    done = None if outcome else accounting.work_done(make_job_dir(job_id))
+    # (only once this run launched groups: before, the job folder may still hold an earlier run's)
+    done = accounting.work_done(make_job_dir(job_id)) if outcome is None and "launch" in stages else None
     metrics = status.final_metrics(outcome.history if outcome else (done or {}).get("history", []))
     summary = {
         "job_id": job_id,

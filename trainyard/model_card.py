@@ -107,18 +107,17 @@ def render(name: str, job_id: str, tags: dict[str, str], io: dict | None = None)
     channels = sorted({k.split(".")[1] for k in tags if k.startswith("data.") and k.count(".") >= 2})
     lines = [f"# {name}", "", f"Trained by Trainyard job `{job_id}`.", ""]
     if io:
-        meta = io
-        columns = ", ".join(f"`{f}`" for f in meta["features"])
+        columns = ", ".join(f"`{f}`" for f in io["features"])
         lines += [
             "## Inputs and outputs",
             "",
-            f"Input: float32, {len(meta['features'])} columns in this order: {columns}.",
+            f"Input: float32, {len(io['features'])} columns in this order: {columns}.",
         ]
-        if "classes" in meta:
-            classes = ", ".join(f"`{c}`" for c in meta["classes"])
-            lines.append(f"Output: one logit per class of `{meta['label']}`, in order: {classes} (argmax: the class).")
+        if "classes" in io:
+            classes = ", ".join(f"`{c}`" for c in io["classes"])
+            lines.append(f"Output: one logit per class of `{io['label']}`, in order: {classes} (argmax: the class).")
         else:
-            lines.append(f"Output: the predicted `{meta['label']}`, one number per row.")
+            lines.append(f"Output: the predicted `{io['label']}`, one number per row.")
         lines.append("")
     lines += ["## Data", ""]
     if channels:

@@ -59,6 +59,14 @@ def upload_model(job: TrainingJob, job_id: str, model_path: Path, schema: dict) 
     return str(target) + "/"
 
 
+def remove_model(job: TrainingJob, job_id: str) -> None:
+    """Delete the job id's model from its outputs (best effort): a run that trained nothing must not leave an
+    earlier run's model there as if it were its own."""
+    target = job_prefix(job, job_id).join("model")
+    s3.delete_quietly(str(target.join("model.pt")))  # first: a model.pt is never left without its model.json
+    s3.delete_quietly(str(target.join("model.json")))
+
+
 def upload_file(job: TrainingJob, job_id: str, path: Path, name: str) -> str:
     """Upload one of the job's files (the filtered manifest) as ``<job prefix>/<name>``; return its URI."""
     return s3.upload_file(path, str(job_prefix(job, job_id).join(name)))

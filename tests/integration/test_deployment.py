@@ -170,6 +170,7 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     deadline = time.monotonic() + 30
     while (now := client.status(run_id))["progress"] is None and time.monotonic() < deadline:
         time.sleep(1)
+    assert now["progress"] is not None, f"no progress 30 s into training: {now}"
     assert now["progress"]["epochs_done"] >= 1 and now["progress"]["epochs"] == 100_000, now
     assert "val_accuracy" in now["progress"]["metrics"], now
     assert now["secondary_status_transitions"][-1]["message"] == "Training in progress", now
