@@ -171,12 +171,20 @@ def retry_transient(task, task_run, state) -> bool:
 class _KnownErrorsWithoutTraceback(logging.Filter):
     """Prefect logs a task that failed for good with its traceback. A ``TrainyardError`` (bad data, an
     unusable algorithm, a service that stayed down) says what to fix in its message, which the record
-    keeps; its traceback would bury it. Any other exception is a bug and keeps its traceback."""
+    keeps; its traceback would bury it. Any other exception is a bug and keeps its traceback.
+
+    In a deployment's run, Prefect's engine then logs a failed flow's exception once more, as "Engine
+    execution exited with unexpected exception" with its traceback, after "Finished in state Failed(...)"
+    has said it: for a job that failed on a ``TrainyardError`` (``JobFailed``), that record is dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], TrainyardError):
+            if record.msg == ENGINE_EXIT_MESSAGE:
+                return False
             record.exc_info, record.exc_text = None, None
         return True
 
 
-logging.getLogger("prefect.task_runs").addFilter(_KnownErrorsWithoutTraceback())
+ENGINE_EXIT_MESSAGE = "Engine execution exited with unexpected exception"  # prefect.flow_engine.run_flow's
+for _logger in ("prefect.task_runs", "prefect.flow_runs"):
+    logging.getLogger(_logger).addFilter(_KnownErrorsWithoutTraceback())

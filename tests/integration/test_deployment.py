@@ -52,6 +52,12 @@ def test_run_deployment_runs_the_pipeline(deployed, bucket):
     assert summary["status"] == "Completed"
     assert summary["prefect_flow_run_id"] == str(run.id)
     assert mlflow.MlflowClient(mlflow_uri).get_registered_model("deployed-job").name == "deployed-job"
+    # a data mistake fails the run with its message, and its logs (what a service reads) hold no traceback
+    spec["inputs"]["train"]["s3_uri"] = "s3://no-such-bucket-here/train/"
+    failed = client.wait(client.submit(spec), timeout_seconds=180)
+    assert failed["status"] == "Failed" and "no-such-bucket-here" in failed["failure_reason"], failed
+    lines = [entry["message"] for entry in client.logs(failed["flow_run_id"])]
+    assert lines and not [line for line in lines if "Traceback" in line], "\n".join(lines)
 
 
 def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, bucket, tmp_path):
