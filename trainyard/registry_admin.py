@@ -59,6 +59,9 @@ def set_approval(name: str, ref: str, status: str) -> dict:
     )
 
 
+BY_HAND = "champion: promoted by hand"
+
+
 def promote(name: str, ref: str) -> dict:
     """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
 
@@ -67,7 +70,10 @@ def promote(name: str, ref: str) -> dict:
         candidate = promotion.alias_version(client, name, promotion.CANDIDATE)
         if candidate is not None and str(candidate.version) == str(version.version):
             client.delete_registered_model_alias(name, promotion.CANDIDATE)
-        client.set_model_version_tag(name, version.version, promotion.GATE_TAG, "champion: promoted by hand")
+        gate = (version.tags or {}).get(promotion.GATE_TAG)
+        if not (gate or "").startswith(BY_HAND):  # the gate's own decision is kept beside it, for the record
+            gate = BY_HAND + (f" (the gate had said: {gate})" if gate else "")
+        client.set_model_version_tag(name, version.version, promotion.GATE_TAG, gate)
 
     return _with_version(name, ref, "promoting", move)
 

@@ -228,6 +228,8 @@ def test_models_cli_lists_shows_approves_rejects_and_promotes(tracking, tmp_path
     client = mlflow.MlflowClient(tracking)
     champion = client.get_model_version_by_alias("reg-test", "champion")
     assert str(champion.version) == "2" and champion.tags["approval_status"] == "Approved"
+    # the gate's own decision stays on record beside the hand's
+    assert champion.tags["trainyard.gate"].startswith("champion: promoted by hand (the gate had said: candidate: ")
     assert runner.invoke(app, ["models", "reject", "reg-test", "1"]).exit_code == 0
     assert client.get_model_version("reg-test", "1").tags["approval_status"] == "Rejected"
     refused = runner.invoke(app, ["models", "promote", "reg-test", "1"])
