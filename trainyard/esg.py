@@ -238,15 +238,28 @@ def plot_ledger(rows: list[dict], path) -> None:
     """Emissions per job over time, and the running total (PNG)."""
     from trainyard.plots import plt
 
-    kg = [float(r["emissions_kg"] or 0) for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    ax.bar(range(len(rows)), [v * 1000 for v in kg], color="tab:green", label="per job (g)")
-    ax.set(xlabel="job (oldest first)", ylabel="gCO2e", title="Training emissions by job")
-    total = ax.twinx()
-    running = [sum(kg[: i + 1]) * 1000 for i in range(len(kg))]
-    total.plot(range(len(rows)), running, color="black", marker=".", label="running total (g)")
-    total.set_ylabel("running total, gCO2e")
-    fig.legend(loc="upper left")
-    fig.tight_layout()
+    fig = ledger_figure(rows)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def ledger_figure(rows: list[dict]):
+    """``plot_ledger``'s figure: a bar per job, named by when it finished, and the running total."""
+    from trainyard.plots import plt
+
+    kg = [float(r["emissions_kg"] or 0) for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    bars = ax.bar(range(len(rows)), [v * 1000 for v in kg], color="tab:green", label="per job (g)")
+    ax.set(xlabel="job, by when it finished (UTC)", ylabel="gCO2e", title="Training emissions by job")
+    # each bar named by when its job finished (a job id is too long to read under a bar); at most ~20 names
+    every = max(1, -(-len(rows) // 20))
+    shown = range(0, len(rows), every)
+    ax.set_xticks(list(shown), [str(rows[i].get("finished_at") or "")[:16].replace("T", " ") for i in shown])
+    ax.tick_params(axis="x", labelrotation=45, labelsize="small")
+    total = ax.twinx()
+    running = [sum(kg[: i + 1]) * 1000 for i in range(len(kg))]
+    (line,) = total.plot(range(len(rows)), running, color="black", marker=".", label="running total (g)")
+    total.set_ylabel("running total, gCO2e")
+    ax.legend(handles=[bars, line], loc="upper left", fontsize="small")  # inside the axes, not over the frame
+    fig.tight_layout()
+    return fig

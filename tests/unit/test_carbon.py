@@ -154,6 +154,11 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
     assert "job-0-churn-mlp-20261100-101500-a3f9c0" in result.output
     assert (tmp_path / "l.csv").read_text().count("\n") == 3 and (tmp_path / "l.png").stat().st_size > 1000
     assert "0.01235" in result.output and "0.03704" in result.output  # each job's market-based kg, and their total
+    # the chart names each bar by when its job finished, and its legend sits inside the axes
+    figure = esg.ledger_figure(esg.read_ledger(f"s3://{bucket}/out/"))
+    bars = figure.axes[0]
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["2026-11-01 10:00", "2026-11-20 10:00"]
+    assert [t.get_text() for t in bars.get_legend().get_texts()] == ["per job (g)", "running total (g)"]
     for args, code, says in (
         (["--since", "yesterday"], 2, "--since 'yesterday': not a date"),
         (["--csv", str(tmp_path / "no-such-folder" / "l.csv")], 2, "no-such-folder does not exist"),
