@@ -142,14 +142,7 @@ def _with_earlier(attempt: dict, earlier: list[dict]) -> dict:
     if not earlier:
         return {k: attempt[k] for k in ("stage", "seconds", "energy")}
     energy = dict(attempt["energy"])
-    for field in (
-        "energy_kwh",
-        "emissions_kg",
-        "duration_seconds",
-        "cpu_energy_kwh",
-        "gpu_energy_kwh",
-        "ram_energy_kwh",
-    ):
+    for field in carbon.StageEnergy.ADDED:
         energy[field] = sum(a["energy"][field] for a in earlier) + attempt["energy"][field]
     seconds = sum(a["seconds"] for a in earlier) + attempt["seconds"]
     return {"stage": attempt["stage"], "seconds": seconds, "energy": energy, "attempts": len(earlier) + 1}

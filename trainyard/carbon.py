@@ -40,6 +40,9 @@ class StageEnergy:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    ADDED = ("energy_kwh", "emissions_kg", "duration_seconds", "cpu_energy_kwh", "gpu_energy_kwh", "ram_energy_kwh")
+    """The fields that add up across attempts and runs (all but ``stage`` and ``measurement_mode``)."""
+
     def reading(self) -> tuple[float, float]:
         """``(kWh, kgCO2e)`` so far, while the meter runs (the final figures after it stops)."""
         return self.energy_kwh, self.emissions_kg

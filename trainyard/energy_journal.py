@@ -20,10 +20,11 @@ import threading
 import time
 from pathlib import Path
 
+from trainyard.carbon import StageEnergy
 from trainyard.home import write_json_atomic
 
 EARLIER_STAGE = "earlier runs"
-FIELDS = ("energy_kwh", "emissions_kg", "duration_seconds", "cpu_energy_kwh", "gpu_energy_kwh", "ram_energy_kwh")
+FIELDS = StageEnergy.ADDED
 
 
 def _folder(job_dir: Path | str) -> Path:

@@ -96,11 +96,22 @@ def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
         if now is None or str(now.version) == str(version.version):
             break
     if decision.wins:  # an earlier attempt's gate may have made it candidate, then stopped before its tag
-        candidate = alias_version(client, name, CANDIDATE)
-        if candidate is not None and str(candidate.version) == str(version.version):
-            client.delete_registered_model_alias(name, CANDIDATE)
+        _drop_candidate(client, name, version)
     client.set_model_version_tag(name, version.version, GATE_TAG, f"{_role(decision)}: {decision.reason}")
     return decision
+
+
+def make_champion(client, name: str, version) -> None:
+    """Point ``champion`` at ``version`` by hand (``trainyard models promote``); ``candidate`` leaves it."""
+    client.set_registered_model_alias(name, CHAMPION, version.version)
+    _drop_candidate(client, name, version)
+
+
+def _drop_candidate(client, name: str, version) -> None:
+    """``candidate`` off ``version``, where it points there (a champion is no candidate)."""
+    candidate = alias_version(client, name, CANDIDATE)
+    if candidate is not None and str(candidate.version) == str(version.version):
+        client.delete_registered_model_alias(name, CANDIDATE)
 
 
 def _role(decision: GateDecision) -> str:

@@ -66,10 +66,7 @@ def promote(name: str, ref: str) -> dict:
     """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
 
     def move(client, version) -> None:
-        client.set_registered_model_alias(name, promotion.CHAMPION, version.version)
-        candidate = promotion.alias_version(client, name, promotion.CANDIDATE)
-        if candidate is not None and str(candidate.version) == str(version.version):
-            client.delete_registered_model_alias(name, promotion.CANDIDATE)
+        promotion.make_champion(client, name, version)
         gate = (version.tags or {}).get(promotion.GATE_TAG)
         if not (gate or "").startswith(BY_HAND):  # the gate's own decision is kept beside it, for the record
             gate = BY_HAND + (f" (the gate had said: {gate})" if gate else "")
