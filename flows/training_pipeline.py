@@ -22,7 +22,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from pydantic import Field
 
-from tasks._metering import journal
+from tasks._metering import journal, stage_meter
 from tasks.carbon import account
 from tasks.filtering import filter_samples
 from tasks.launch import launch_groups
@@ -38,6 +38,9 @@ from trainyard.redaction import redact_exception, redact_text
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import accounting, supervisor
 from trainyard.training.plan import TrainingPlan
+
+UPLOADING = "uploading"  # the model's upload, between training and carbon: timed and metered as a stage is
+TIMED = (*STAGES[:4], UPLOADING, *STAGES[4:])  # the summary's timings, in the order they run
 
 
 class JobFailed(TrainyardError):
@@ -125,7 +128,9 @@ def training_pipeline(
             primary, secondary = status.primary_status(outcome.stop_reason)
             if outcome.steps > 0 or primary == "Completed":
                 log.enter("Uploading", "Uploading the trained model")
-                model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
+                with stage_meter(UPLOADING, job) as uploaded:  # a large model's upload takes its time and energy
+                    model_uri = outputs.upload_model(job, job_id, Path(outcome.model_path), staged.schema)
+                stages[UPLOADING] = uploaded  # (failed, it is the exception's stage_record: _add_failed_stage)
             else:  # stopped (or out of time) before a first step: its parameters are the initial ones
                 logger.warning("job %s ended before its first training step: no model is uploaded", job_id)
                 outputs.remove_model(job, job_id)  # nor is an earlier run's left as this one's
@@ -324,7 +329,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
         else None,
         "data": {"channels": stages.get("staging", {}).get("channels", {})},
         "model": model,
-        "timings": {name: round(stages[name]["seconds"], 3) for name in STAGES if name in stages},
+        "timings": {name: round(stages[name]["seconds"], 3) for name in TIMED if name in stages},
         "output_uri": str(outputs.job_prefix(job, job_id)) + "/",
         "prefect_flow_run_id": flow_run.get_id(),
     }

@@ -8,4 +8,5 @@ __version__ = "0.1.0"
 
 STAGES = ("staging", "launch", "filtering", "training", "carbon", "registry")
 """The six pipeline stages, in order. Each name is shared by the engine module, the task
-module, the tests and the summary's ``timings`` / ``carbon.by_stage`` keys."""
+module, the tests and the summary's ``timings`` / ``carbon.by_stage`` keys (where the model's
+``uploading``, between training and carbon, is timed and metered too)."""

@@ -65,8 +65,9 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert summary["metrics"]["val_accuracy"] > 0.85 and summary["metrics"]["epochs"] == 3
     assert "group_train_flops" not in summary["metrics"]  # per-epoch bookkeeping: FLOPs are in "compute"
     assert "steps" not in summary["metrics"]  # the job's steps are in "compute", an epoch's in "training"
-    assert set(summary["timings"]) == set(STAGES)
-    assert set(summary["carbon"]["by_stage"]) == set(STAGES)
+    # the six stages, and the model's upload between training and carbon, each timed and metered
+    assert list(summary["timings"]) == [*STAGES[:4], "uploading", *STAGES[4:]]
+    assert set(summary["carbon"]["by_stage"]) == {*STAGES, "uploading"}
     compute = summary["compute"]
     assert compute["flops_total"] == compute["flops_forward"] + compute["flops_backward"] + compute["flops_evaluation"]
     assert compute["samples_trained"] == 3 * 600
