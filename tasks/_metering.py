@@ -24,8 +24,11 @@ _JOURNAL: ContextVar[energy_journal.Journal | None] = ContextVar("trainyard_ener
 JOURNAL_SECONDS = 10.0  # how often a running stage's figures are written: at most this much is lost to a kill
 
 # Failed attempts' time and energy, by task run: Prefect retries a task as the same run, and the attempt
-# that ends it (in success or failure) counts every attempt's, not only its own.
+# that ends it (in success or failure) counts every attempt's, not only its own. A task that failed for
+# good leaves its entry (nothing says it will not be retried): the oldest go past EARLIER_KEPT, so that a
+# worker process that runs job after job does not grow without end.
 _EARLIER_ATTEMPTS: dict[Any, list[dict]] = {}
+EARLIER_KEPT = 256
 
 
 @contextmanager
@@ -62,6 +65,8 @@ def stage_meter(stage: str, job: TrainingJob) -> Iterator[dict]:
             exc.stage_record = _with_earlier(this, earlier)  # type: ignore[attr-defined]
             if run is not None:
                 _EARLIER_ATTEMPTS[run] = [*earlier, this]
+                while len(_EARLIER_ATTEMPTS) > EARLIER_KEPT:
+                    del _EARLIER_ATTEMPTS[next(iter(_EARLIER_ATTEMPTS))]
             _journal_ended(journal, stage, exc.stage_record["energy"])  # type: ignore[attr-defined]
         raise
     record["energy"] = _measured(record, energy, job)

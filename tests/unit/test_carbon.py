@@ -285,3 +285,21 @@ def test_groups_on_other_machines_are_added_to_the_training_stage_and_this_machi
         record["elsewhere"] = elsewhere
         raise KeyboardInterrupt
     assert stopped.value.stage_record["energy"]["energy_kwh"] >= 0.75
+
+
+def test_failed_attempts_kept_for_retries_are_bounded(monkeypatch):
+    # a task that failed for good leaves its attempts' record (nothing says it will not be retried); a worker
+    # process running job after job keeps only the newest EARLIER_KEPT
+    from types import SimpleNamespace
+
+    from tasks import _metering
+
+    monkeypatch.setattr(_metering, "_EARLIER_ATTEMPTS", {})
+    monkeypatch.setattr(_metering, "EARLIER_KEPT", 2)
+    job = parse_job(minimal(carbon={"measure_power_secs": 1}))
+    for run in ("a", "b", "c"):
+        context = SimpleNamespace(task_run=SimpleNamespace(id=run))
+        monkeypatch.setattr(_metering.TaskRunContext, "get", staticmethod(lambda c=context: c))
+        with pytest.raises(ValueError), _metering.stage_meter("staging", job):
+            raise ValueError("failed for good")
+    assert list(_metering._EARLIER_ATTEMPTS) == ["b", "c"]
