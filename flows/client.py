@@ -157,7 +157,8 @@ def status(run_id: str) -> dict[str, Any]:
         progress = _progress(api, job_id, since) if training else None
     state = run.state.type.value if run.state else "PENDING"
     primary = _run_status(run.state)
-    if state == "COMPLETED" and transitions:  # the run completes for a Stopped job too: its last status says
+    if state in ("COMPLETED", "CRASHED") and transitions:  # its last status says how the job itself ended:
+        # a Stopped job's run completes, and one told to stop by something else (a worker shut down) is Crashed
         primary = _FINAL.get(transitions[-1]["status"], primary)
     reason = (ended or {}).get("failure_reason")
     if reason is None and ended is None and state in ("FAILED", "CRASHED") and run.state.message:

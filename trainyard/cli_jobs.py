@@ -126,8 +126,8 @@ def stop(
         typer.Option(
             "--graceful",
             help="Keep what the job learnt: every group stops at its next step boundary, the model trained so "
-            "far is uploaded and the job ends Stopped (not registered). A job not training yet stops at its "
-            "first step.",
+            "far is uploaded and the job ends Stopped (not registered). A job not training yet stops before "
+            "its first step, with no model.",
         ),
     ] = False,
 ) -> None:

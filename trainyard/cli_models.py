@@ -89,7 +89,8 @@ def approve(name: Name, version: Ref) -> None:
 
 @models_app.command()
 def reject(name: Name, version: Ref) -> None:
-    """Mark a version Rejected. A rejected champion stays champion until another version is promoted."""
+    """Mark a version Rejected. A rejected champion stays champion until another version replaces it: one
+    promoted by hand, or, under a registry.promote_if gate, the next version the gate passes."""
     info = _call(registry_admin.set_approval, name, version, "Rejected")
     say(out(), f"{name} version {info['version']}: Rejected")
     if "champion" in info["aliases"]:

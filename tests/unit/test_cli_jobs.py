@@ -128,3 +128,33 @@ def test_a_services_mistakes_are_told_apart_by_type_not_by_their_words(monkeypat
         monkeypatch.setattr(client, "status", lambda run_id: training)
         with pytest.raises(client.WaitTimeout, match="still Training after 0.1 s"):
             client.wait("any", timeout_seconds=0.1, poll_seconds=0.05)
+
+
+def test_a_crashed_run_whose_job_wrote_its_end_has_the_jobs_status(monkeypatch):
+    # a worker shut down (SIGTERM, not a cancel): Prefect marks the run Crashed, the job ended Stopped first
+    import contextlib
+    from types import SimpleNamespace
+
+    from flows import client
+
+    def run(state: str):
+        return SimpleNamespace(
+            id="r",
+            name="j",
+            parameters={"job_id": "j"},
+            created=None,
+            state=SimpleNamespace(type=SimpleNamespace(value=state), name=state.title(), message="crashed"),
+        )
+
+    ended = [
+        {"status": "Training", "start_time": "2026-12-05T10:00:00+00:00"},
+        {"status": "Stopped", "start_time": "t1"},
+    ]
+    monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(None))
+    monkeypatch.setattr(client, "_job_events", lambda api, job_id, since: (ended, None))
+    monkeypatch.setattr(client, "_read_run", lambda api, run_id: run("CRASHED"))
+    monkeypatch.setattr(client, "_progress", lambda api, job_id, since: None)
+    assert client.status("r")["status"] == "Stopped"
+    # one that crashed before the job could say how it ended (killed outright) stays Failed
+    monkeypatch.setattr(client, "_job_events", lambda api, job_id, since: (ended[:1], None))
+    assert client.status("r")["status"] == "Failed"
