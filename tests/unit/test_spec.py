@@ -3,36 +3,13 @@ section's own checks and defaults are ``test_spec_sifting.py``."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.unit.specs import minimal, problems
+from tests.unit.specs import DESIGN_EXAMPLE, minimal, problems
 from trainyard.cli import app
-from trainyard.errors import SpecError
-from trainyard.spec import TrainingJob, apply_overrides, ignored_settings, load_job, parse_job
-
-DESIGN_EXAMPLE = textwrap.dedent(
-    """
-    name: churn-mlp
-    algorithm: {builtin: mlp-classifier}
-    hyperparameters: {epochs: 10, batch_size: 256, learning_rate: 0.001, hidden_sizes: [128, 128],
-                      weight_decay: 0.0, seed: 0}
-    inputs:
-      train: {s3_uri: "s3://bucket/churn/train/", format: parquet, label: churned}
-      validation: {s3_uri: "s3://bucket/churn/val/", format: parquet, label: churned}
-    output: {s3_uri: "s3://bucket/churn/output/"}
-    resources: {replicas: 2, min_replicas: 1, max_replicas: 4, work_pool: local}
-    sifting: {enabled: true}
-    elastic: {fault_injection: [{replica: 1, at_step: 40, kind: kill}]}
-    stopping: {max_runtime_seconds: 3600, target_metric: {name: val_accuracy, value: 0.95}, patience_epochs: 3}
-    carbon: {country_iso_code: IRL, pue: 1.2, budget_kg: 5.0}
-    registry: {model_name: churn-mlp, promote_if: {metric: val_accuracy, mode: max}}
-    retries: {max_attempts: 3}
-    """
-)
+from trainyard.spec import TrainingJob, ignored_settings, load_job, parse_job
 
 
 def test_design_example_parses(tmp_path):
@@ -139,64 +116,6 @@ def test_replica_bounds_and_algorithm_choice():
 
 def test_regression_builtin_sets_task():
     assert parse_job(minimal(algorithm={"builtin": "linear-regression"})).algorithm.task == "regression"
-
-
-def test_overrides_apply_yaml_values():
-    data = minimal()
-    apply_overrides(
-        data,
-        [
-            "hyperparameters.epochs=5",
-            "resources.replicas=2",
-            "stopping.max_runtime_seconds=600",
-            "carbon.pue=1.2",
-        ],
-    )
-    job = parse_job(data)
-    assert job.hyperparameters.epochs == 5
-    assert job.resources.replicas == 2
-    assert job.stopping.max_runtime_seconds == 600 and job.carbon.pue == 1.2
-    with pytest.raises(SpecError, match="key.path=value"):
-        apply_overrides(minimal(), ["novalue"])
-
-
-def test_load_job_reports_missing_file_and_bad_yaml(tmp_path):
-    with pytest.raises(SpecError, match="no such file"):
-        load_job(tmp_path / "nope.yaml")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("name: [unclosed")
-    with pytest.raises(SpecError, match="not valid YAML") as refused:
-        load_job(bad)
-    assert f'in "{bad}", line 1' in str(refused.value)  # the file named where the error is, not "<unicode string>"
-
-
-def test_unreadable_job_files_and_bad_override_values_are_spec_errors(tmp_path):
-    with pytest.raises(SpecError, match="is a folder"):
-        load_job(tmp_path)
-    latin1 = tmp_path / "latin1.yaml"
-    latin1.write_bytes("name: caf\xe9\n".encode("latin-1"))
-    with pytest.raises(SpecError, match="not UTF-8"):
-        load_job(latin1)
-    with pytest.raises(SpecError, match=r"--set 'name=\[unclosed': the value is not valid YAML"):
-        apply_overrides(minimal(), ["name=[unclosed"])
-    result = CliRunner().invoke(app, ["validate", str(tmp_path)])
-    # rich wraps at 80 columns, where a longer temporary path (another user's, pytest-xdist's) moves the break
-    assert result.exit_code == 2 and "is a folder" in " ".join(result.output.split())
-
-
-def test_validate_command(tmp_path):
-    runner = CliRunner()
-    good = tmp_path / "good.yaml"
-    good.write_text(DESIGN_EXAMPLE)
-    result = runner.invoke(app, ["validate", str(good)])
-    assert result.exit_code == 0, result.output
-    assert "valid job" in result.stdout  # the result on stdout, warnings on stderr
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(DESIGN_EXAMPLE.replace("replicas: 2,", "replicas: 9,"))
-    result = runner.invoke(app, ["validate", str(bad), "--set", "hyperparameters.epochs=0"])
-    assert result.exit_code == 2
-    assert "hyperparameters.epochs" in result.output
-    assert "Traceback" not in result.output
 
 
 def test_job_schema_has_descriptions_for_the_ui_form():
