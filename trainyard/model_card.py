@@ -92,6 +92,11 @@ def final_metrics(history: list[dict], names: Collection[str]) -> dict[str, floa
     return final
 
 
+def tagged_metrics(tags: dict[str, str]) -> dict[str, str]:
+    """A version's final metrics from its ``metrics.<name>`` tags (``lineage_tags``), by name, sorted."""
+    return {k.removeprefix(METRIC_TAG_PREFIX): v for k, v in sorted(tags.items()) if k.startswith(METRIC_TAG_PREFIX)}
+
+
 def io_metadata(schema: dict) -> dict:
     """What the model takes and gives, from the training plan's schema: its input columns in order, and
     for a classifier the class each output (logit) stands for, in order."""
@@ -132,7 +137,7 @@ def render(name: str, job_id: str, tags: dict[str, str], io: dict | None = None)
             "",
             f"The prefilter chose the training rows: filtered manifest `{tags['sifting.filtered_manifest_digest']}`.",
         ]
-    metrics = {k.removeprefix(METRIC_TAG_PREFIX): v for k, v in tags.items() if k.startswith(METRIC_TAG_PREFIX)}
+    metrics = tagged_metrics(tags)
     lines += ["", "## Metrics", "", "| metric | final value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in sorted(metrics.items())] or ["| (none) | |"]
     lines += ["", "## Compute and carbon", "", "| what | value |", "| --- | --- |"]

@@ -4,8 +4,7 @@
 
 from __future__ import annotations
 
-from trainyard import promotion
-from trainyard.model_card import METRIC_TAG_PREFIX
+from trainyard import model_card, promotion
 from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, embedded_store, model_summary, tracking_uri
 from trainyard.registry_errors import ModelNotFound, service_errors, translate
 
@@ -26,7 +25,9 @@ def list_versions(name: str | None = None) -> list[dict]:
         if name is not None:
             client.get_registered_model(name)  # an unknown name is a mistake, not an empty list
         found = client.search_model_versions(f"name='{name}'" if name else None)
-        rows = [model_summary(client, v.name, v, uri) | {"metrics": _metrics(v)} for v in found]
+        rows = [
+            model_summary(client, v.name, v, uri) | {"metrics": model_card.tagged_metrics(v.tags or {})} for v in found
+        ]
         # search_model_versions leaves out the aliases: the registered model holds them
         aliases = {n: client.get_registered_model(n).aliases or {} for n in {r["name"] for r in rows}}
     except service_errors() as exc:
@@ -34,12 +35,6 @@ def list_versions(name: str | None = None) -> list[dict]:
     for row in rows:
         row["aliases"] = sorted(a for a, v in aliases[row["name"]].items() if int(v) == row["version"])
     return sorted(rows, key=lambda r: (r["name"], -r["version"]))
-
-
-def _metrics(version) -> dict[str, str]:
-    """A version's final metrics, from its ``metrics.<name>`` tags (as the gate reads them)."""
-    tags = version.tags or {}
-    return {k.removeprefix(METRIC_TAG_PREFIX): v for k, v in sorted(tags.items()) if k.startswith(METRIC_TAG_PREFIX)}
 
 
 def describe(name: str, ref: str) -> dict:
