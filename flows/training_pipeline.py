@@ -292,7 +292,11 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
     # metrics of a stopped job)
     # (only once this run launched groups: before, the job folder may still hold an earlier run's)
     done = accounting.work_done(make_job_dir(job_id)) if outcome is None and "launch" in stages else None
-    metrics = status.final_metrics(outcome.history if outcome else (done or {}).get("history", []))
+    metrics = (
+        status.final_metrics(outcome.history, outcome.restored_epoch)
+        if outcome
+        else status.final_metrics((done or {}).get("history", []))
+    )
     summary = {
         "job_id": job_id,
         "job_name": job.name,
@@ -321,6 +325,7 @@ def _summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, f
         ),
         "training": {
             "stop_reason": outcome.stop_reason,
+            "restored_epoch": outcome.restored_epoch,
             "steps_per_epoch": outcome.steps_per_epoch,
             "first_batch_seconds": outcome.first_batch_seconds,
             "replicas_finished": outcome.replicas_finished,

@@ -18,7 +18,7 @@ def account(job: TrainingJob, stage_energy: list[dict], outcome=None, prefilter=
     with stage_meter("carbon", job) as record:
         pass  # the roll-up itself is instant; the meter records this stage's share for completeness
     records = [carbon.StageEnergy(**e) for e in [*stage_energy, record["energy"]]]
-    metrics = status.final_metrics(outcome.history) if outcome else {}
+    metrics = status.final_metrics(outcome.history, outcome.restored_epoch) if outcome else {}
     record["carbon"] = esg.report(carbon.rollup(records, job.carbon), job.carbon, outcome, prefilter, metrics)
     c = record["carbon"]
     logger.info(

@@ -49,7 +49,8 @@ def register_model(
     with stage_meter("registry", job) as record:
         model = load_model(outcome, job, plan)
         example = np.load(plan.validation_data or plan.train_data)["x"][:5]
-        plot = plots.plot_history(outcome.history, Path(plan.train_data).parent / "training_curves.png", job_id)
+        curves = Path(plan.train_data).parent / "training_curves.png"
+        plot = plots.plot_history(outcome.history, curves, job_id, outcome.restored_epoch)
         params = {f"hp.{k}": v for k, v in job.hyperparameters.model_dump().items()}
         params |= {"algorithm": job.algorithm.builtin or job.algorithm.entrypoint, "replicas": job.resources.replicas}
         lineage = {**model_card.training_tags(outcome, job.sifting.enabled), **_prefect_tags(), **tags}
@@ -64,6 +65,7 @@ def register_model(
             {"training_curves": plot} | {name: Path(path) for name, path in (files or {}).items()},
             one_gate_at_a_time,
             plan.schema,
+            outcome.restored_epoch,
         )
     m = record["model"]
     logger.info("registered %s version %s (aliases %s; %s)", m["name"], m["version"], m["aliases"], m["gate"])

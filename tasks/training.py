@@ -119,7 +119,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             # only a completed job is registered, with its own copy.
             if record["outcome"].history:
                 path = Path(plan.train_data).parent / "training_curves.png"
-                live.log_file(plots.plot_history(record["outcome"].history, path, plan.job_id))
+                outcome = record["outcome"]
+                live.log_file(plots.plot_history(outcome.history, path, plan.job_id, outcome.restored_epoch))
         finally:
             # groups on other nodes: outside this machine's meter, added to the stage (stopped or failed too)
             record["elsewhere"] = _energy_elsewhere(Path(handle.job_dir), logger)
@@ -129,7 +130,32 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
     logger.info(
         "training stopped (%s) after %d steps, %d failure(s)", outcome.stop_reason, outcome.steps, len(outcome.failures)
     )
+    _say_restored(job, outcome, logger)
     return record
+
+
+def _say_restored(job: TrainingJob, outcome, logger) -> None:
+    """Which epoch's parameters the model holds, where the job restores its best (``stopping.restore_best``)."""
+    if not job.stopping.restores_best or not outcome.history or outcome.best_epoch is None:
+        return
+    last, watched = outcome.history[-1]["epoch"], job.stopping.watched_metric
+    if outcome.restored_epoch is not None:
+        best = outcome.history[outcome.restored_epoch - 1].get(watched)
+        logger.info(
+            "the model is epoch %d's, the best (%s %.5g); training ran to epoch %d",
+            outcome.restored_epoch,
+            watched,
+            best,
+            last,
+        )
+    elif outcome.best_epoch != last:
+        logger.warning(
+            "epoch %d was the best (%s) but no replica group's copy of its parameters was found: the model is the "
+            "last epoch's (%d)",
+            outcome.best_epoch,
+            watched,
+            last,
+        )
 
 
 def _energy_elsewhere(job_dir: Path, logger) -> dict | None:

@@ -314,8 +314,13 @@ def print_summary(summary: dict) -> None:
     table = Table(title=f"{summary['job_id']}: {summary['status']}", show_header=True)
     table.add_column("what")
     table.add_column("value", justify="right")
-    for key, value in summary.get("metrics", {}).items():  # the last epoch's
-        table.add_row(f"{key} (last epoch)" if key in LAST_EPOCH_SIFTING else key, _cell(value))
+    # the model's epoch's: the last, or the best where the job restored it
+    restored = (summary.get("training") or {}).get("restored_epoch")
+    for key, value in summary.get("metrics", {}).items():
+        label = f"epoch {restored}" if restored else "last epoch"
+        table.add_row(f"{key} ({label})" if key in LAST_EPOCH_SIFTING else key, _cell(value))
+    if restored:
+        table.add_row("model from epoch", f"{restored} (the best)")
     sifting = summary.get("sifting") or {}
     if sifting.get("enabled"):  # the job's, over every epoch (the summary's ``sifting`` has them by epoch)
         online = sifting.get("online") or {}

@@ -75,6 +75,8 @@ def training_tags(outcome, sifting_enabled: bool) -> dict[str, str]:
     seconds = [r.get("recovery_seconds") for r in outcome.recoveries if r.get("recovery_seconds") is not None]
     return {
         "training.stop_reason": str(outcome.stop_reason),
+        # the epoch whose parameters the version holds, where not the last (stopping.restore_best)
+        "training.restored_epoch": str(outcome.restored_epoch or "none"),
         "training.steps": str(outcome.steps),
         "training.samples_trained": str(outcome.samples_trained),
         "elastic.failures": str(len(outcome.failures)),

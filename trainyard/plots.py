@@ -10,15 +10,16 @@ matplotlib.use("Agg")  # no display on workers
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_history(history: list[dict], path: Path, title: str) -> Path:
-    """Loss and validation metrics per epoch, and the kept fraction when sifting was on, as a PNG."""
-    fig = history_figure(history, title)
+def plot_history(history: list[dict], path: Path, title: str, restored_epoch: int | None = None) -> Path:
+    """Loss and validation metrics per epoch, and the kept fraction when sifting was on, as a PNG; a line
+    marks ``restored_epoch``, the epoch whose parameters the model holds where not the last."""
+    fig = history_figure(history, title, restored_epoch)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def history_figure(history: list[dict], title: str) -> plt.Figure:
+def history_figure(history: list[dict], title: str, restored_epoch: int | None = None) -> plt.Figure:
     """The figure ``plot_history`` saves: loss, the validation metric and, when sifting was on, its
     kept fraction, one panel each."""
     sifted = any("kept_fraction" in h for h in history)
@@ -36,6 +37,10 @@ def history_figure(history: list[dict], title: str) -> plt.Figure:
             metric_ax.plot(epochs, [h.get(key) for h in history], marker="o", label=key)
             metric_ax.set(xlabel="epoch", ylabel=key, title=key)
             metric_ax.legend()
+    if restored_epoch is not None:
+        for ax in (loss_ax, metric_ax):
+            ax.axvline(restored_epoch, color="grey", linestyle=":", label=f"model: epoch {restored_epoch} (best)")
+            ax.legend()
     if sifted:
         _plot_kept_fraction(axes[2], epochs, history)
     fig.suptitle(title)

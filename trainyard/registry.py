@@ -79,6 +79,7 @@ def register(
     artifacts: dict[str, Path],
     one_gate_at_a_time: Callable[[str], AbstractContextManager] = nullcontext,
     schema: dict | None = None,
+    model_epoch: int | None = None,
 ) -> dict:
     """Log ``model`` in an MLflow run of the job's experiment and register it; return the ``model`` summary.
 
@@ -88,6 +89,8 @@ def register(
     name finishing together are judged one after the other (MLflow has no compare-and-set for aliases).
     ``schema``: the training plan's (features in input order, label, task, classes in output order), in the
     model's MLflow metadata and its card, so that whoever loads it knows what its columns and outputs are.
+    ``model_epoch``: the epoch whose parameters ``model`` holds, where not the last (a restored best epoch):
+    the version's final metrics are that epoch's; ``history`` still logs every epoch.
     """
     import mlflow
 
@@ -98,7 +101,7 @@ def register(
         version = _one_version_of_job(client, name, job_id)
         if version is None:
             created = _create_version(
-                client, uri, model, job, job_id, example, history, params, tags, artifacts, schema
+                client, uri, model, job, job_id, example, history, params, tags, artifacts, schema, model_epoch
             )
             version = _one_version_of_job(client, name, job_id) or created
         _gate_once(client, job, version, one_gate_at_a_time)
@@ -201,13 +204,13 @@ def _io(name: str, number: str) -> dict | None:
     return (metadata or {}).get(IO_METADATA_KEY)
 
 
-def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts, schema):
+def _create_version(client, uri, model, job, job_id, example, history, params, tags, artifacts, schema, model_epoch):
     import mlflow
 
     mlflow.set_tracking_uri(uri)
     experiment_id = _experiment(client, job.name, uri)
     _discard_unregistered_runs(client, experiment_id, job_id)
-    final = model_card.final_metrics(history, METRICS)
+    final = model_card.final_metrics(history[:model_epoch] if model_epoch else history, METRICS)
     lineage = {JOB_ID_TAG: job_id, **model_card.lineage_tags(job, final), **tags}
     io = model_card.io_metadata(schema) if schema else None
     card = model_card.render(job.model_name, job_id, lineage, io)

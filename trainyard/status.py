@@ -204,17 +204,20 @@ NOT_METRICS = (
 )
 
 
-# Under ``metrics``, sifting's figures are the last epoch's; the job's are the summary's ``sifting`` section.
+# Under ``metrics``, sifting's figures are the model's epoch's (the last, unless it restored its best); the job's
+# are the summary's ``sifting`` section.
 LAST_EPOCH_SIFTING = ("kept_fraction", "mean_keep_probability", "pruned_fraction")
 
 
-def final_metrics(history: list[dict]) -> dict:
-    """The last epoch's metrics."""
+def final_metrics(history: list[dict], model_epoch: int | None = None) -> dict:
+    """The metrics of the model's epoch: ``model_epoch`` where the job restored its best, else the last; and
+    ``epochs``, how many were trained."""
     if not history:
         return {}
+    entry = history[model_epoch - 1] if model_epoch else history[-1]  # epochs count from 1, one entry each
     # NaN (a diverged run's loss) as null: JSON has no NaN, and json.dumps would write one that parsers refuse
     return {
         k: None if isinstance(v, float) and not math.isfinite(v) else v
-        for k, v in history[-1].items()
+        for k, v in entry.items()
         if k not in NOT_METRICS
     } | {"epochs": history[-1]["epoch"]}

@@ -212,6 +212,34 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
     assert summary["model"]["version"] >= 1
 
 
+def test_a_job_with_patience_registers_its_best_epoch_not_its_last(prefect_api, s3_server, bucket, mlflow_uri):
+    uris = upload_dataset(bucket, rows=800)
+    # validation labels flipped: the better the model learns, the worse its validation loss; the first epoch
+    # is the best, and patience ends the job two epochs later
+    table = pq.read_table(
+        io.BytesIO(s3.client().get_object(Bucket=bucket, Key="data/validation/part-0.parquet")["Body"].read())
+    )
+    flipped = table.set_column(table.schema.get_field_index("label"), "label", pa.array(1 - table["label"].to_numpy()))
+    put_table(bucket, "data/validation/part-0.parquet", flipped)
+    spec = job_dict(uris, stopping={"patience_epochs": 2})
+    spec["hyperparameters"]["epochs"] = 10
+    summary, job_id = run_pipeline(spec)
+    assert summary["status"] == "Completed", summary.get("failure_reason")
+    restored = summary["training"]["restored_epoch"]
+    tracking = mlflow.MlflowClient(mlflow_uri)
+    curve = {m.step: m.value for m in tracking.get_metric_history(summary["model"]["run_id"], "val_loss")}
+    assert restored == min(curve, key=curve.get) and restored < summary["metrics"]["epochs"] == max(curve)
+    # the summary, the version and the model itself are that epoch's
+    assert summary["metrics"]["val_loss"] == pytest.approx(curve[restored])
+    version = tracking.get_model_version("test-job", str(summary["model"]["version"]))
+    assert version.tags["training.restored_epoch"] == str(restored)
+    assert float(version.tags["metrics.val_accuracy"]) == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-5)
+    loaded = mlflow.pyfunc.load_model(f"models:/test-job/{summary['model']['version']}")
+    rows = flipped.to_pandas()
+    predicted = np.asarray(loaded.predict(rows[["f0", "f1", "f2", "f3"]].to_numpy("float32", copy=True))).argmax(axis=1)
+    assert (predicted == rows["label"]).mean() == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-6)
+
+
 def password_quoting_build(num_features, num_outputs, hyperparameters):
     """An entrypoint whose build fails quoting a URL with its password (a model hub's, say)."""
     raise ConnectionError("could not fetch https://svc:HUBPASSWORD@models.internal/churn.pt")

@@ -130,6 +130,10 @@ class TrainingJob(_Model):
             )
         if self.stopping.patience_epochs is not None and self.inputs.validation is None:
             problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
+        if self.stopping.restore_best and self.inputs.validation is None:
+            problems.append(
+                "stopping.restore_best: the best epoch is judged on validation metrics; add inputs.validation"
+            )
         if self.sifting.by_reducible_loss:
             if self.inputs.train.mode == "stream":
                 problems.append(

@@ -157,6 +157,7 @@ READ_ACROSS_SECTIONS = (
     "sifting",
     "stopping.target_metric",
     "stopping.patience_epochs",
+    "stopping.restore_best",
     "registry.promote_if",
 )
 

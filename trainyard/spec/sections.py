@@ -203,6 +203,21 @@ class Stopping(_Model):
     patience_epochs: int | None = Field(
         default=None, ge=1, description="Stop after this many epochs without improvement of the watched metric."
     )
+    restore_best: bool | None = Field(
+        default=None,
+        description="Keep the parameters of the epoch whose watched metric (target_metric's, else val_loss) was "
+        "best, not the last epoch's: the model uploaded and registered. Default: on with patience_epochs.",
+    )
+
+    @property
+    def restores_best(self) -> bool:
+        """Whether the job's model is its best epoch's (``restore_best``, on by default with patience)."""
+        return self.restore_best if self.restore_best is not None else self.patience_epochs is not None
+
+    @property
+    def watched_metric(self) -> str:
+        """The metric patience and the best epoch are judged on: the target metric's, else ``val_loss``."""
+        return self.target_metric.name if self.target_metric is not None else "val_loss"
 
 
 class Carbon(_Model):

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from trainyard.training.flops import FlopMeter
 
 COUNTS_FILE = "counts.json"
+BEST_EPOCH_FILE = "best-epoch-{epoch}.pt"
 STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
 """Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
 
@@ -90,6 +91,27 @@ def latest_counts(folder: Path) -> dict | None:
     # the counts replace the report's (its fractions are derived, and recomputed from counts by the job)
     sifting = {**((progress or {}).get("sifting") or {}), **counts["sifting"]} if counts["sifting"] else None
     return (progress or {}) | {key: counts[key] for key in ("step", "samples_trained", "flops")} | {"sifting": sifting}
+
+
+def save_best_epoch(out: Path, epoch: int, state: dict) -> None:
+    """Keep ``state`` (the model's parameters on the CPU) as epoch ``epoch``'s, the best yet, in the attempt's
+    folder (``stopping.restore_best``); the attempt's earlier best goes once this one is whole. Every group
+    that ended the epoch writes one (they hold equal parameters): the job takes any (``best_epoch_file``)."""
+    import torch
+
+    path = out / BEST_EPOCH_FILE.format(epoch=epoch)
+    torch.save(state, out / f".{path.name}.tmp")
+    os.replace(out / f".{path.name}.tmp", path)
+    for earlier in out.glob(BEST_EPOCH_FILE.format(epoch="*")):
+        if earlier != path:
+            earlier.unlink(missing_ok=True)
+
+
+def best_epoch_file(job_dir: Path, epoch: int) -> Path | None:
+    """The parameters some attempt of the job kept as epoch ``epoch``'s (``save_best_epoch``), None if none
+    did. Attempts' folders outlive them, so a group killed after that epoch still has its copy; a restart
+    that healed later has none of its own."""
+    return min(job_dir.glob(f"replicas/*/attempt-*/{BEST_EPOCH_FILE.format(epoch=epoch)}"), default=None)
 
 
 def _read_json(path: Path) -> dict | None:

@@ -24,6 +24,7 @@ class History:
 
     epochs: list[dict] = field(default_factory=list)
     best: float | None = None
+    best_epoch: int | None = None  # the epoch of ``best``: the one a job that restores its best epoch keeps
     epochs_since_best: int = 0
     stop_reason: str | None = None
 
@@ -69,15 +70,18 @@ def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, sta
         if (value >= target.value) if METRICS[target.name] else (value <= target.value):
             history.stop_reason = "TargetMetricReached"
             return
-    if job.stopping.patience_epochs is not None:
-        watched = target.name if target is not None else "val_loss"
+    if job.stopping.patience_epochs is not None or job.stopping.restores_best:
+        watched = job.stopping.watched_metric
         value, bigger_better = metrics.get(watched), METRICS[watched]
         if value is not None:
+            # (a NaN never improves: every comparison with it is false)
             improved = history.best is None or (value > history.best if bigger_better else value < history.best)
-            history.best, history.epochs_since_best = (
-                (value, 0) if improved else (history.best, history.epochs_since_best + 1)
-            )
-            if history.epochs_since_best >= job.stopping.patience_epochs:
+            if improved and math.isfinite(value):
+                history.best, history.best_epoch, history.epochs_since_best = value, epoch, 0
+            else:
+                history.epochs_since_best += 1
+            patience = job.stopping.patience_epochs
+            if patience is not None and history.epochs_since_best >= patience:
                 history.stop_reason = "NoImprovement"
 
 
@@ -94,6 +98,7 @@ def history_state(history: History) -> dict:
     return {
         "epochs": list(history.epochs),
         "best": history.best,
+        "best_epoch": history.best_epoch,
         "epochs_since_best": history.epochs_since_best,
         "stop_reason": history.stop_reason,
     }

@@ -20,7 +20,13 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training import device
 from trainyard.training.accounting import energy_by_replica, sifting_totals, work_done
-from trainyard.training.attempt_files import finished_the_job, last_step, report_progress, silent_seconds
+from trainyard.training.attempt_files import (
+    best_epoch_file,
+    finished_the_job,
+    last_step,
+    report_progress,
+    silent_seconds,
+)
 from trainyard.training.failures import failure_record, recoveries, training_failed
 from trainyard.training.plan import (
     SUPERVISOR_FILE,
@@ -67,6 +73,14 @@ class TrainingOutcome:
     sifting: dict | None = None
     energy_by_replica: dict[str, float] = field(default_factory=dict)
     """kWh each group's processes drew (codecarbon process mode), all its attempts together."""
+    best_epoch: int | None = None
+    """The epoch whose watched metric was best (tracked with patience or ``stopping.restore_best``)."""
+    restored_epoch: int | None = None
+    """The epoch whose parameters ``model_path`` holds, where not the last (``stopping.restore_best``)."""
+
+    def model_history(self) -> list[dict]:
+        """The epochs up to the one the model is from: the last of them describes the model."""
+        return self.history[: self.restored_epoch] if self.restored_epoch else self.history
 
 
 def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
@@ -299,7 +313,7 @@ def _supervise(
             f"{failures[-1]['message']}",
             failures,
         )
-    outcome = _collect(job_dir, handle, finished, failures)
+    outcome = _collect(job_dir, handle, finished, failures, job.stopping.restores_best)
     outcome.joins, outcome.scaling, outcome.withdrawn = scaler.joins(queued.released), scaler.changes, scaler.withdrawn
     for recovery in outcome.recoveries:  # any the loop had not seen yet
         if (recovery["replica"], recovery["attempt"]) not in announced:
@@ -324,9 +338,11 @@ def _collect(
     handle: LaunchHandle,
     finished: dict[int, dict],
     failures: list[dict],
+    restore_best: bool = False,
 ) -> TrainingOutcome:
     """Pick the result (the group that got furthest; a group that left early is not it), check the
-    groups agree, and add up what every attempt spent."""
+    groups agree, and add up what every attempt spent. With ``restore_best``, the model is the best
+    epoch's parameters that some attempt kept, where that epoch was not the last."""
     # of those level, a first attempt's: a restart's first_batch_seconds counts from its restart
     first = max(finished, key=lambda r: (finished[r]["step"], -finished[r]["attempt"], -r))
     result = finished[first]
@@ -344,10 +360,17 @@ def _collect(
                 f"replica groups {first} and {replica} ended with different parameters "
                 f"(max difference {worst:.3g}); the model is not registered"
             )
+    best, restored = result.get("best_epoch"), None
+    if restore_best and best is not None and best < result["epochs"][-1]["epoch"]:
+        kept = best_epoch_file(job_dir, best)
+        if kept is not None:
+            model_path, restored = kept, best
     done = work_done(job_dir)
     flops, samples, sifted = done["flops"], done["samples_trained"], done["sifting"]
     return TrainingOutcome(
         model_path=str(model_path),
+        best_epoch=best,
+        restored_epoch=restored,
         stop_reason=result["stop_reason"],
         history=result["epochs"],
         steps=result["step"],

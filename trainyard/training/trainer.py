@@ -35,6 +35,7 @@ from trainyard.training.attempt_files import (
     StepLog,
     job_step,
     last_step,
+    save_best_epoch,
     write_progress,
 )
 from trainyard.training.batches import StepData
@@ -266,6 +267,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 if val is not None:
                     metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                 end_epoch(history, cursor["epoch"] + 1, metrics, job, plan.released_unix or started_unix)
+                if job.stopping.restores_best and history.best_epoch == cursor["epoch"] + 1:
+                    save_best_epoch(out, history.best_epoch, devices.cpu_state(model))
                 cursor.update(epoch=cursor["epoch"] + 1, start_step=manager.current_step(), slots=0)
                 heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
@@ -281,6 +284,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     result = report()
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
+        "best_epoch": history.best_epoch,
         "steps_per_epoch": data.steps_per_epoch(cursor["slots"] or plan.num_replicas, 0),  # the first epoch's
         "first_batch_seconds": first_batch_seconds,
         "wall_seconds": time.monotonic() - started,
