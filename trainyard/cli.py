@@ -188,11 +188,12 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     # first (the flow writes its summary as Stopped), then passes it on to this handler.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     spec_problem = False  # one found only against the data (sifting's draw against the rows): exit 2
+    failure: TrainyardError | None = None  # said under the summary's table, or alone where there is none
     try:
         start_ephemeral_api()  # here, not in the flow: its watchdog stops it should this process be killed
         training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:
-        say(console, exc, "red")
+        failure = exc
         spec_problem = isinstance(exc, SpecError) or isinstance(exc.__cause__, SpecError)
     except RuntimeError as exc:
         if "ephemeral Prefect API" not in str(exc):
@@ -217,9 +218,13 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         signal.signal(signal.SIGTERM, previous)
     summary_path = job_dir(job_id) / "summary.json"
     if not summary_path.exists():
+        if failure is not None:
+            say(console, failure, "red")
         say(console, f"job {job_id} produced no summary; see the logs above", "red")
-        return 1
+        return 2 if spec_problem else 1
     summary = json.loads(summary_path.read_text())
+    if failure is not None and not summary.get("failure_reason"):
+        say(console, failure, "red")
     if summary_out is not None:
         write_json_atomic(summary_out, summary)
     print_summary(summary)
