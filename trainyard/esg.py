@@ -19,7 +19,7 @@ import io
 from trainyard import s3
 from trainyard.energy_journal import EARLIER_STAGE
 from trainyard.spec import Carbon
-from trainyard.status import pruned_rows
+from trainyard.status import prefilter_flops_spared, pruned_rows, training_flops_per_sample
 
 LEDGER_FIELDS = (
     "job_id",
@@ -98,8 +98,7 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     if not outcome or (not sifting and not dropped_rows) or not outcome.samples_trained:
         return None
     flops = outcome.flops
-    per_sample = (flops["forward"] + flops["backward"]) / outcome.samples_trained
-    epochs = len(outcome.history) or 1
+    per_sample = training_flops_per_sample(outcome)
     # Four sources, kept apart: what the keep rule passed over (the part its scoring paid for, and what
     # the summary's "sifting cost more than it saved" warning weighs), what was left out unscored before
     # delay_steps (no scoring, but not trained either), what sifting.prune left out (by the training
@@ -107,7 +106,7 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     by_rule = (sifting["passed_over"] if sifting else 0) * per_sample
     unscored = (sifting.get("skipped", 0) if sifting else 0) * per_sample
     by_pruning = (pruned_rows(sifting) if sifting else 0) * per_sample
-    by_prefilter = dropped_rows * epochs * per_sample
+    by_prefilter = prefilter_flops_spared(outcome, dropped_rows)
     saved = by_rule + unscored + by_pruning + by_prefilter
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
     train_kwh = carbon["by_stage"].get("training", {}).get("energy_kwh", 0.0)

@@ -168,6 +168,17 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
     return section
 
 
+def training_flops_per_sample(outcome) -> float:
+    """The training passes' FLOPs (forward and backward) per sample trained: what a row not trained saved."""
+    return (outcome.flops["forward"] + outcome.flops["backward"]) / outcome.samples_trained
+
+
+def prefilter_flops_spared(outcome, dropped_rows: int) -> float:
+    """The training FLOPs the prefilter's ``dropped_rows`` were spared: at most, each trained in every epoch
+    that ran (sifting or pruning might have left some out anyway)."""
+    return dropped_rows * (len(outcome.history) or 1) * training_flops_per_sample(outcome)
+
+
 def _prefilter_cost_warning(job, report, outcome) -> str | None:
     """A warning when the prefilter's scoring cost more than the training passes of the rows it dropped
     could have: at most every dropped row trained (forward and backward) in every epoch that ran.
@@ -178,9 +189,8 @@ def _prefilter_cost_warning(job, report, outcome) -> str | None:
         return None
     if not report or not report.scoring_flops or not outcome or not outcome.samples_trained:
         return None
-    per_row = (outcome.flops["forward"] + outcome.flops["backward"]) / outcome.samples_trained
-    dropped, epochs = report.total - report.kept, len(outcome.history)
-    saved_at_most = dropped * epochs * per_row
+    dropped, epochs = report.total - report.kept, len(outcome.history) or 1
+    saved_at_most = prefilter_flops_spared(outcome, dropped)
     if report.scoring_flops < saved_at_most:
         return None
     return (
