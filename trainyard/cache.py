@@ -254,13 +254,15 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
             else:
                 writing += st.st_size
             continue
-        entries.append((st.st_atime, st.st_size, path))  # last used (``hit``, or read) first
-    total = writing + sum(size for _, size, _ in entries)
+        entries.append((st.st_atime, st.st_size, st.st_nlink, path))  # last used (``hit``, or read) first
+    total = writing + sum(size for _, size, _, _ in entries)
     evicted, freed = 0, 0
-    for _, size, path in sorted(entries):
+    for _, size, links, path in sorted(entries):
         if total - freed <= limit:
             break
-        if str(path) in keep:
+        if str(path) in keep or links > 1:
+            # linked into a job's folder (a raw channel's mirror): unlinking it here frees no disk until that job
+            # is cleaned up, and the next job would fetch a second copy; it goes once it is the cache's alone
             continue
         path.unlink(missing_ok=True)
         evicted += 1

@@ -37,11 +37,14 @@ def save(path: Path, x: np.ndarray, y: np.ndarray) -> bool:
     Keeping one only spares a later read from S3, so a full disk costs that read, not the job: the
     cache is trimmed to its cap (which may be set above what the disk holds) and training goes on."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # a dot name, as a download's: eviction passes over it, and removes it once stale (a killed writer's);
-    # unique, as groups on one machine (or pods sharing one file system) may race to write the same row group
+    # a part file, claimed (locked) as a download's: eviction passes over it while this writes, and removes it
+    # once its writer is gone (killed); unique, as groups on one machine (or pods sharing one file system) may
+    # race to write the same row group
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{cache.PART_SUFFIX}")
+    fd = None
     try:
-        with tmp.open("wb") as f:
+        fd = cache.claim_part(tmp)
+        with open(fd, "wb", closefd=False) as f:
             np.lib.format.write_array(f, x, allow_pickle=False)
             np.lib.format.write_array(f, y, allow_pickle=False)
         os.replace(tmp, path)
@@ -52,6 +55,9 @@ def save(path: Path, x: np.ndarray, y: np.ndarray) -> bool:
         log.warning("row group not kept, the disk is full (%s): it will be read from S3 again when needed", exc)
         cache.evict()
         return False
+    finally:
+        if fd is not None:
+            os.close(fd)  # the lock goes with it, once the part is renamed or removed
     return True
 
 

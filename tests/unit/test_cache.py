@@ -255,3 +255,18 @@ def test_a_channel_over_the_cap_staged_without_a_pin_is_there_when_staging_retur
     client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000)
     staged = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
     assert Path(staged.objects[0].path).read_bytes() == b"x" * 1000
+
+
+def test_an_object_linked_into_a_jobs_folder_is_not_evicted_as_if_that_freed_its_room(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    linked, alone = cache.path_for("b", "raw", "e1"), cache.path_for("b", "other", "e2")
+    for path in (linked, alone):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 100)
+    os.link(linked, tmp_path / "mirror")  # a raw channel's file in a job's folder (raw_layout.mirror)
+    evicted = cache.evict(limit=0)
+    assert linked.exists() and not alone.exists() and evicted["evicted_bytes"] == 100
+    (tmp_path / "mirror").unlink()  # the job's folder cleaned up: the cache's copy is its own again
+    assert cache.evict(limit=0)["evicted_objects"] == 1 and not linked.exists()

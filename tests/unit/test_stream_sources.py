@@ -214,3 +214,20 @@ def test_a_full_disk_leaves_a_row_group_unkept_and_training_goes_on(s3_endpoint,
     assert x.shape == (100, 4) and not list(kept.iterdir())  # not kept, and no partial file left
     source.load(f"s3://{bucket}/t/a.parquet#rg0")
     assert len(writes) == 1  # a full disk is not tried again for every row group
+
+
+def test_a_row_group_being_kept_survives_an_eviction_while_it_is_written(tmp_path, monkeypatch):
+    # another job's eviction (or this group's own, every 256 MB read) between the write and the rename: the part
+    # file is a live writer's, not one a killed job left, and must not be taken for that
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    real_replace = os.replace
+
+    def evict_then_replace(src, dst):
+        shared_cache.evict(limit=10**12)
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", evict_then_replace)
+    path = shared_cache.rowgroups_dir() / f"unit{kept_rowgroups.UNIT_SUFFIX}"
+    assert kept_rowgroups.save(path, np.ones((4, 3), np.float32), np.arange(4))
+    assert kept_rowgroups.load(path)[1].tolist() == [0, 1, 2, 3]
+    assert not list(path.parent.glob(f"*{shared_cache.PART_SUFFIX}*"))  # nor a part or claim file left
