@@ -24,10 +24,33 @@ from trainyard.spec import Channel
 from trainyard.table_checks import first_in
 
 BLOCK_ROWS = 1 << 16  # rows of features converted at a time (to_arrays): 64Ki x 16 float32 columns is 4 MiB
-_READERS = {"parquet": pq.read_table, "csv": pa_csv.read_csv, "jsonl": pa_json.read_json}
 # "", "NA", "NaN", "null"... are missing in a string column too (by default only in numeric ones): a label
 # written so is refused as missing rather than becoming a class
 _CSV_OPTIONS = {"convert_options": pa_csv.ConvertOptions(strings_can_be_null=True)}
+# A compressed text object (.csv.gz, .jsonl.zst) by its first bytes: its cached copy has no extension to say so
+_COMPRESSIONS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def read_object(fmt: str, path: str) -> pa.Table:
+    """One staged object (its cached file) as a table: parquet, or CSV or JSON lines, compressed or not."""
+    if fmt == "parquet":
+        return pq.read_table(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    compression = next((name for magic, name in _COMPRESSIONS.items() if head.startswith(magic)), None)
+
+    def read(**options) -> pa.Table:
+        with pa.input_stream(path, compression=compression) as source:
+            return pa_csv.read_csv(source, **options) if fmt == "csv" else pa_json.read_json(source)
+
+    if fmt != "csv":
+        return read()
+    try:
+        return read(**_CSV_OPTIONS)
+    except pa.ArrowInvalid:
+        # A quoted value with a line break in it (pandas writes them) splits a row where the parallel reader cuts
+        # the file into blocks, past its first MiB; allowed, the read is slower, so only when it is needed.
+        return read(parse_options=pa_csv.ParseOptions(newlines_in_values=True), **_CSV_OPTIONS)
 
 
 @dataclass(slots=True)
@@ -59,7 +82,6 @@ def read_channel(
     the object holding a bad row). ``columns``, when given, is filled with each object's column names
     by URI, for checks that need the schema first (the features inferred from the table).
     """
-    reader = _READERS[manifest.format]
     tables = []
     start = 0
     read = []  # the objects read, for the column check: an empty one has no columns to check
@@ -69,7 +91,7 @@ def read_channel(
         # one newline: no rows, not a broken object
         if manifest.format == "parquet" or Path(obj.path).stat().st_size > 0:
             try:
-                table = reader(obj.path, **_CSV_OPTIONS) if manifest.format == "csv" else reader(obj.path)
+                table = read_object(manifest.format, obj.path)
                 table.column_names  # noqa: B018 -- decoded from the header here: a name not in UTF-8 fails below
                 row_groups = None
                 if manifest.format == "parquet" and layout is not None:
