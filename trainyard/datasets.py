@@ -67,6 +67,15 @@ class Schema:
         return len(self.classes) if self.task == "classification" else 1
 
 
+def _decoded(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary-encoded columns (pandas' categories) as their values' type: one object's
+    category label and another's plain text one are then one column (concatenated as they are, they were refused)."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    return table
+
+
 def read_channel(
     manifest: ChannelManifest,
     layout: list[dict] | None = None,
@@ -113,7 +122,7 @@ def read_channel(
             continue
         table_checks.check_header(obj.uri, table, manifest.format)
         read.append(obj)
-        tables.append(table)
+        tables.append(_decoded(table))
         if layout is not None:
             end = start + table.num_rows
             # the ETag: which bytes of the object these rows are (the id carries a pinned version)
@@ -128,7 +137,8 @@ def read_channel(
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise table_checks.disagreement(f"channel {manifest.name!r} ({manifest.uri})", read, tables, exc) from exc
+        where = f"channel {manifest.name!r} ({manifest.uri})"
+        raise table_checks.disagreement(where, [o.uri for o in read], [t.schema for t in tables], exc) from exc
     if table.num_rows == 0:
         raise DataError(f"channel {manifest.name!r} ({manifest.uri}): the objects hold no rows")
     return table

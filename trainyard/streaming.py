@@ -118,11 +118,17 @@ def describe(
     try:
         table = pa.concat_tables([t for *_, t in sample], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DataError(f"{where}: the first objects disagree on column types ({str(exc).splitlines()[0]})") from exc
+        uris = [unit.rpartition("#rg")[0] for unit, *_ in sample]
+        raise table_checks.disagreement(where, uris, [t.schema for *_, t in sample], exc) from exc
     # An object without a column the spec names is named (the sample's concatenation would show it only
     # as missing values); a column in no object is the spec's, and the inferred features are checked below.
     table_checks.check_objects_have(table_checks.required_columns(channel), {u: s.names for u, s in schemas.items()})
+    # Column types are checked where there are values: an empty object's columns may be typed null
+    with_rows = {entry["id"]: schemas[entry["id"]] for entry in layout if entry["end"] > entry["start"]}
     classes, label = channel.classes, channel.label
+    if label is not None and label in table.column_names:
+        _check_objects(schemas, [label])
+        _check_one_label_kind(with_rows, label)
     if task == "classification" and not classes and label is not None and label in table.column_names:
         # From the whole label column, not the sample: a channel written sorted by label has one class in its
         # first rows. Only the label column is read: parquet fetches just its column chunks.
@@ -159,8 +165,6 @@ def describe(
         datasets.check_labels(labels, label, where, label_layout)
         classes = sorted(pc.unique(labels[label]).to_pylist(), key=lambda v: (str(type(v)), v))
     schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name, layout)
-    # Column types are checked where there are values: an empty object's columns may be typed null
-    with_rows = {entry["id"]: schemas[entry["id"]] for entry in layout if entry["end"] > entry["start"]}
     _check_objects(schemas, [*schema.features, schema.label])
     _check_objects(with_rows, [], schema.features)
     x, y = datasets.to_arrays(table, schema, where, layout)  # the sample: the channel's first rows, in layout order
@@ -187,6 +191,27 @@ def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: S
         for name in numeric:
             if not table_checks.is_numeric(schema.field(name).type):
                 raise DataError(f"{uri}: feature {name!r} is {schema.field(name).type}, not numeric; encode it")
+
+
+def _check_one_label_kind(schemas: dict[str, pa.Schema], label: str) -> None:
+    """Every object's ``label`` is text, or every one's is a number (or a bool): else fail naming the first that
+    differs. The groups read each row group as its object types it, and staging reads the whole label column at
+    one type, casting ``"0"`` to ``0``: the classes would be numbers and a text object's row groups would fail
+    mid-training. A category column (dictionary-encoded) counts as its values' type."""
+
+    def kind(field: pa.Field) -> str:
+        value = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+        return "text" if pa.types.is_string(value) or pa.types.is_large_string(value) else "number"
+
+    if not schemas:
+        return
+    first, first_field = next((uri, schema.field(label)) for uri, schema in schemas.items())
+    for uri, schema in schemas.items():
+        if kind(schema.field(label)) != kind(first_field):
+            raise DataError(
+                f"{uri}: label {label!r} is {schema.field(label).type}, but {first_field.type} in {first}; "
+                "make it one type in every object (numbers written as text in some?)"
+            )
 
 
 def _read_row_group(parquet: pq.ParquetFile, index: int, uri: str, columns: list[str] | None = None) -> pa.Table:

@@ -59,14 +59,15 @@ def _header_row(table: pa.Table) -> int | None:
     return rows[hits[0].as_py()].as_py() if len(hits) else None
 
 
-def disagreement(where: str, objects: list, tables: list[pa.Table], exc: Exception) -> DataError:
-    """pyarrow's refusal to concatenate the objects' tables, as the first object whose column cannot take
-    the type the objects before it gave that column (a text value in a numeric column, say), named."""
+def disagreement(where: str, uris: list[str], schemas: list[pa.Schema], exc: Exception) -> DataError:
+    """pyarrow's refusal to concatenate the objects' tables (``schemas``, of the objects at ``uris``), as the first
+    object whose column cannot take the type the objects before it gave that column (a text value in a numeric
+    column, say), named."""
     seen: dict[str, tuple[pa.DataType, str]] = {}  # column -> its type so far, and the first object with it
-    for obj, table in zip(objects, tables, strict=True):
-        for column in table.schema:
+    for uri, schema in zip(uris, schemas, strict=True):
+        for column in schema:
             if column.name not in seen:
-                seen[column.name] = (column.type, obj.uri)
+                seen[column.name] = (column.type, uri)
                 continue
             kept, first = seen[column.name]
             try:
@@ -75,7 +76,7 @@ def disagreement(where: str, objects: list, tables: list[pa.Table], exc: Excepti
                 )
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 return DataError(
-                    f"{obj.uri}: column {column.name!r} is {column.type}, but {kept} in {first}; make it one type in "
+                    f"{uri}: column {column.name!r} is {column.type}, but {kept} in {first}; make it one type in "
                     "every object (a value that is not a number in a numeric column?)"
                 )
             seen[column.name] = (merged.field(column.name).type, first)
