@@ -70,9 +70,9 @@ class Schema:
 def _decoded(table: pa.Table) -> pa.Table:
     """``table`` with its dictionary-encoded columns (pandas' categories) as their values' type: one object's
     category label and another's plain text one are then one column (concatenated as they are, they were refused)."""
-    for i, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type):
-            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    for i, column in enumerate(table.schema):
+        if pa.types.is_dictionary(column.type):
+            table = table.set_column(i, column.name, table.column(i).cast(column.type.value_type))
     return table
 
 
