@@ -84,6 +84,8 @@ CAPABILITIES: dict[str, dict[str, bool]] = {
         # PutBucketVersioning(Enabled), two PUTs of one key: GetObject(VersionId=<the first>) gives
         # the first body.
         "versioning": True,
+        # PutObject(StorageClass="GLACIER"), then GetObject: 403 InvalidObjectState (archived, not restored).
+        "archive_refused": True,
     },
     "rclone": {
         # As for moto: stored in memory by ``serve s3`` and returned on HEAD and GET (even without
@@ -113,6 +115,8 @@ CAPABILITIES: dict[str, dict[str, bool]] = {
         "if_match_honoured": False,
         # PutBucketVersioning: 501 NotImplemented.
         "versioning": False,
+        # The storage class is ignored: the object reads as any other.
+        "archive_refused": False,
     },
 }
 
@@ -286,6 +290,16 @@ def probe_capabilities(env: Mapping[str, str]) -> dict[str, bool]:
         client.get_object(Bucket=bucket, Key="plain", IfMatch='"' + "0" * 32 + '"')["Body"].read()
 
     caps["if_match_honoured"] = refused(get_if_other_etag)
+
+    def get_archived() -> None:
+        client.put_object(Bucket=bucket, Key="archived", Body=data, StorageClass="GLACIER")
+        client.get_object(Bucket=bucket, Key="archived")["Body"].read()
+
+    try:
+        get_archived()
+        caps["archive_refused"] = False
+    except ClientError as exc:
+        caps["archive_refused"] = exc.response.get("Error", {}).get("Code") == "InvalidObjectState"
 
     def versions_kept() -> bool:  # last: a versioned bucket would change nothing above, but keep it apart
         client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})

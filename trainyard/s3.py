@@ -210,9 +210,19 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
                 f"{uri}: the AWS session credentials have expired ({code}); refresh them (aws sso login, or a new "
                 "role session) and run the job again"
             )
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
-            return StorageError(f"{uri}: access denied ({code}); check the AWS credentials and the bucket policy")
         message = exc.response.get("Error", {}).get("Message", "")
+        if code == "InvalidObjectState":  # a 403 too, but no credential will read it
+            return StorageError(
+                f"{uri}: the object is archived (Glacier or Deep Archive: {message or code}); restore it "
+                "(aws s3api restore-object) or copy it to a readable storage class, then run the job again"
+            )
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch") or status == 403:
+            # S3's own words where it gives them: a KMS key the role may not use says so there
+            said = f": {message}" if message and message != "Forbidden" else ""
+            return StorageError(
+                f"{uri}: access denied ({code}{said}); check the AWS credentials, the bucket policy and, for an "
+                "SSE-KMS object, the KMS key's policy"
+            )
         if code == "400" and exc.operation_name == "HeadObject":  # a HEAD's answer has no body to say why
             message += (
                 "; S3 says no more to a HEAD: an expired session token is the usual cause, so refresh the credentials"

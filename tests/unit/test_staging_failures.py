@@ -127,6 +127,22 @@ def test_denied_request_is_clear(s3_endpoint, tmp_path, monkeypatch):
         stage(f"s3://{bucket}/x/", tmp_path)
 
 
+def test_an_archived_object_is_named_as_archived_not_as_a_credentials_problem(s3_endpoint, tmp_path):
+    s3_endpoint.skip_unless("archive_refused")
+    bucket = s3_endpoint.new_bucket()
+    s3_endpoint.client().put_object(Bucket=bucket, Key="x/old.bin", Body=b"cold", StorageClass="DEEP_ARCHIVE")
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/x/old.bin: the object is archived .*restore it") as caught:
+        stage(f"s3://{bucket}/x/", tmp_path, format="raw")
+    assert "credentials" not in str(caught.value) and not caught.value.transient
+
+
+def test_a_denial_keeps_s3s_own_words_which_name_a_kms_key_the_role_may_not_use():
+    said = "User: arn:aws:sts::1:assumed-role/train is not authorized to perform: kms:Decrypt"
+    answer = {"Error": {"Code": "AccessDenied", "Message": said}, "ResponseMetadata": {"HTTPStatusCode": 403}}
+    error = s3.describe_error(ClientError(answer, "GetObject"), "s3://b/k")
+    assert str(error).startswith(f"s3://b/k: access denied (AccessDenied: {said}); check") and "KMS key" in str(error)
+
+
 def test_no_credentials_are_named_as_such_and_not_retried_as_a_network_error(s3_endpoint, tmp_path, monkeypatch):
     bucket = s3_endpoint.new_bucket()
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
