@@ -61,6 +61,7 @@ _NEW_HASH: dict[str, Callable[[], Any]] = {  # each has update(bytes) and digest
     "XXHASH128": lambda: _XxHash(crt.XXHash.new_xxhash3_128),
 }
 ALGORITHMS = tuple(_NEW_HASH)
+LOCAL_ALGORITHM = "CRC64NVME"  # the fastest here (awscrt's), for bytes S3 gave no checksum of
 
 
 class _Hasher:
@@ -109,7 +110,7 @@ class Digester:
     new object a CRC64NVME, so on S3 staging rarely computes an MD5.
     """
 
-    def __init__(self, etag: str, checksum: dict | None, part_sizes: list[int] | None = None):
+    def __init__(self, etag: str, checksum: dict | None, part_sizes: list[int] | None = None, local: str | None = None):
         self.etag, self.checksum, self.size = etag, checksum, 0
         self.part_sizes = list(part_sizes) if part_sizes else None  # kept with a cached object (re-verification)
         full = checksum if checksum and (checksum["type"] == "FULL_OBJECT" or part_sizes) else None
@@ -122,6 +123,11 @@ class Digester:
             self.hasher = (
                 _Composite(full["algorithm"], part_sizes) if composite and part_sizes else _Hasher(full["algorithm"])
             )
+        # Where S3 gives nothing to check but the size (a multipart upload without a flexible checksum, an SSE-KMS
+        # object without one), a checksum of the bytes as they arrived, kept with the cached copy: a later
+        # TRAINYARD_CACHE_VERIFY then finds a bit flip on this disk. ``local``: that checksum, to check against.
+        self.local = _Hasher(LOCAL_ALGORITHM) if not self.md5 and not self.hasher else None
+        self.local_expected = local
 
     def update(self, data: bytes) -> None:
         self.size += len(data)
@@ -129,6 +135,13 @@ class Digester:
             self.md5.update(data)
         if self.hasher:
             self.hasher.update(data)
+        if self.local:
+            self.local.update(data)
+
+    @property
+    def local_checksum(self) -> str | None:
+        """The bytes' own checksum (``LOCAL_ALGORITHM``, base64) where S3 gave none to check, else None."""
+        return self.local.b64digest() if self.local else None
 
     def result(self, expected_size: int) -> tuple[str | None, str]:
         """``(problem or None, what was checked)``."""
@@ -146,6 +159,10 @@ class Digester:
                 return f"{full['algorithm']} {self.hasher.b64digest()} != {expected}", "+".join(checked)
             composite = "-composite" if full["type"] == "COMPOSITE" else ""
             checked.append(full["algorithm"].lower() + composite)
+        if self.local and self.local_expected:  # against the bytes as first fetched, not against S3
+            if self.local.b64digest() != self.local_expected:
+                return f"{LOCAL_ALGORITHM} {self.local.b64digest()} != {self.local_expected} when fetched", "size"
+            checked.append(f"{LOCAL_ALGORITHM.lower()}-as-fetched")
         return None, "+".join(checked)
 
 

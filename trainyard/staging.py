@@ -146,6 +146,10 @@ def _cached(obj: StagedObject, on_bytes: ProgressFn | None, manifest: ChannelMan
                 manifest.cache_unverifiable.append(obj.uri)
             return False
         problem, checked = _verify_again(Path(obj.path), obj.size, known)
+        if problem is None and checked == "size":  # kept with nothing but its size (by an older Trainyard)
+            if obj.uri not in manifest.cache_unverifiable:
+                manifest.cache_unverifiable.append(obj.uri)
+            return False
         if problem is not None:
             if obj.uri not in manifest.cache_mismatches:
                 manifest.cache_mismatches.append(obj.uri)
@@ -163,7 +167,7 @@ def _cached(obj: StagedObject, on_bytes: ProgressFn | None, manifest: ChannelMan
 def _verify_again(path: Path, size: int, known: dict) -> tuple[str | None, str]:
     """A cached file's bytes against what was checked when it was fetched: ``(problem or None, checked)``."""
     parts = [part for part, count in known.get("parts") or [] for _ in range(count)] or None
-    return _digest_file(path, known["etag"], known.get("checksum"), parts).result(size)
+    return _digest_file(path, known["etag"], known.get("checksum"), parts, known.get("local")).result(size)
 
 
 def _runs(sizes: list[int] | None) -> list[list[int]] | None:
@@ -215,7 +219,7 @@ def _fetch_verified(client, obj: StagedObject, on_bytes: ProgressFn | None, gett
             obj.checksum = digester.checksum
             if problem is None:
                 # and what checking the bytes again takes (TRAINYARD_CACHE_VERIFY)
-                kept = {"etag": digester.etag, "parts": _runs(digester.part_sizes)}
+                kept = {"etag": digester.etag, "parts": _runs(digester.part_sizes), "local": digester.local_checksum}
                 cache.remember(tmp, {"checksum": obj.checksum, "verified_by": obj.verified_by} | kept)
                 # Read-only: a job's hard-linked copy (mirror) shares this file, and must not change the cache's.
                 tmp.chmod(0o444)
@@ -351,9 +355,12 @@ def _deleted(obj: StagedObject, exc: BaseException) -> StorageError | None:
     return None
 
 
-def _digest_file(path: Path, etag: str, checksum: dict | None, parts: list[int] | None) -> integrity.Digester:
-    """A file's digest, read back from disk, against S3's record of the object."""
-    digester = integrity.Digester(etag, checksum, parts)
+def _digest_file(
+    path: Path, etag: str, checksum: dict | None, parts: list[int] | None, local: str | None = None
+) -> integrity.Digester:
+    """A file's digest, read back from disk, against S3's record of the object (or ``local``, its bytes' own
+    checksum as first fetched, where S3 gave nothing but the size)."""
+    digester = integrity.Digester(etag, checksum, parts, local)
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(4 << 20), b""):
             digester.update(chunk)

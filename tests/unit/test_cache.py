@@ -247,6 +247,35 @@ def test_with_cache_verify_a_cached_copy_changed_unseen_is_fetched_again(s3_endp
         stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
 
 
+def test_an_object_s3_gave_only_a_size_for_is_checked_again_against_its_bytes_as_fetched(
+    s3_endpoint, tmp_path, monkeypatch
+):
+    import os
+
+    from botocore.config import Config
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    # a multipart upload with no flexible checksum (as older SDKs and MinIO clients write): on moto its ETag is
+    # no MD5 and it has no checksum, so staging can check its size alone
+    bare = s3_endpoint.client(Config(request_checksum_calculation="when_required"))
+    bucket = s3_endpoint.new_bucket()
+    big = put_big(bare, bucket, "ch/big.bin", tmp_path)
+    first = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    path = Path(first.objects[0].path)
+    st = path.stat()
+    os.chmod(path, 0o644)
+    with path.open("r+b") as f:  # a bit flip on the disk: the same size, and the modification time unchanged
+        f.seek(len(big) // 2)
+        f.write(b"\x00")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    monkeypatch.setenv(cache.CACHE_VERIFY_ENV, "1")
+    verified = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert verified.cache_mismatches == [f"s3://{bucket}/ch/big.bin"] and verified.objects_downloaded == 1
+    assert Path(verified.objects[0].path).read_bytes() == big
+    again = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+    assert again.objects_downloaded == 0 and again.objects[0].verified_by.startswith("cache, verified again (size")
+
+
 def test_a_channel_over_the_cap_staged_without_a_pin_is_there_when_staging_returns(s3_endpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     monkeypatch.setenv(cache.CACHE_MAX_BYTES_ENV, "100")  # the channel alone is over the cap
