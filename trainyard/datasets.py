@@ -273,10 +273,24 @@ def _class_indices(col: pa.ChunkedArray, classes: list) -> tuple[np.ndarray, np.
         slot = np.clip(np.searchsorted(values[order], raw), 0, len(values) - 1)
         known = values[order][slot] == raw
         return np.where(known, order[slot], 0).astype(np.int64), known
-    index = {c: i for i, c in enumerate(classes)}
+    found = _indices_in(col, classes)
+    if found is not None:
+        return found.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64), found.is_valid().to_numpy()
+    index = {c: i for i, c in enumerate(classes)}  # classes of mixed types: a Python look-up, row by row
     raw = col.to_pylist()
     known = np.fromiter((v in index for v in raw), dtype=bool, count=len(raw))
     return np.fromiter((index.get(v, 0) for v in raw), dtype=np.int64, count=len(raw)), known
+
+
+def _indices_in(col: pa.ChunkedArray, classes: list) -> pa.ChunkedArray | None:
+    """Each label's index in ``classes`` (null where it is none), computed by Arrow: text and boolean labels, and
+    numbers with nulls; None where the classes cannot be given the column's type. A Python look-up took 0.3 s
+    and 115 MB for 2M text labels, Arrow 0.015 s."""
+    values = col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
+    try:
+        return pc.index_in(values, value_set=pa.array(classes, type=values.type))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError):
+        return None
 
 
 def check_labels(table: pa.Table, label: str, where: str, layout: list[dict] | None = None) -> None:
