@@ -297,3 +297,13 @@ def test_the_parts_of_an_object_with_over_a_thousand_are_listed_page_by_page_not
     obj = listing.StagedObject("b", "k", 2499 * (5 << 20) + 7, "0" * 32 + "-2500")
     assert staging._part_sizes(client, obj) == [5 << 20] * 2499 + [7]
     assert client.pages == [0, 1000, 2000] and client.heads == 0
+
+
+def test_a_prefix_of_more_keys_than_one_listing_answer_is_listed_whole(s3_endpoint):
+    client = s3_endpoint.client()
+    bucket = s3_endpoint.new_bucket()
+    keys = [f"ch/part-{i:05d}.bin" for i in range(1_005)]  # S3 answers at most 1,000 keys a page
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x"), keys))
+    listed = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/", format="raw"))
+    assert sorted(o.key for o in listed.objects) == keys
