@@ -303,3 +303,14 @@ def test_failed_attempts_kept_for_retries_are_bounded(monkeypatch):
         with pytest.raises(ValueError), _metering.stage_meter("staging", job):
             raise ValueError("failed for good")
     assert list(_metering._EARLIER_ATTEMPTS) == ["b", "c"]
+
+
+def test_a_meter_codecarbon_could_not_start_says_so_and_reports_no_figure(monkeypatch, caplog):
+    import codecarbon
+
+    # codecarbon logs a failed start and carries on; its tracker then has no final figures
+    monkeypatch.setattr(codecarbon.OfflineEmissionsTracker, "start", lambda self: None)
+    with carbon.meter("training", Carbon(country_iso_code="IRL")) as record:
+        pass
+    assert record.measurement_mode == "unavailable" and record.energy_kwh == 0.0
+    assert "training's energy could not be measured (codecarbon did not start" in caplog.text
