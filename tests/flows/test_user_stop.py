@@ -89,3 +89,39 @@ def test_jobs_stop_graceful_asks_through_the_prefect_api(prefect_api, s3_server,
     assert (state.type.value, state.name) == ("COMPLETED", "Stopped")
     result = CliRunner().invoke(app, ["jobs", "stop", str(run.id), "--graceful"])
     assert result.exit_code == 0 and "nothing to stop: the job has ended" in result.output
+
+
+def test_a_job_stopped_before_its_first_step_uploads_no_model_and_leaves_no_earlier_runs(
+    prefect_api, s3_server, bucket, mlflow_uri, tmp_path
+):
+    import time
+
+    gate = tmp_path / "hold"
+    gate.touch()
+    spec = job_dict(upload_dataset(bucket, rows=400), name="stop-early")
+    spec["algorithm"] = {"entrypoint": "tests.unit.jobs:slow_build"}
+    spec["hyperparameters"] |= {"step_sleep": 0.0, "group_build_waits_while": str(gate)}
+    job_id = f"stop-early-{np.random.default_rng().integers(1e9)}"
+    earlier = {f"output/{job_id}/model/model.pt": b"an earlier run's", f"output/{job_id}/model/model.json": b"{}"}
+    for key, body in earlier.items():  # a rerun of the job id: what the earlier run uploaded
+        s3.client().put_object(Bucket=bucket, Key=key, Body=body)
+
+    def run() -> None:
+        with contextlib.suppress(JobFailed):
+            training_pipeline(parse_job(spec), job_id=job_id)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "hold.reached").exists():  # the group is building its model: no step taken yet
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.1)
+    result = CliRunner().invoke(app, ["stop", job_id])
+    assert result.exit_code == 0, result.output
+    gate.unlink()
+    thread.join(timeout=120)
+    summary = json.loads((job_dir(job_id) / "summary.json").read_text())
+    assert summary["status"] == "Stopped" and summary["compute"]["steps"] == 0 and summary["model"] is None
+    listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=f"output/{job_id}/model/").get("Contents", [])
+    assert listed == []  # its initial parameters are no model, and the earlier run's is not taken for this one's
+    assert "uploading" not in summary["timings"]

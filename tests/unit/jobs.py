@@ -57,7 +57,8 @@ def slow_build(num_features, num_outputs, hyperparameters):
     """A model whose steps take at least ``step_sleep`` seconds (10 ms), so a survivor is still training
     when a restart comes back. With ``slow_while`` (a path; see ``tests.conftest.slow_until``), only
     while that file exists; ``fast_step_sleep`` (0 s) while it does not. With ``build_waits_while`` (a
-    path), the model is built only once that file is gone."""
+    path), the model is built only once that file is gone; with ``group_build_waits_while``, so in a replica
+    group only (not in the pipeline's check of the algorithm), which touches ``<path>.reached`` as it waits."""
     import os
     import time
 
@@ -65,6 +66,12 @@ def slow_build(num_features, num_outputs, hyperparameters):
     fast = hyperparameters.get("fast_step_sleep", 0.0)
     gate = hyperparameters.get("build_waits_while")
     while gate and os.path.exists(gate):  # a test holding a group back before its first quorum
+        time.sleep(0.05)
+    # in a replica group only (the pipeline builds the model too, to check it), saying where it waits
+    group_gate = hyperparameters.get("group_build_waits_while") if os.environ.get("TRAINYARD_PARENT_PID") else None
+    if group_gate and os.path.exists(group_gate):
+        open(f"{group_gate}.reached", "w").close()
+    while group_gate and os.path.exists(group_gate):
         time.sleep(0.05)
 
     class Slow(torch.nn.Linear):
