@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 
+from trainyard import progress
 from trainyard.errors import TrainingError
 from trainyard.training import replica as entrypoint
 from trainyard.training.failures import failure_record
@@ -42,6 +43,7 @@ def train_replica(
 ) -> int | State:
     """Run replica group ``replica`` (attempt ``attempt``) of the job in ``job_dir``; fail if it does.
     ``gpus_per_replica`` 0 hides the worker's GPUs from the group; None leaves them as the pool gives them."""
+    progress.outlive_closed_output()  # a worker that shut down: the group goes on (its run's logs reach the API)
     logger = get_run_logger()
     if gpus_per_replica == 0:
         # Before the group's meter and torch start: codecarbon and CUDA read it when they first look.

@@ -30,7 +30,19 @@ from tasks.pool_launcher import check_deployment
 from tasks.registry import one_gate_at_a_time, register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
-from trainyard import STAGES, carbon, energy_journal, esg, job_folder, launch, outputs, registry, sifting, status
+from trainyard import (
+    STAGES,
+    carbon,
+    energy_journal,
+    esg,
+    job_folder,
+    launch,
+    outputs,
+    progress,
+    registry,
+    sifting,
+    status,
+)
 from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
@@ -59,6 +71,7 @@ def training_pipeline(
         job_id: the id to run under (letters, digits, '.', '_' and '-': a folder and an S3 key segment); a
             new one is made when empty.
     """
+    progress.outlive_closed_output()  # a worker that shut down mid-job takes no job with it
     logger = get_run_logger()
     if not job_id:  # started from the UI or a schedule: the run takes the job's id as its name
         job_id = new_job_id(job.name)
