@@ -48,6 +48,10 @@ class IdempotencyKeyReused(TrainyardError, ValueError):
     """The key already started a run for another job spec."""
 
 
+class DeploymentOutdated(TrainyardError, ValueError):
+    """The deployment's parameter schema (an older Trainyard's) refused a field the spec sets."""
+
+
 DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
 PIPELINE_FLOW = "training-pipeline"
 _PRIMARY = {
@@ -64,7 +68,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     """Validate the job here (a bad spec fails before anything is queued) and start it; returns the
     flow run id. The same ``idempotency_key`` twice starts one run."""
     from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     _api_url()
     spec = job if isinstance(job, TrainingJob) else parse_job(job)
@@ -75,10 +79,13 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
             "`prefect deployment ls` lists the API's"
         )
     job_id = new_job_id(spec.name)
+    # As written (its defaults are the deployed code's): a deployment made by an older Trainyard than this client
+    # refuses any field its job spec lacks, and would refuse every default this client's spec added since.
+    written = spec.model_dump(mode="json", exclude_unset=True)
     try:
         run = run_deployment(
             deployment,
-            parameters={"job": spec.model_dump(mode="json"), "job_id": job_id},
+            parameters={"job": written, "job_id": job_id},
             timeout=0,
             idempotency_key=idempotency_key,
             flow_run_name=job_id,
@@ -90,8 +97,18 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
             f"no deployment {deployment!r} on the Prefect API at PREFECT_API_URL; `prefect deployment ls` lists "
             "them, and `prefect deploy --all` in Trainyard's folder makes prefect.yaml's"
         ) from None
+    except PrefectHTTPStatusError as exc:
+        if exc.response.status_code != 409 or "Validation failed" not in exc.response.text:
+            raise
+        # what the deployment's parameter schema refused, in the API's words
+        detail = exc.response.json().get("detail", exc.response.text) if _is_json(exc.response) else exc.response.text
+        raise DeploymentOutdated(
+            f"deployment {deployment!r} refused the job spec: {detail}. Its schema is an older Trainyard's than this "
+            "client's: run `prefect deploy --all` in Trainyard's folder with this version, or leave out the fields "
+            "it does not know"
+        ) from None
     earlier = run.parameters.get("job")  # type: ignore[union-attr]
-    if idempotency_key is not None and earlier != spec.model_dump(mode="json"):
+    if idempotency_key is not None and parse_job(earlier).model_dump(mode="json") != spec.model_dump(mode="json"):
         # Prefect hands back the run the key first started, whatever was asked this time: a key reused for
         # another job would silently report on the old one
         raise IdempotencyKeyReused(
@@ -99,6 +116,10 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
             f"({run.parameters.get('job_id')}) for another job spec; use a new key for a new job"  # type: ignore[union-attr]
         )
     return str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)
+
+
+def _is_json(response) -> bool:
+    return response.headers.get("content-type", "").startswith("application/json")
 
 
 def _api_url() -> str:

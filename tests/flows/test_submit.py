@@ -1,0 +1,38 @@
+"""Submitting to a deployment through ``flows.client``: the spec goes as written, so a deployment an older
+Trainyard made takes it, and one whose schema lacks a field the spec sets is named as outdated."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard.spec import parse_job
+
+
+def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_it(prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.utilities.callables import parameter_schema
+
+    from flows import client
+    from flows.training_pipeline import training_pipeline
+    from tests.unit.specs import minimal
+
+    schema = parameter_schema(training_pipeline).model_dump_for_openapi()
+    del schema["definitions"]["Stopping"]["properties"]["restore_best"]  # as deployed before it existed
+    with get_client(sync_client=True) as api:
+        deployment = api.create_deployment(
+            flow_id=api.create_flow_from_name("training-pipeline"),
+            name="older",
+            entrypoint="flows/training_pipeline.py:training_pipeline",
+            parameter_openapi_schema=schema,
+            enforce_parameter_schema=True,
+        )
+        try:
+            run_id = client.submit(minimal(), deployment="training-pipeline/older")
+            sent = api.read_flow_run(run_id).parameters["job"]
+            assert sent == parse_job(minimal()).model_dump(mode="json", exclude_unset=True) and "stopping" not in sent
+            api.delete_flow_run(run_id)  # no worker runs it
+            newer = minimal() | {"stopping": {"restore_best": False}}
+            with pytest.raises(client.DeploymentOutdated, match=r"restore_best.*prefect deploy --all"):
+                client.submit(newer, deployment="training-pipeline/older")
+        finally:
+            api.delete_deployment(deployment)
