@@ -183,7 +183,7 @@ def test_stop_cancels_the_pipeline_and_every_group(deployed, bucket):
     result = CliRunner().invoke(app, ["jobs", "stop", run_id])
     assert result.exit_code == 0 and "cancelled 3 run(s)" in result.output, result.output
     final = client.wait(run_id, timeout_seconds=120)
-    assert final["status"] == "Stopped"
+    assert final["status"] == "Stopped" and final["failure_reason"] == "Cancelled", final  # not a worker's SIGTERM
     deadline = time.monotonic() + 60
     while any(not r.state.is_final() for r in replica_runs(job_id)) and time.monotonic() < deadline:
         time.sleep(1)

@@ -1,0 +1,144 @@
+"""The job summary (the public contract README describes), the registered version's lineage tags, and where the
+summary goes once the job has ended: S3, the carbon ledger, the flow run's artifacts, the MLflow run and a Prefect
+event for services that follow the job."""
+
+from __future__ import annotations
+
+import json
+
+from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
+from prefect.runtime import flow_run
+
+from trainyard import STAGES, carbon, esg, outputs, registry, status
+from trainyard.errors import TrainyardError
+from trainyard.home import job_dir as make_job_dir
+from trainyard.redaction import redact_text
+from trainyard.spec import TrainingJob
+from trainyard.training import accounting
+
+UPLOADING = "uploading"  # the model's upload, between training and carbon: timed and metered as a stage is
+TIMED = (*STAGES[:4], UPLOADING, *STAGES[4:])  # the summary's timings, in the order they run
+
+
+def _emit_ended(job_id: str, summary: dict, model: dict | None) -> None:
+    """The job's outcome as one Prefect event, after its last status: what ``trainyard jobs describe`` and
+    other services read (``flows.client.status``) without reaching the S3 the summary is in."""
+    ended = {key: summary.get(key) for key in ("status", "failure_reason", "metrics", "summary_uri")}
+    ended["model"] = {key: model[key] for key in ("name", "version", "uri", "aliases")} if model else None
+    emit_event(
+        event="trainyard.job.ended",
+        resource={"prefect.resource.id": f"trainyard.job.{job_id}", "prefect.resource.name": job_id},
+        payload={"ended": ended},
+    )
+
+
+def summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, failed_groups: list[dict]) -> dict:
+    """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome)."""
+    report = stages.get("filtering", {}).get("report")
+    energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
+    # a stage that gave up or was stopped: its compute, and the last epoch's metrics (as SageMaker's final
+    # metrics of a stopped job)
+    # (only once this run launched groups: before, the job folder may still hold an earlier run's)
+    done = accounting.work_done(make_job_dir(job_id)) if outcome is None and "launch" in stages else None
+    metrics = (
+        status.final_metrics(outcome.history, outcome.restored_epoch)
+        if outcome
+        else status.final_metrics((done or {}).get("history", []))
+    )
+    summary = {
+        "job_id": job_id,
+        "job_name": job.name,
+        "status": log.status,
+        "secondary_status_transitions": log.transitions,
+        "metrics": metrics,
+        "compute": status.compute_section(outcome, report.scoring_flops if report else 0, done),
+        "sifting": status.sifting_section(job, report, outcome, done),
+        "elastic": {
+            "replicas_min": job.resources.min_replicas,
+            "replicas_max": job.resources.max_replicas,
+            "failures": len(outcome.failures) if outcome else len(failed_groups),
+            "failure_details": outcome.failures if outcome else failed_groups,
+            "recoveries": outcome.recoveries if outcome else [],
+            "departures": outcome.departures if outcome else [],
+            "joins": outcome.joins if outcome else [],
+            "scaling": outcome.scaling if outcome else [],
+            "withdrawn": outcome.withdrawn if outcome else [],
+        },
+        "carbon": esg.report(
+            carbon.rollup(energy, job.carbon),
+            job.carbon,
+            outcome,
+            report,
+            metrics,
+        ),
+        "training": {
+            "stop_reason": outcome.stop_reason,
+            "restored_epoch": outcome.restored_epoch,
+            "steps_per_epoch": outcome.steps_per_epoch,
+            "first_batch_seconds": outcome.first_batch_seconds,
+            "replicas_finished": outcome.replicas_finished,
+        }
+        if outcome
+        else None,
+        "data": {"channels": stages.get("staging", {}).get("channels", {})},
+        "model": model,
+        "timings": {name: round(stages[name]["seconds"], 3) for name in TIMED if name in stages},
+        "output_uri": str(outputs.job_prefix(job, job_id)) + "/",
+        "prefect_flow_run_id": flow_run.get_id(),
+    }
+    if log.failure_reason:
+        summary["failure_reason"] = log.failure_reason
+    return summary
+
+
+def lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, model_uri: str) -> dict[str, str]:
+    tags = {f"data.{name}.manifest_digest": c["manifest_digest"] for name, c in stages["staging"]["channels"].items()}
+    tags |= {f"data.{name}.uri": c["uri"] for name, c in stages["staging"]["channels"].items()}
+    report = stages["filtering"]["report"]
+    compute = status.compute_section(outcome, report.scoring_flops if report else 0)
+    tags |= {
+        "compute.flops_total": str(compute["flops_total"]),
+        "compute.flops_scoring_forward": str(compute["flops_scoring_forward"]),
+        "compute.flops_prefilter": str(compute["flops_prefilter"]),
+        "carbon.energy_kwh": f"{carbon_section['energy_kwh']:.6g}",
+        "carbon.emissions_kg": f"{carbon_section['emissions_kg']:.6g}",
+        "output.model_uri": model_uri,
+        "prefect.flow_run_id": str(flow_run.get_id()),
+    }
+    tags["sifting.prefilter_dropped"] = json.dumps(report.dropped or {}, sort_keys=True)
+    if report and report.manifest_digest:  # which rows training read, when the prefilter chose them
+        tags["sifting.filtered_manifest_digest"] = report.manifest_digest
+    if report and report.manifest_uri:
+        tags["sifting.filtered_manifest_uri"] = report.manifest_uri
+    if outcome.sifting and outcome.sifting["kept_fraction"] is not None:  # None: the job ended within the delay
+        tags["sifting.kept_fraction"] = f"{outcome.sifting['kept_fraction']:.4f}"
+    if outcome.sifting and "pruned_fraction" in outcome.sifting:  # sifting.prune: the share of the rows left out
+        tags["sifting.pruned_fraction"] = f"{outcome.sifting['pruned_fraction']:.4f}"
+    return tags
+
+
+def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, logger) -> None:
+    """Summary to S3, to the flow run as an artifact, and to the MLflow run; failures here are logged."""
+    if summary["sifting"].get("warning"):
+        logger.warning(summary["sifting"]["warning"])
+    try:
+        summary["summary_uri"] = outputs.upload_summary(job, job_id, summary)
+        summary["carbon"]["ledger_uri"] = esg.write_ledger_row(job.output.s3_uri, esg.ledger_row(summary))
+    except TrainyardError as exc:
+        logger.warning("could not upload the summary or the carbon ledger row: %s", exc)
+    create_markdown_artifact(key=f"carbon-{job.name.lower()}", markdown=esg.markdown(job_id, summary["carbon"]))
+    if model is not None:
+        try:
+            registry.log_summary(model["run_id"], summary)
+        except Exception as exc:  # noqa: BLE001 - the job is done and its summary written: a registry hiccup is logged
+            # masked: MLflow's errors quote the tracking URI, password and all
+            logger.warning("could not attach the summary to MLflow run %s: %s", model["run_id"], redact_text(str(exc)))
+    _emit_ended(job_id, summary, model)
+    rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
+    create_markdown_artifact(
+        key=f"job-summary-{job.name.lower()}",
+        markdown=f"# {job_id}: {summary['status']}\n\n| metric | value |\n|---|---|\n{rows}\n\n"
+        f"```json\n{json.dumps(summary, indent=2, default=str)}\n```",
+        description=f"Trainyard job summary of {job_id}",
+    )
