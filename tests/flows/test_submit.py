@@ -4,7 +4,9 @@ Trainyard made takes it, and one whose schema lacks a field the spec sets is nam
 from __future__ import annotations
 
 import pytest
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
+from trainyard.errors import SpecError
 from trainyard.spec import parse_job
 
 
@@ -34,5 +36,12 @@ def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_i
             newer = minimal() | {"stopping": {"restore_best": False}}
             with pytest.raises(client.DeploymentOutdated, match=r"restore_best.*prefect deploy --all"):
                 client.submit(newer, deployment="training-pipeline/older")
+            # a pool this API has no train-replica deployment for: refused here, before anything is queued
+            elsewhere = minimal() | {"resources": {"work_pool": "trainyard-gpuu"}}
+            with pytest.raises(SpecError, match=r"resources.work_pool: 'trainyard-gpuu' has no train-replica/"):
+                client.submit(elsewhere, deployment="training-pipeline/older")
+            assert (
+                api.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))) == []
+            )
         finally:
             api.delete_deployment(deployment)
