@@ -237,7 +237,12 @@ def wait(
                 current = read()
             return current
         if deadline is not None and time.monotonic() > deadline:
-            raise WaitTimeout(f"job run {run_id} still {current['secondary_status']} after {timeout_seconds} s")
+            where = (
+                "Scheduled: no worker has picked it up (is one polling the deployment's work pool?)"
+                if current["status"] == "Scheduled"
+                else current["secondary_status"]
+            )
+            raise WaitTimeout(f"job run {run_id} still {where} after {timeout_seconds:g} s")
         time.sleep(poll_seconds)
 
 

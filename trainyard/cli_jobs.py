@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import signal
 from datetime import datetime
@@ -36,6 +35,14 @@ def submit(
         str | None, typer.Option(help="Submitting twice with the same key queues one job (safe to retry).")
     ] = None,
     wait: WaitOption = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            help="With --wait: stop waiting after this many seconds (exit 124; the job goes on). A job no "
+            "worker picks up stays Scheduled for as long as none does.",
+        ),
+    ] = None,
 ) -> None:
     """Queue a job on a deployment, validated here first (a bad spec queues nothing); prints its flow run id.
 
@@ -53,7 +60,13 @@ def submit(
     say(console, f"job {job.name!r} queued on {deployment}, flow run {run_id}: waiting for it to end")
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: said, not silent
     try:
-        final = _call(functools.partial(client.wait, on_transition=_print_transition), run_id)
+        final = client.wait(run_id, timeout_seconds=timeout, on_transition=_print_transition)
+    except client.WaitTimeout as exc:
+        say(console, f"{exc}; stopped waiting, the job goes on: `trainyard jobs describe {run_id}`", "yellow")
+        raise typer.Exit(124) from None
+    except TrainyardError as exc:
+        say(console, exc, "red")
+        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         say(
             console,

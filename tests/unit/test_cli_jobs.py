@@ -63,6 +63,24 @@ def test_interrupting_submit_wait_says_the_job_goes_on_and_how_to_stop_it(tmp_pa
     assert "stopped waiting; the job goes on" in flat and "trainyard jobs stop run-1" in flat, flat
 
 
+def test_submit_wait_with_a_timeout_stops_waiting_and_says_the_job_goes_on(tmp_path, monkeypatch):
+    from flows import client
+
+    scheduled = {"status": "Scheduled", "secondary_status": "Starting", "secondary_status_transitions": []}
+    monkeypatch.setattr(client, "submit", lambda *args: "run-1")
+    monkeypatch.setattr(client, "status", lambda run_id: scheduled)  # no worker ever picks it up
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(minimal()))
+    result = CliRunner().invoke(app, ["jobs", "submit", str(spec), "--wait", "--timeout", "1"])
+    assert result.exit_code == 124, result.output
+    flat = " ".join(result.stderr.split())
+    assert (
+        "still Scheduled: no worker has picked it up" in flat
+        and "after 1 s" in flat
+        and "the job goes on: `trainyard jobs describe run-1`" in flat
+    ), flat
+
+
 def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     from datetime import UTC, datetime, timedelta
     from types import SimpleNamespace
