@@ -137,6 +137,34 @@ def test_asking_again_for_the_size_last_asked_for_is_acted_on(trainyard_home, mo
     assert started == [2, 3] and sorted(live) == [0, 2, 3]
 
 
+def test_on_a_pool_a_size_asked_for_before_the_first_step_is_not_undone_by_filling_up(trainyard_home, monkeypatch):
+    # a pool job fills up to max_replicas once it trains; asked for 1 group at step 0, it must stay at 1
+    from trainyard import launch
+    from trainyard.launch import LaunchHandle, ReplicaProcess
+    from trainyard.training.plan import request_scale
+    from trainyard.training.scaling import Scaler
+
+    job, _, folder, _ = make_job(
+        trainyard_home, resources={"replicas": 2, "min_replicas": 1, "max_replicas": 4, "work_pool": "gpus"}
+    )
+    started, terminated = [], []
+    monkeypatch.setattr(launch, "start_replica", lambda h, replica, attempt, resume=False: started.append(replica))
+    monkeypatch.setattr(launch, "terminate", lambda h, proc: terminated.append(proc.replica))
+    live = {r: ReplicaProcess(r, 0, 1000 + r, "") for r in (0, 1)}
+    handle = LaunchHandle("j", str(folder), "gpus", "", 0, 1, list(live.values()))
+    events = []
+    scaler = Scaler(handle, job, lambda kind, payload: events.append(kind))
+    request_scale(folder, 1)
+    scaler.tick(live, 0)
+    assert terminated == [1]
+    del live[1]
+    scaler.tick(live, 5)  # the first tick once it trains
+    assert started == [] and sorted(live) == [0]
+    request_scale(folder, 1)  # asked again for the size it has: nothing done, nothing said
+    scaler.tick(live, 6)
+    assert events == ["job.scaled", "replica.removed"]
+
+
 def _checkpointed_job(trainyard_home, bucket, killed: list[int], **changes):
     """A job checkpointing to S3 every 10 steps whose groups ``killed`` die at step 25."""
     return make_job(

@@ -50,14 +50,17 @@ class Scaler:
         # Fill once the job trains: a filling group that got the pool's room before the first groups
         # would have no peer to heal from.
         fill = self._fill and step > 0
-        self._fill = self._fill and not fill
         new = request if request is not None and request != self._seen else None
+        # An explicit request settles the size: the fill must not undo one made before the first step.
+        self._fill = self._fill and not fill and not new
         if not (new or fill):
             return
         asked = new[0] if new else self.max_replicas
         self._seen = new or self._seen
         target = min(max(asked, self.min_replicas), self.max_replicas)
         active = sorted(r for r in live if r not in self.leaving)
+        if target == len(active):
+            return  # the size asked for is the size it has: nothing to do, nor to tell
         change = {"unix": time.time(), "at_step": step, "from": len(active), "to": target, "asked": asked}
         self.changes.append(change)
         self.emit("job.scaled", change)
