@@ -29,6 +29,7 @@ from trainyard.servers import (
     die_with_parent,
     free_port,
     stop_process,
+    url_host,
     wait_until_answering,
 )
 from trainyard.spec import Resources
@@ -154,7 +155,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
     )
     log.close()
     _PROCESSES[lighthouse.pid] = lighthouse
-    addr = f"http://{advertised_host()}:{port}"  # what the groups dial, wherever they run
+    addr = f"http://{url_host(advertised_host())}:{port}"  # what the groups dial, wherever they run
     problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0)
     if problem:
         stop_process(lighthouse)

@@ -4,6 +4,7 @@ on other machines (``TRAINYARD_HOST``)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -22,13 +23,30 @@ HOST_ENV = "TRAINYARD_HOST"
 
 
 def advertised_host() -> str:
-    """The address this machine's servers give their peers: ``TRAINYARD_HOST``, else 127.0.0.1."""
-    return os.environ.get(HOST_ENV, "").strip() or "127.0.0.1"
+    """The address this machine's servers give their peers: ``TRAINYARD_HOST``, else 127.0.0.1. A loopback one
+    (``localhost``, ``127.0.0.2``, ``::1``) is 127.0.0.1: it names this machine alone, as the default does."""
+    host = os.environ.get(HOST_ENV, "").strip()
+    return "127.0.0.1" if not host or _loopback(host) else host
 
 
 def bind_host() -> str:
-    """Where a server other machines must reach listens: every interface only once ``TRAINYARD_HOST`` is set."""
+    """Where a server other machines must reach listens: every interface only once ``TRAINYARD_HOST`` names an
+    address other machines can reach (a loopback one would open every interface for nothing)."""
     return "127.0.0.1" if advertised_host() == "127.0.0.1" else "0.0.0.0"  # noqa: S104 - asked for by setting it
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL's authority takes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: other machines resolve it
+        return False
 
 
 def free_port() -> int:
