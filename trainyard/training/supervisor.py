@@ -184,7 +184,9 @@ def _supervise(
         for replica, (proc, code) in list(ended.items()):
             del live[replica]
             out = attempt_dir(job_dir, replica, proc.attempt)
-            if code == 0 and (out / "result.json").exists():
+            # Its result written, it finished, however its process ended: a pool reports a run cancelled to make
+            # its group leave (a scale-down, a stop) as exit code -15, after the group left at a step boundary.
+            if (out / "result.json").exists():
                 del ended[replica]
                 finished[replica] = json.loads((out / "result.json").read_text())
                 if finished[replica]["stop_reason"] == "Left":
