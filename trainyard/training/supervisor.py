@@ -181,7 +181,7 @@ def _supervise(
         # others as live peers to heal from.
         # Those that finished are counted first, so a failure judged beside them sees the job done.
         ended = {r: (p, code) for r, p in live.items() if (code := launch.exit_code(handle, p)) is not None}
-        for replica, (proc, code) in list(ended.items()):
+        for replica, (proc, _code) in list(ended.items()):
             del live[replica]
             out = attempt_dir(job_dir, replica, proc.attempt)
             # Its result written, it finished, however its process ended: a pool reports a run cancelled to make
