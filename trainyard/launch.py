@@ -10,6 +10,7 @@ plain data (ids and addresses); the ``Popen`` objects stay in this process's tab
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -294,15 +295,37 @@ def shutdown(handle: LaunchHandle, grace_seconds: float = 5.0) -> None:
     step, whose quorum needs the lighthouse; without it the group hangs in its quorum until it is killed. A
     pool's groups are cancelled, their workers SIGTERM them when they notice, and their runs are waited for
     up to ``POOL_LEAVE_SECONDS``."""
-    if handle.work_pool != "local":
-        launcher = launcher_for(handle)
-        for replica in handle.replicas:
+    try:
+        if handle.work_pool != "local":
+            _cancel_pool_groups(handle)
+    finally:  # the lighthouse and this machine's processes stop whatever the pool's API did
+        _stop_processes([r.pid for r in handle.replicas if r.pid], grace_seconds)
+        _stop_processes([handle.lighthouse_pid], grace_seconds)
+
+
+def _cancel_pool_groups(handle: LaunchHandle) -> None:
+    """Cancel each of the job's group runs on its pool and wait for them to end; a run the API would not cancel
+    is logged and the others still are (the job writes its summary either way)."""
+    launcher = launcher_for(handle)
+    for replica in handle.replicas:
+        try:
             launcher.kill(replica)  # the run is cancelled: its worker sends the group SIGTERM
-        deadline = time.monotonic() + POOL_LEAVE_SECONDS
-        while any(launcher.exit_code(r) is None for r in handle.replicas) and time.monotonic() < deadline:
-            time.sleep(0.5)
-    _stop_processes([r.pid for r in handle.replicas if r.pid], grace_seconds)
-    _stop_processes([handle.lighthouse_pid], grace_seconds)
+        except Exception:  # noqa: BLE001 - the API failing here must not leave the other groups or the lighthouse
+            logging.getLogger(__name__).warning(
+                "could not cancel replica group %d's run on %s; it ends once it finds the job's lighthouse gone",
+                replica.replica,
+                handle.work_pool,
+                exc_info=True,
+            )
+    deadline = time.monotonic() + POOL_LEAVE_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if all(launcher.exit_code(r) is not None for r in handle.replicas):
+                return
+        except Exception:  # noqa: BLE001 - as above: stop waiting on what the API cannot say
+            logging.getLogger(__name__).warning("could not read the group runs' states", exc_info=True)
+            return
+        time.sleep(0.5)
 
 
 def _stop_processes(pids: list[int], grace_seconds: float) -> None:

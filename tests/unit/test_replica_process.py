@@ -86,3 +86,24 @@ def test_a_bad_thread_count_from_the_worker_is_the_jobs_mistake_named_and_not_re
     error = json.loads((tmp_path / "replicas/0/attempt-0/error.json").read_text())
     assert error["user_error"] is True  # the supervisor does not restart the group for it
     assert error["message"].startswith("TRAINYARD_TORCH_THREADS='zero' is not a whole number of at least 1")
+
+
+def test_a_pool_api_failing_at_shutdown_still_stops_the_lighthouse(caplog, monkeypatch):
+    from trainyard import launch
+    from trainyard.launch import LaunchHandle, ReplicaProcess
+
+    class Unreachable:  # a work pool whose Prefect API has gone away
+        def kill(self, proc):
+            raise ConnectionError("the Prefect API did not answer")
+
+        def exit_code(self, proc):
+            raise ConnectionError("the Prefect API did not answer")
+
+    monkeypatch.setitem(launch._LAUNCHERS, "gone", Unreachable())
+    lighthouse = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    monkeypatch.setitem(launch._PROCESSES, lighthouse.pid, lighthouse)
+    groups = [ReplicaProcess(r, 0, 0, "", run_id="0" * 32) for r in (0, 1)]
+    handle = LaunchHandle("j", "/nowhere", "gone", "http://127.0.0.1:1", lighthouse.pid, 1, groups)
+    launch.shutdown(handle, grace_seconds=5)
+    assert lighthouse.poll() is not None  # stopped, though no group run could be cancelled
+    assert caplog.text.count("could not cancel replica group") == 2
