@@ -130,37 +130,7 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
             f"work pool {resources.work_pool!r}: no launcher for it in this process; work pools other than 'local' "
             "are reached through the Prefect pipeline (trainyard run, or a deployment)"
         )
-    port = free_port()
-    binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).with_name("torchft_lighthouse"))
-    log = open(job_dir / "lighthouse.log", "ab")  # noqa: SIM115 - owned by the child process
-    lighthouse = subprocess.Popen(
-        [
-            binary,
-            "--min_replicas",
-            str(resources.min_replicas),
-            "--bind",
-            f"{bind_host()}:{port}",
-            "--heartbeat_timeout_ms",
-            str(HEARTBEAT_TIMEOUT_MS),
-            "--join_timeout_ms",
-            str(JOIN_TIMEOUT_MS),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={"RUST_LOG": "warn", **os.environ},  # its INFO is a few lines per step
-        preexec_fn=die_with_parent(),  # not orphaned by a pipeline process killed outright (SIGKILL, OOM)
-        # A process group of its own: a worker cancelling the pipeline run SIGTERMs its whole group, and the
-        # lighthouse must outlive that until the job's groups have left (shutdown); they hung in their
-        # quorum without it until their workers killed them.
-        start_new_session=True,
-    )
-    log.close()
-    _PROCESSES[lighthouse.pid] = lighthouse
-    addr = f"http://{url_host(advertised_host())}:{port}"  # what the groups dial, wherever they run
-    problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0)
-    if problem:
-        stop_process(lighthouse)
-        raise TrainingError(f"the torchft lighthouse {problem}")
+    lighthouse, addr = _start_lighthouse(job_dir, resources)
     handle = LaunchHandle(
         job_id=job_id,
         job_dir=str(job_dir),
@@ -178,6 +148,60 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         shutdown(handle)
         raise
     return handle
+
+
+LIGHTHOUSE_TRIES = 3  # ports tried: a free port can be taken by another process before the lighthouse binds it
+
+
+def _start_lighthouse(job_dir: Path, resources: Resources) -> tuple[subprocess.Popen, str]:
+    """The job's torchft lighthouse, started and answering, and the address groups dial. One that exits at start
+    (its port taken meanwhile) is tried again on another port; the last failure names its log's last line."""
+    binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).with_name("torchft_lighthouse"))
+    log_path = job_dir / "lighthouse.log"
+    problem = ""
+    for _ in range(LIGHTHOUSE_TRIES):
+        port = free_port()
+        with log_path.open("ab") as log:  # the child keeps its own descriptor
+            lighthouse = subprocess.Popen(
+                [
+                    binary,
+                    "--min_replicas",
+                    str(resources.min_replicas),
+                    "--bind",
+                    f"{bind_host()}:{port}",
+                    "--heartbeat_timeout_ms",
+                    str(HEARTBEAT_TIMEOUT_MS),
+                    "--join_timeout_ms",
+                    str(JOIN_TIMEOUT_MS),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={"RUST_LOG": "warn", **os.environ},  # its INFO is a few lines per step
+                preexec_fn=die_with_parent(),  # not orphaned by a pipeline process killed outright (SIGKILL, OOM)
+                # A process group of its own: a worker cancelling the pipeline run SIGTERMs its whole group, and
+                # the lighthouse must outlive that until the job's groups have left (shutdown); they hung in their
+                # quorum without it until their workers killed them.
+                start_new_session=True,
+            )
+        _PROCESSES[lighthouse.pid] = lighthouse
+        addr = f"http://{url_host(advertised_host())}:{port}"  # what the groups dial, wherever they run
+        problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0) or ""
+        if not problem:
+            return lighthouse, addr
+        stop_process(lighthouse)
+        _PROCESSES.pop(lighthouse.pid, None)
+        if lighthouse.returncode is None or "exited" not in problem:
+            break  # it did not answer in time: another port would not help
+    said = _last_line(log_path)
+    raise TrainingError(f"the torchft lighthouse {problem}{f': {said}' if said else ''} (its log: {log_path})")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
 
 
 def start_replica(handle: LaunchHandle, replica: int, attempt: int, resume: bool = False) -> ReplicaProcess:

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import gc, json, sys
 import trainyard.training.replica as replica
@@ -107,3 +109,27 @@ def test_a_pool_api_failing_at_shutdown_still_stops_the_lighthouse(caplog, monke
     launch.shutdown(handle, grace_seconds=5)
     assert lighthouse.poll() is not None  # stopped, though no group run could be cancelled
     assert caplog.text.count("could not cancel replica group") == 2
+
+
+def test_a_lighthouse_port_taken_before_it_binds_is_tried_again_on_another(tmp_path, monkeypatch):
+    import socket
+
+    from trainyard import launch, servers
+    from trainyard.errors import TrainingError
+    from trainyard.spec import Resources
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()  # another process got the free port first
+    busy = taken.getsockname()[1]
+    ports = iter([busy, servers.free_port()])
+    monkeypatch.setattr(launch, "free_port", lambda: next(ports))
+    lighthouse, addr = launch._start_lighthouse(tmp_path, Resources(replicas=1))
+    try:
+        assert lighthouse.poll() is None and not addr.endswith(f":{busy}")
+    finally:
+        servers.stop_process(lighthouse)
+    monkeypatch.setattr(launch, "free_port", lambda: busy)  # every port tried is taken
+    with pytest.raises(TrainingError, match=r"lighthouse exited at start \(code \d+\): .*(?i:in use).*lighthouse.log"):
+        launch._start_lighthouse(tmp_path, Resources(replicas=1))
+    taken.close()
