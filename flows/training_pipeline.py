@@ -46,7 +46,7 @@ from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
 from trainyard.redaction import redact_exception, redact_text
 from trainyard.spec import TrainingJob, ignored_settings
-from trainyard.training import supervisor
+from trainyard.training import preflight
 from trainyard.training.plan import TrainingPlan
 
 
@@ -106,7 +106,7 @@ def training_pipeline(
             staged = stages["staging"]["staged"]
             # before any compute: a user's algorithm on a first batch, and sifting's draw against the rows
             if job.algorithm.entrypoint:
-                supervisor.check_algorithm(job, staged.train_data, staged.schema["num_outputs"], staged.extra_channels)
+                preflight.check_algorithm(job, staged.train_data, staged.schema["num_outputs"], staged.extra_channels)
             sifting.check_fits(job.sifting, job.hyperparameters.batch_size, staged.rows["train"])
             log.enter("Training", "Launching replica groups")
             stages["launch"] = launch_groups(job, job_id, str(job_dir))

@@ -96,6 +96,15 @@ class WorkPoolLauncher:
     def exit_code(self, proc: ReplicaProcess) -> int | None:
         return self._read(proc)[0]
 
+    def ended_how(self, proc: ReplicaProcess) -> str | None:
+        """The ended run's state in Prefect's words ("Crashed: ... exit code 137"): what a group that failed
+        before writing its own error (an image pull, an OOM kill, the worker's import) tells of its cause."""
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(_run_id(proc)).state
+        if state is None:
+            return None
+        return f"its run {state.name}" + (f": {state.message}" if state.message else "")
+
     def queued(self, proc: ReplicaProcess) -> bool:
         return self._read(proc)[1] == StateType.SCHEDULED  # no worker with room has taken it yet
 

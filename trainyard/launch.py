@@ -215,6 +215,17 @@ def exit_code(handle: LaunchHandle, proc: ReplicaProcess) -> int | None:
     return launcher_for(handle).exit_code(proc)
 
 
+def ended_how(handle: LaunchHandle, proc: ReplicaProcess) -> str | None:
+    """How an ended group's run ended, in its pool's words (a Prefect state's name and message: an image that
+    would not pull, a pod OOM-killed), where the launcher can say more than an exit code; None for a process, or
+    where the pool's API cannot say."""
+    describe = getattr(launcher_for(handle), "ended_how", None)
+    try:
+        return describe(proc) if describe is not None else None
+    except Exception:  # noqa: BLE001 - the API cannot say: the failure is recorded by its exit code
+        return None
+
+
 def queued(handle: LaunchHandle, proc: ReplicaProcess) -> bool:
     """Whether a group is still waiting for room to start (a pool's run not yet taken by a worker)."""
     return launcher_for(handle).queued(proc)

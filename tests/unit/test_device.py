@@ -15,7 +15,7 @@ import torch
 from torchft import ProcessGroupGloo
 
 from trainyard.errors import TrainingError
-from trainyard.training import device
+from trainyard.training import device, preflight
 
 
 def test_a_cpu_job_trains_on_the_cpu_with_gloo():
@@ -54,11 +54,10 @@ def test_saved_state_is_on_the_cpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_a_local_gpu_job_on_a_machine_without_one_fails_before_the_groups_train(trainyard_home):
     from tests.unit.jobs import make_job
-    from trainyard.training import supervisor
 
     job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 1, "gpus_per_replica": 1})
     with pytest.raises(TrainingError, match="resources.gpus_per_replica is 1"):
-        supervisor.preflight(job, plan)
+        preflight.preflight(job, plan)
 
 
 def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):

@@ -393,3 +393,40 @@ def signal_when_up(pid_file, signum: int) -> None:
         os.kill(int(pid_file.read_text()), signum)
 
     threading.Thread(target=send, daemon=True).start()
+
+
+def test_a_pool_group_that_failed_before_writing_its_error_is_told_by_its_runs_own_words(trainyard_home, monkeypatch):
+    # an image that would not pull, a pod OOM-killed: the group never ran to write error.json; its run's state
+    # says why, where an exit code made up from the state ("code 2") said nothing
+    from trainyard import launch
+    from trainyard.errors import TrainingError
+    from trainyard.launch import LaunchHandle, ReplicaProcess
+    from trainyard.training import supervisor
+
+    class OomKilled:
+        def start(self, handle, replica, attempt, resume):
+            return ReplicaProcess(replica, attempt, 0, "", run_id="0" * 32)
+
+        def exit_code(self, proc):
+            return 2
+
+        def queued(self, proc):
+            return False
+
+        def kill(self, proc):
+            pass
+
+        terminate = kill
+
+        def ended_how(self, proc):
+            return "its run Crashed: Flow run infrastructure exited with non-zero status code 137"
+
+    monkeypatch.setitem(launch._LAUNCHERS, "oom", OomKilled())
+    monkeypatch.setattr(supervisor, "RETRY_BACKOFF_SECONDS", 0.01)
+    job, job_id, folder, plan = make_job(
+        trainyard_home, resources={"replicas": 1, "work_pool": "oom"}, retries={"max_attempts": 2}
+    )
+    handle = LaunchHandle(job_id, str(folder), "oom", "", 0, 1, [ReplicaProcess(0, 0, 0, "", run_id="0" * 32)])
+    with pytest.raises(TrainingError, match=r"after 2 attempt\(s\).*its run Crashed: .*status code 137") as failed:
+        supervisor.train(handle, plan, job)
+    assert [f["message"] for f in failed.value.failures] == [OomKilled().ended_how(None)] * 2

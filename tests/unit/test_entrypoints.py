@@ -12,7 +12,7 @@ import torch
 
 from tests.unit.jobs import make_job, run
 from trainyard.errors import TrainingError
-from trainyard.training import supervisor
+from trainyard.training import preflight
 
 
 def mean_loss_build(num_features, num_outputs, hyperparameters):
@@ -116,9 +116,9 @@ def test_the_early_algorithm_check_sees_the_extra_channels_and_names_a_failing_e
     with pytest.raises(
         TrainingError, match="algorithm.entrypoint tests.unit.test_entrypoints:channel_reading_build: failed"
     ):
-        supervisor.check_algorithm(job, plan.train_data, 2)  # no channel: the entrypoint's own KeyError, named
+        preflight.check_algorithm(job, plan.train_data, 2)  # no channel: the entrypoint's own KeyError, named
     (tmp_path / "model.json").write_text('{"width": 7}')
-    supervisor.check_algorithm(job, plan.train_data, 2, {"config": str(tmp_path)})  # the flow passes them: builds
+    preflight.check_algorithm(job, plan.train_data, 2, {"config": str(tmp_path)})  # the flow passes them: builds
 
 
 class TupleOut(torch.nn.Linear):
@@ -150,4 +150,4 @@ def test_a_model_whose_output_training_cannot_read_is_refused_early(trainyard_ho
 
     job, _, _, plan = make_job(trainyard_home, algorithm={"entrypoint": f"tests.unit.test_entrypoints:{build}"})
     with pytest.raises(TrainingError, match=says):
-        supervisor.check_algorithm(job, plan.train_data, 2)
+        preflight.check_algorithm(job, plan.train_data, 2)

@@ -45,15 +45,16 @@ def training_failed(message: str, failures: list[dict]) -> TrainingError:
     return error
 
 
-def failure_record(out: Path, replica: int, attempt: int, code: int) -> dict:
+def failure_record(out: Path, replica: int, attempt: int, code: int, ended_how: str | None = None) -> dict:
     """A failed attempt of group ``replica``, from its folder ``out``: the last step it reached, and the error
-    it wrote (``error.json``: its message, whether it is the user's to fix, its kind), else its exit code."""
+    it wrote (``error.json``: its message, whether it is the user's to fix, its kind), else how its run ended
+    (``ended_how``, a pool's words for it), else its exit code."""
     step = 0
     # counts.json is rewritten at every committed step; the heartbeat (every 0.2 s) can be steps behind it
     for name in ("heartbeat.json", "progress.json", "counts.json"):
         with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
             step = max(step, json.loads((out / name).read_bytes())["step"])
-    message, user_error, kind = f"exited with code {code}", False, None
+    message, user_error, kind = ended_how or f"exited with code {code}", False, None
     if (out / "error.json").exists():
         error = json.loads((out / "error.json").read_text())
         message, user_error, kind = error["message"], error["user_error"], error.get("kind")

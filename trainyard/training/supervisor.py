@@ -14,11 +14,10 @@ from pathlib import Path
 import torch
 
 from trainyard import algorithms, env_settings, launch
-from trainyard.errors import TrainingError, TrainyardError
+from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
-from trainyard.training import device
 from trainyard.training.accounting import energy_by_replica, sifting_totals, work_done
 from trainyard.training.attempt_files import (
     best_epoch_file,
@@ -32,10 +31,10 @@ from trainyard.training.plan import (
     SUPERVISOR_FILE,
     TrainingPlan,
     attempt_dir,
-    export_channels,
     request_stop,
     stop_requested,
 )
+from trainyard.training.preflight import preflight
 from trainyard.training.scaling import Scaler
 from trainyard.training.start_barrier import QueuedGroups, mark_ready
 from trainyard.training.trainer import PG_TIMEOUT, load_arrays
@@ -81,45 +80,6 @@ class TrainingOutcome:
     def model_history(self) -> list[dict]:
         """The epochs up to the one the model is from: the last of them describes the model."""
         return self.history[: self.restored_epoch] if self.restored_epoch else self.history
-
-
-def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
-    """Build the model and run one small batch here, so a broken algorithm fails before the groups train."""
-    if job.resources.work_pool == "local":  # local groups see this machine's GPUs: check them here, once
-        device.check(job.resources.gpus_per_replica, replica=0)
-        device.check_fits(job.resources.replicas, job.resources.gpus_per_replica, device.visible_gpus())
-    plan.export_channels()
-    check_algorithm(job, plan.train_data, plan.schema["num_outputs"])
-
-
-def check_algorithm(
-    job: TrainingJob, train_data: str, num_outputs: int, extra_channels: dict[str, str] | None = None
-) -> None:
-    """Build the model and run it and its loss on a first small batch of ``train_data``, here: a broken
-    algorithm (an entrypoint whose loss is reduced over the batch, say) fails before any compute is
-    spent on the job, the prefilter's included. ``extra_channels`` are exported first, as the groups
-    see them (an entrypoint may read one while it builds)."""
-    export_channels(extra_channels or {})
-    x, y = load_arrays(train_data)
-    try:
-        model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), num_outputs)
-    except TrainyardError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's entrypoint failed: reported as such
-        raise TrainingError(
-            f"algorithm.entrypoint {job.algorithm.entrypoint}: failed to build: {type(exc).__name__}: {exc}"
-        ) from exc
-    n = min(4, len(x))
-    try:
-        out = model(x[:n])
-    except Exception as exc:  # noqa: BLE001 - any failure here is the algorithm's, reported as such
-        raise TrainingError(f"the model failed on a first batch: {type(exc).__name__}: {exc}") from exc
-    algorithms.check_outputs(out, n, num_outputs, job.algorithm.task)
-    try:
-        losses = loss_fn(out, y[:n])
-    except Exception as exc:  # noqa: BLE001
-        raise TrainingError(f"the loss failed on a first batch: {type(exc).__name__}: {exc}") from exc
-    algorithms.check_per_sample(losses, n)
 
 
 def train(
@@ -197,7 +157,9 @@ def _supervise(
                 # asked to leave (scaled down), or ended once the job was done: however it ended, even
                 # before its SIGTERM handler was up, it is not a failure and is not restarted
                 continue
-            failure = failure_record(out, replica, proc.attempt, code)
+            # where it wrote no error of its own, its pool's words for how its run ended (one API read a failure)
+            how = None if (out / "error.json").exists() else launch.ended_how(handle, proc)
+            failure = failure_record(out, replica, proc.attempt, code, how)
             job_done = finished_the_job(
                 job_dir, finished, live
             )  # a group finished the job, its process maybe still exiting

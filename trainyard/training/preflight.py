@@ -1,0 +1,51 @@
+"""The checks a job's training passes before any compute is spent on it: the local GPUs its groups would take, and
+its algorithm built and run, with its loss, on a first small batch here (a broken entrypoint fails in seconds,
+named, not in every group after staging and the prefilter)."""
+
+from __future__ import annotations
+
+from trainyard import algorithms
+from trainyard.errors import TrainingError, TrainyardError
+from trainyard.spec import TrainingJob
+from trainyard.training import device
+from trainyard.training.plan import TrainingPlan, export_channels
+from trainyard.training.trainer import load_arrays
+
+
+def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
+    """Build the model and run one small batch here, so a broken algorithm fails before the groups train."""
+    if job.resources.work_pool == "local":  # local groups see this machine's GPUs: check them here, once
+        device.check(job.resources.gpus_per_replica, replica=0)
+        device.check_fits(job.resources.replicas, job.resources.gpus_per_replica, device.visible_gpus())
+    plan.export_channels()
+    check_algorithm(job, plan.train_data, plan.schema["num_outputs"])
+
+
+def check_algorithm(
+    job: TrainingJob, train_data: str, num_outputs: int, extra_channels: dict[str, str] | None = None
+) -> None:
+    """Build the model and run it and its loss on a first small batch of ``train_data``, here: a broken
+    algorithm (an entrypoint whose loss is reduced over the batch, say) fails before any compute is
+    spent on the job, the prefilter's included. ``extra_channels`` are exported first, as the groups
+    see them (an entrypoint may read one while it builds)."""
+    export_channels(extra_channels or {})
+    x, y = load_arrays(train_data)
+    try:
+        model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x.numpy(), y.numpy(), num_outputs)
+    except TrainyardError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's entrypoint failed: reported as such
+        raise TrainingError(
+            f"algorithm.entrypoint {job.algorithm.entrypoint}: failed to build: {type(exc).__name__}: {exc}"
+        ) from exc
+    n = min(4, len(x))
+    try:
+        out = model(x[:n])
+    except Exception as exc:  # noqa: BLE001 - any failure here is the algorithm's, reported as such
+        raise TrainingError(f"the model failed on a first batch: {type(exc).__name__}: {exc}") from exc
+    algorithms.check_outputs(out, n, num_outputs, job.algorithm.task)
+    try:
+        losses = loss_fn(out, y[:n])
+    except Exception as exc:  # noqa: BLE001
+        raise TrainingError(f"the loss failed on a first batch: {type(exc).__name__}: {exc}") from exc
+    algorithms.check_per_sample(losses, n)
