@@ -27,12 +27,14 @@ from tasks._metering import journal, stage_meter
 from tasks.carbon import account
 from tasks.filtering import filter_samples
 from tasks.launch import launch_groups
-from tasks.pool_launcher import check_deployment
+from tasks.pool_launcher import CANCEL_CONFIRM_SECONDS, CANCEL_CONFIRM_SECONDS_ENV, check_deployment
 from tasks.registry import one_gate_at_a_time, register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
 from trainyard import (
+    cache,
     energy_journal,
+    env_settings,
     job_folder,
     launch,
     outputs,
@@ -48,6 +50,7 @@ from trainyard.redaction import redact_exception, redact_text
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import preflight
 from trainyard.training.plan import TrainingPlan
+from trainyard.training.supervisor import silent_seconds_limit
 
 
 class JobFailed(TrainyardError):
@@ -91,6 +94,7 @@ def training_pipeline(
     # the lock held to the end; each stage's energy written down as it is spent: a rerun counts this run
     with lock, journal(job_dir, run):
         try:
+            _check_settings()  # a bad TRAINYARD_* value fails the job here, not after staging has downloaded it all
             registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
             earlier = _registered_earlier(job, job_id, job_dir, logger)
             if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
@@ -206,6 +210,15 @@ def training_pipeline(
         # and automations see, without reading the job's status events
         return Completed(name="Stopped", message=f"job {job_id} stopped: {summary.get('failure_reason')}", data=summary)
     return summary
+
+
+def _check_settings() -> None:
+    """Read every ``TRAINYARD_*`` setting a later stage reads, so a bad value is refused before any work."""
+    env_settings.count(env_settings.THREADS_ENV, 1)
+    env_settings.seconds(CANCEL_CONFIRM_SECONDS_ENV, CANCEL_CONFIRM_SECONDS)
+    silent_seconds_limit()
+    cache.max_bytes()
+    env_settings.flag(cache.CACHE_VERIFY_ENV)
 
 
 def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) -> dict | State | None:

@@ -54,3 +54,23 @@ def test_a_work_pool_without_its_replica_deployment_is_refused_before_any_comput
     # the groups' first runs failed after staging, as "internal error: ObjectNotFound(None)"
     with pytest.raises(SpecError, match="resources.work_pool: 'trainyard-gpus' has no train-replica/trainyard-gpus"):
         check_deployment("trainyard-gpus")
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("TRAINYARD_TORCH_THREADS", "all"),
+        ("TRAINYARD_SILENT_GROUP_SECONDS", "-3"),
+        ("TRAINYARD_CACHE_MAX_BYTES", "lots"),
+    ],
+)
+def test_a_bad_trainyard_setting_fails_the_job_before_it_stages_anything(
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, setting, value
+):
+    from tests.conftest import upload_dataset
+    from tests.flows.pipeline_runs import run_pipeline
+
+    monkeypatch.setenv(setting, value)  # read by the launch and training stages, after staging had fetched it all
+    summary, _ = run_pipeline(job_dict(upload_dataset(bucket, rows=200)))
+    assert summary["status"] == "Failed" and f"{setting}={value!r}" in summary["failure_reason"], summary
+    assert "staging" not in summary["timings"] and summary["data"]["channels"] == {}

@@ -128,6 +128,7 @@ class TrainingJob(_Model):
                 "stopping.target_metric.name: train_loss is each replica group's own, so groups would stop at "
                 "different epochs; use val_loss (with inputs.validation), or one replica group (max_replicas: 1)"
             )
+        problems += _gpu_variables(self.resources)
         if self.stopping.patience_epochs is not None and self.inputs.validation is None:
             problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
         if self.stopping.restore_best and self.inputs.validation is None:
@@ -263,6 +264,22 @@ class TrainingJob(_Model):
         return self.registry.model_name or self.name
 
 
+def _gpu_variables(resources) -> list[str]:
+    """``job_variables.gpus`` against ``gpus_per_replica``, which sets each group's ``gpus`` (pool_launcher)."""
+    gpus = resources.job_variables.get("gpus")
+    if gpus is None or gpus == resources.gpus_per_replica:
+        return []
+    if not resources.gpus_per_replica:
+        return [
+            f"resources.job_variables.gpus: {gpus} GPUs reserved for each group, which sees none with "
+            f"gpus_per_replica 0 (a CPU job); set resources.gpus_per_replica: {gpus} instead"
+        ]
+    return [
+        f"resources.job_variables.gpus: {gpus} disagrees with resources.gpus_per_replica {resources.gpus_per_replica}, "
+        "which sets each group's gpus; leave gpus out of job_variables"
+    ]
+
+
 def ignored_settings(job: TrainingJob) -> list[str]:
     """Settings the job gives that will not do what they seem to (ignored, read as something else, or a
     secret recorded in the clear), each worded for a warning.
@@ -279,6 +296,11 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"rename it inputs.{close[0]} if that is what it is"
             )
     ignored += _ignored_hyperparameters(job)
+    if job.resources.work_pool == "local" and job.resources.job_variables:
+        ignored.append(
+            f"resources.job_variables ({', '.join(sorted(job.resources.job_variables))}): a work pool's, for the "
+            "groups' flow runs; a local job's groups run beside the pipeline, in its environment"
+        )
     for key, value in sorted((job.hyperparameters.model_extra or {}).items()):
         if SECRET_NAME.search(key) and isinstance(value, str):  # (max_tokens: 512 is a count)
             ignored.append(
