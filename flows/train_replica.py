@@ -29,7 +29,7 @@ from trainyard.training.failures import failure_record
 
 # Nothing here imports torch or torchft: the group (replica.main) sets RUST_LOG before torchft starts its
 # logger, whose INFO is several lines per step (10 MB a minute in a worker's log).
-from trainyard.training.plan import LIGHTHOUSE_ENV, attempt_dir
+from trainyard.training.plan import LAUNCH_ENV, LIGHTHOUSE_ENV, attempt_dir
 
 
 @flow(name="train-replica", log_prints=True)
@@ -40,6 +40,7 @@ def train_replica(
     resume: bool = False,
     lighthouse_addr: str = "",
     gpus_per_replica: int | None = None,
+    launch_id: str = "",
 ) -> int | State:
     """Run replica group ``replica`` (attempt ``attempt``) of the job in ``job_dir``; fail if it does.
     ``gpus_per_replica`` 0 hides the worker's GPUs from the group; None leaves them as the pool gives them."""
@@ -50,6 +51,8 @@ def train_replica(
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if lighthouse_addr:
         os.environ[LIGHTHOUSE_ENV] = lighthouse_addr  # the trainer's torchft Manager finds its peers there
+    if launch_id:
+        os.environ[LAUNCH_ENV] = launch_id  # the group takes only its own launch's plan
     logger.info("replica group %d, attempt %d, lighthouse %s", replica, attempt, lighthouse_addr or "from the plan")
     argv = ["--job-dir", job_dir, "--replica", str(replica), "--attempt", str(attempt)]
     argv += ["--resume"] if resume else []

@@ -127,6 +127,7 @@ def training_pipeline(
                 schema=staged.schema,
                 num_replicas=job.resources.replicas,
                 lighthouse_addr=handle.lighthouse_addr,
+                launch_id=handle.launch_id,
                 train_layout=report.train_layout if report.train_layout is not None else staged.train_layout,
                 streamed=staged.streamed,
                 extra_channels=staged.extra_channels,

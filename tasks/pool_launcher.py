@@ -80,6 +80,7 @@ class WorkPoolLauncher:
                 "attempt": attempt,
                 "resume": resume,
                 "lighthouse_addr": handle.lighthouse_addr,
+                "launch_id": handle.launch_id,
                 "gpus_per_replica": self.resources.gpus_per_replica,
             },
             job_variables=job_variables(self.resources, replica),

@@ -34,7 +34,7 @@ from trainyard.servers import (
     wait_until_answering,
 )
 from trainyard.spec import Resources
-from trainyard.training.plan import attempt_dir
+from trainyard.training.plan import LAUNCH_ENV, attempt_dir
 from trainyard.training.replica import PARENT_ENV
 
 # Lighthouse failure detection. A group's Manager heartbeats every 100 ms; a group silent for
@@ -268,6 +268,7 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
     log_path = out / "replica.log"
     env = {**os.environ, THREADS_ENV: str(handle.num_threads), "OMP_NUM_THREADS": str(handle.num_threads)}
     env[PARENT_ENV] = str(os.getpid())  # the group gives up waiting for its plan once this process is gone
+    env[LAUNCH_ENV] = handle.launch_id  # and takes only its own launch's plan
     # A CPU group sees no GPU: it cannot take one by accident, and its carbon share counts none.
     env["CUDA_VISIBLE_DEVICES"] = _local_gpus(handle, replica) if handle.gpus_per_replica > 0 else ""
     with open(log_path, "ab") as log:

@@ -12,7 +12,7 @@ import pytest
 SCRIPT = """
 import gc, json, sys
 import trainyard.training.replica as replica
-replica.wait_for_plan = lambda *_: False  # no plan comes: main returns once start-up is done
+replica.wait_for_plan = lambda *_: "the plan never came (in this test)"  # main returns once start-up is done
 code = replica.main(["--job-dir", sys.argv[1], "--replica", "0"])
 print(json.dumps({"code": code, "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
 """
@@ -133,3 +133,24 @@ def test_a_lighthouse_port_taken_before_it_binds_is_tried_again_on_another(tmp_p
     with pytest.raises(TrainingError, match=r"lighthouse exited at start \(code \d+\): .*(?i:in use).*lighthouse.log"):
         launch._start_lighthouse(tmp_path, Resources(replicas=1))
     taken.close()
+
+
+def test_a_group_waiting_for_its_plan_takes_only_its_launchs_and_gives_up_on_a_lighthouse_gone(tmp_path, monkeypatch):
+    from trainyard.training import replica
+    from trainyard.training.plan import LAUNCH_ENV, LIGHTHOUSE_ENV, PLAN_FILE
+
+    parent = os.getppid()
+    monkeypatch.setenv(LAUNCH_ENV, "launch-b")
+    (tmp_path / PLAN_FILE).write_text(json.dumps({"launch_id": "launch-b"}))
+    assert replica.wait_for_plan(tmp_path, parent) is None
+    # the job id run again while this group (an earlier launch's, its pipeline dead) still waited on its pool
+    (tmp_path / PLAN_FILE).write_text(json.dumps({"launch_id": "launch-c"}))
+    assert "another launch's (launch-c, this group's launch-b)" in replica.wait_for_plan(tmp_path, parent)
+    (tmp_path / PLAN_FILE).write_text(json.dumps({}))  # a plan that names no launch: any group's
+    assert replica.wait_for_plan(tmp_path, parent) is None
+    # no plan yet, and the job's lighthouse (a pool group's only sign of its pipeline) does not answer
+    (tmp_path / PLAN_FILE).unlink()
+    monkeypatch.setenv(LIGHTHOUSE_ENV, "http://127.0.0.1:9")
+    monkeypatch.setattr(replica, "LIGHTHOUSE_LOOK_SECONDS", 0.05)
+    monkeypatch.setattr(replica, "LIGHTHOUSE_GONE_SECONDS", 0.3)
+    assert "the job's lighthouse http://127.0.0.1:9 has not answered" in replica.wait_for_plan(tmp_path, parent)

@@ -27,6 +27,7 @@ STOP_FILE = "stop.json"
 SCALE_FILE = "scale.json"
 SUPERVISOR_FILE = "supervisor.json"
 LIGHTHOUSE_ENV = "TRAINYARD_LIGHTHOUSE"  # set by the train-replica flow from its parameter
+LAUNCH_ENV = "TRAINYARD_LAUNCH_ID"  # the launch a group belongs to: set by the launcher, or the flow's parameter
 
 
 def export_channels(extra_channels: dict[str, str]) -> None:
@@ -54,6 +55,9 @@ class TrainingPlan:
     # When the supervisor released the groups (Unix time): every group's epoch times count from it, so a
     # restarted group's history, whose early epochs it healed from a peer, reads as one clock.
     released_unix: float | None = None
+    # The launch whose groups this plan releases: a group of another (an earlier run of the job id, whose
+    # pipeline died before its plan) must not take it (``replica.wait_for_plan``). Empty: any group.
+    launch_id: str = ""
 
     def export_channels(self) -> None:
         """Name each extra channel's folder where entrypoints look (``export_channels``)."""

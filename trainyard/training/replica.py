@@ -8,12 +8,15 @@ non-zero on failure, after writing what went wrong to ``error.json`` in its atte
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import sys
 import time
 import traceback
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from trainyard import collector, env_settings
@@ -21,26 +24,61 @@ from trainyard.env_settings import THREADS_ENV
 from trainyard.errors import TrainyardError
 from trainyard.home import write_json_atomic
 from trainyard.redaction import redact_exception
-from trainyard.training.plan import PLAN_FILE, attempt_dir
+from trainyard.training.plan import LAUNCH_ENV, LIGHTHOUSE_ENV, PLAN_FILE, attempt_dir
 
 METER_ENV = "TRAINYARD_CARBON_METER"
 PLAN_WAIT_SECONDS = 6 * 3600
+LIGHTHOUSE_LOOK_SECONDS = 5.0  # how often a pool group waiting for its plan asks its job's lighthouse
+LIGHTHOUSE_GONE_SECONDS = 60.0  # unanswered this long (a restart of it would take seconds), the job is gone
 # The pid of the process that started this group (launch sets it): read from the start-up's own
 # getppid(), a parent that died while this interpreter started (its imports take seconds on a busy
 # machine) was never seen, and the group waited the whole PLAN_WAIT_SECONDS for a plan that could not come.
 PARENT_ENV = "TRAINYARD_PARENT_PID"
 
 
-def wait_for_plan(job_dir: Path, parent_pid: int) -> bool:
-    """Wait for the plan; give up if the orchestrating process is gone or it never comes."""
+def wait_for_plan(job_dir: Path, parent_pid: int) -> str | None:
+    """Wait for this group's launch's plan: None once it is there, else why it will not come. Given up when the
+    process that started the group is gone (a local group's pipeline), when the job's lighthouse has stopped
+    answering (a pool group's: its pipeline died, and nothing else cancels its run, which would hold its slot
+    for ``PLAN_WAIT_SECONDS``), when the plan is another launch's (the job id run again meanwhile: this
+    group's job is over), or when it never comes."""
     deadline = time.monotonic() + PLAN_WAIT_SECONDS
+    launch, lighthouse = os.environ.get(LAUNCH_ENV, ""), os.environ.get(LIGHTHOUSE_ENV, "")
+    answered, next_look = time.monotonic(), 0.0
     while time.monotonic() < deadline:
         if (job_dir / PLAN_FILE).exists():
-            return True
+            theirs = _plan_launch(job_dir)
+            if launch and theirs and theirs != launch:
+                return f"the plan is another launch's ({theirs}, this group's {launch}): the job id was run again"
+            return None
         if os.getppid() != parent_pid:
-            return False
+            return "the plan never came: the train stage is gone"
+        if lighthouse and time.monotonic() >= next_look:
+            next_look = time.monotonic() + LIGHTHOUSE_LOOK_SECONDS
+            if _answers(lighthouse):
+                answered = time.monotonic()
+            elif time.monotonic() - answered > LIGHTHOUSE_GONE_SECONDS:
+                return f"the plan never came: the job's lighthouse {lighthouse} has not answered for a minute"
         time.sleep(0.05)
-    return False
+    return f"the plan never came in {PLAN_WAIT_SECONDS / 3600:g} h"
+
+
+def _plan_launch(job_dir: Path) -> str:
+    try:
+        return json.loads((job_dir / PLAN_FILE).read_text()).get("launch_id") or ""
+    except (OSError, ValueError):  # (written atomically: unreadable only if removed meanwhile)
+        return ""
+
+
+def _answers(url: str) -> bool:
+    """Whether the lighthouse at ``url`` answers HTTP at all (any status counts)."""
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,10 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     (out / "pid").write_text(str(os.getpid()))
-    if not wait_for_plan(args.job_dir, parent):
-        write_json_atomic(
-            out / "error.json", {"message": "the plan never came: the train stage is gone", "user_error": False}
-        )
+    gone = wait_for_plan(args.job_dir, parent)
+    if gone is not None:
+        write_json_atomic(out / "error.json", {"message": gone, "user_error": False})
         return 3
     try:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)

@@ -290,7 +290,7 @@ def launch_and_train(
 ) -> tuple[TrainingOutcome, LaunchHandle]:
     """Training without an orchestrator: start the lighthouse and the groups, train, stop them all."""
     handle = launch.launch(plan.job_id, job_dir, job.resources)
-    plan.lighthouse_addr = handle.lighthouse_addr
+    plan.lighthouse_addr, plan.launch_id = handle.lighthouse_addr, handle.launch_id
     try:
         return train(handle, plan, job, on_event=on_event), handle
     finally:
