@@ -430,3 +430,52 @@ def test_a_pool_group_that_failed_before_writing_its_error_is_told_by_its_runs_o
     with pytest.raises(TrainingError, match=r"after 2 attempt\(s\).*its run Crashed: .*status code 137") as failed:
         supervisor.train(handle, plan, job)
     assert [f["message"] for f in failed.value.failures] == [OomKilled().ended_how(None)] * 2
+
+
+def test_a_pool_run_marked_crashed_whose_group_still_beats_is_not_restarted_beside_it(trainyard_home, monkeypatch):
+    # Prefect marks a run Crashed that missed its heartbeats (its worker cut off from the API); the group trains on
+    import threading
+    import time
+
+    from trainyard import launch
+    from trainyard.errors import TrainingError
+    from trainyard.home import write_json_atomic
+    from trainyard.launch import LaunchHandle, ReplicaProcess
+    from trainyard.training import supervisor
+    from trainyard.training.plan import attempt_dir
+
+    class CutOff:
+        def start(self, handle, replica, attempt, resume):
+            raise AssertionError("restarted beside a live group")
+
+        def exit_code(self, proc):
+            return 2  # Crashed
+
+        def queued(self, proc):
+            return False
+
+        def kill(self, proc):
+            pass
+
+        terminate = kill
+
+    monkeypatch.setitem(launch._LAUNCHERS, "cut-off", CutOff())
+    monkeypatch.setattr(supervisor, "ALIVE_SECONDS", 0.5)
+    job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 1, "work_pool": "cut-off"})
+    beats = attempt_dir(folder, 0, 0) / "heartbeat.json"
+
+    def beating() -> None:  # the group, alive for 2 s more, then gone
+        for _ in range(20):
+            write_json_atomic(beats, {"step": 7, "unix": time.time(), "pid": 1})
+            time.sleep(0.1)
+
+    group = threading.Thread(target=beating)
+    group.start()
+    handle = LaunchHandle(job_id, str(folder), "cut-off", "", 0, 1, [ReplicaProcess(0, 0, 0, "", run_id="0" * 32)])
+    started = time.monotonic()
+    with pytest.raises(TrainingError, match="every replica group failed after 1 attempt"):  # once it fell silent
+        supervisor.train(
+            handle, plan, job.model_copy(update={"retries": job.retries.model_copy(update={"max_attempts": 1})})
+        )
+    assert time.monotonic() - started >= 2.0
+    group.join()

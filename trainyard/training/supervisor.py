@@ -48,6 +48,8 @@ SILENT_GROUP_SECONDS = 120.0
 SILENT_GROUP_SECONDS_ENV = "TRAINYARD_SILENT_GROUP_SECONDS"
 # Seconds to wait between a group's crash and its restart, doubled per attempt (elastic retries).
 RETRY_BACKOFF_SECONDS = 0.5
+# A group whose heartbeat (every 0.2 s while it trains) is younger than this is alive, whatever its run's state.
+ALIVE_SECONDS = 5.0
 
 
 @dataclass(slots=True)
@@ -140,7 +142,11 @@ def _supervise(
         # together (one node, one power cut) are all lost, and the first judged must not count the
         # others as live peers to heal from.
         # Those that finished are counted first, so a failure judged beside them sees the job done.
-        ended = {r: (p, code) for r, p in live.items() if (code := launch.exit_code(handle, p)) is not None}
+        ended = {
+            r: (p, code)
+            for r, p in live.items()
+            if (code := launch.exit_code(handle, p)) is not None and not _pool_run_ended_alive(handle, job_dir, p)
+        }
         for replica, (proc, _code) in list(ended.items()):
             del live[replica]
             out = attempt_dir(job_dir, replica, proc.attempt)
@@ -283,6 +289,16 @@ def _supervise(
         if (recovery["replica"], recovery["attempt"]) not in announced:
             emit("replica.recovered", recovery)
     return outcome
+
+
+def _pool_run_ended_alive(handle: LaunchHandle, job_dir: Path, proc: ReplicaProcess) -> bool:
+    """Whether a pool's run that ended with no result or error of its group's has a group still beating: Prefect
+    marks a run Crashed that missed its own heartbeats (a worker cut off from the API), whose process trains on
+    with its peers. A restart beside it would be a second group of one replica; it is judged once it is silent."""
+    out = attempt_dir(job_dir, proc.replica, proc.attempt)
+    if handle.work_pool == "local" or (out / "result.json").exists() or (out / "error.json").exists():
+        return False
+    return (out / "heartbeat.json").exists() and silent_seconds(out) < ALIVE_SECONDS
 
 
 def launch_and_train(
