@@ -52,6 +52,8 @@ class DeploymentOutdated(TrainyardError, ValueError):
     """The deployment's parameter schema (an older Trainyard's) refused a field the spec sets."""
 
 
+JOB_TAG = "trainyard-job:"  # every run of a job is tagged with its id (the pipeline's by submit, each group's)
+REPLICA_TAG = "trainyard-replica"  # and a group's run (pool_launcher) with this too
 DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
 PIPELINE_FLOW = "training-pipeline"
 _PRIMARY = {
@@ -93,7 +95,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
             timeout=0,
             idempotency_key=idempotency_key,
             flow_run_name=job_id,
-            tags=[f"trainyard-job:{job_id}"],
+            tags=[f"{JOB_TAG}{job_id}"],
             as_subflow=False,
         )
     except ObjectNotFound:
@@ -158,11 +160,30 @@ def _read_run(api, run_id: str):
     except ValueError:
         raise RunNotFound(f"{run_id!r} is not a flow run id (a UUID); `trainyard jobs list` shows them") from None
     try:
-        return api.read_flow_run(run_id)
+        run = api.read_flow_run(run_id)
     except ObjectNotFound:
         raise RunNotFound(
             f"no flow run {run_id} on the Prefect API at PREFECT_API_URL; `trainyard jobs list` shows them"
         ) from None
+    if REPLICA_TAG in (run.tags or []):  # one of a job's groups: what it says of itself is no job's status
+        job_id = next((t.removeprefix(JOB_TAG) for t in run.tags if t.startswith(JOB_TAG)), "")
+        raise RunNotFound(
+            f"{run_id} is {run.name}, a replica group's run of job {job_id}, not a job's: its pipeline run is "
+            f"{_pipeline_run_id(api, job_id) or 'the one `trainyard jobs list` shows for it'}"
+        )
+    return run
+
+
+def _pipeline_run_id(api, job_id: str) -> str | None:
+    """The id of the pipeline run that runs job ``job_id`` (named after it once it starts)."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterName
+
+    runs = api.read_flow_runs(
+        flow_filter=FlowFilter(name=FlowFilterName(any_=[PIPELINE_FLOW])),
+        flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[job_id])),
+        limit=1,
+    )
+    return str(runs[0].id) if runs else None
 
 
 def status(run_id: str) -> dict[str, Any]:
@@ -305,7 +326,7 @@ def _group_runs(api, run) -> list:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
     job_id = run.parameters.get("job_id") or run.name
-    tags = FlowRunFilterTags(all_=[f"trainyard-job:{job_id}", "trainyard-replica"])
+    tags = FlowRunFilterTags(all_=[f"{JOB_TAG}{job_id}", REPLICA_TAG])
     return api.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags))
 
 

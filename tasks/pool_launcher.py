@@ -21,6 +21,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, Crashed
 
+from flows.client import JOB_TAG, REPLICA_TAG
 from trainyard import env_settings
 from trainyard.errors import SpecError
 from trainyard.launch import LaunchHandle, ReplicaProcess
@@ -88,7 +89,7 @@ class WorkPoolLauncher:
             flow_run_name=f"{handle.job_id}-g{replica}-a{attempt}",  # in the UI and `jobs logs`: whose group it is
             # the same group attempt of the same launch: a create the client sends again is not a second group
             idempotency_key=f"{handle.job_id}-{handle.launch_id}-g{replica}-a{attempt}",
-            tags=[f"trainyard-job:{handle.job_id}", "trainyard-replica"],
+            tags=[f"{JOB_TAG}{handle.job_id}", REPLICA_TAG],
             as_subflow=False,
         )
         run_id = str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)

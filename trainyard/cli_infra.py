@@ -26,6 +26,7 @@ infra_app = typer.Typer(
 )
 err = Console(stderr=True)
 _STYLE = {"created": "green", "updated": "yellow", "unchanged": "dim"}
+_WOULD = {"created": "would create", "updated": "would update"}  # a dry run's actions
 
 
 @infra_app.callback()
@@ -90,10 +91,11 @@ def apply(
     for column in ("kind", "name", "action", "detail"):
         table.add_column(column, overflow="fold")
     for c in changes:
-        table.add_row(c.kind, c.name, f"[{_STYLE[c.action]}]{c.action}[/]", c.detail)
+        action = _WOULD.get(c.action, c.action) if dry_run else c.action
+        table.add_row(c.kind, c.name, f"[{_STYLE[c.action]}]{action}[/]", c.detail)
     out().print(table)
     changed = [c for c in changes if c.action != "unchanged"]
-    say(out(), f"{len(changed)} change(s)" if changed else "no changes")
+    say(out(), f"{len(changed)} change(s){' to make' if dry_run else ''}" if changed else "no changes")
 
 
 def _infra_module():

@@ -48,6 +48,10 @@ def carbon(
     except TrainyardError as exc:
         say(console, exc, "red")
         raise typer.Exit(1) from None
+    if not rows and since and (earlier := _ledger_lines(output_uri)):
+        # the ledger is there: none finished since then is an answer, not a mistake
+        say(console, f"no jobs finished since {since} ({earlier} ledger line(s) before it under {output_uri})")
+        return
     if not rows:  # not an empty table with a total of 0: that reads as "no emissions"
         where = f"{output_uri.rstrip('/')}/carbon-ledger/"
         say(
@@ -91,3 +95,13 @@ def carbon(
             say(console, f"{path}: cannot be written ({exc.strerror or exc})", "red")
             raise typer.Exit(1) from None
         say(console, f"wrote {path}")
+
+
+def _ledger_lines(output_uri: str) -> int:
+    """How many lines the ledger under ``output_uri`` has, whenever their jobs finished (0 where unreadable)."""
+    from trainyard import esg
+
+    try:
+        return len(esg.read_ledger(output_uri, None))
+    except TrainyardError:
+        return 0

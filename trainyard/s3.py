@@ -199,6 +199,13 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        answered = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("content-type", "")
+        if answered.startswith(("application/json", "text/html")):  # S3 answers errors in XML: this is no S3
+            return StorageError(
+                f"{uri}: the S3 endpoint answered {status} in {answered.split(';')[0]}, not as S3 does; is "
+                "AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL, or the profile's endpoint_url) an S3 API? (MinIO's is "
+                "its API port, not its console's)"
+            )
         if code in ("NoSuchBucket",):
             return StorageError(f"{uri}: bucket does not exist; create it or fix the bucket name")
         if code in ("NoSuchKey", "404", "NotFound"):

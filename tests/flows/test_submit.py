@@ -1,5 +1,6 @@
 """Submitting to a deployment through ``flows.client``: the spec goes as written, so a deployment an older
-Trainyard made takes it, and one whose schema lacks a field the spec sets is named as outdated."""
+Trainyard made takes it, and one whose schema lacks a field the spec sets is named as outdated; a pool with no
+group deployment is refused before anything is queued; a group's run is not taken for a job's."""
 
 from __future__ import annotations
 
@@ -43,5 +44,13 @@ def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_i
             assert (
                 api.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))) == []
             )
+            # a group's run (a pool job's) asked after as if it were a job: named as what it is
+            group = api.create_flow_run_from_deployment(
+                deployment, name="j-7-g0-a0", tags=[f"{client.JOB_TAG}j-7", client.REPLICA_TAG]
+            )
+            for ask in (client.status, client.logs, client.stop):
+                with pytest.raises(client.RunNotFound, match="is j-7-g0-a0, a replica group's run of job j-7, not"):
+                    ask(str(group.id))
+            api.delete_flow_run(group.id)
         finally:
             api.delete_deployment(deployment)

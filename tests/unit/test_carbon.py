@@ -167,6 +167,10 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
         failed = CliRunner().invoke(app, ["report", "carbon", f"s3://{bucket}/out/", *args])
         assert failed.exit_code == code and says in failed.output, failed.output
         assert failed.exception is None or isinstance(failed.exception, SystemExit)
+    # none finished since: an answer (exit 0), not the mistake of a wrong prefix
+    later = CliRunner().invoke(app, ["report", "carbon", f"s3://{bucket}/out/", "--since", "2030-01-01"])
+    flat = " ".join(later.output.split())
+    assert later.exit_code == 0 and "no jobs finished since 2030-01-01 (2 ledger line(s) before it" in flat, flat
     # the parent of the output prefix (or one job's folder): no lines there, said so, not a total of 0
     for where in (f"s3://{bucket}/", f"s3://{bucket}/out/job-0-churn-mlp-20261100-101500-a3f9c0/"):
         failed = CliRunner().invoke(app, ["report", "carbon", where])

@@ -202,3 +202,31 @@ def test_an_endpoint_that_never_answered_is_not_retried_and_one_that_answered_be
     blip = s3.describe_error(refused.value, "s3://b/ch/")
     assert blip.transient
     assert "could not reach S3" in str(blip)
+
+
+@pytest.mark.parametrize("kind", ["application/json", "text/html; charset=utf-8"])
+def test_an_endpoint_that_is_no_s3_is_named_as_such_not_as_a_missing_bucket(fresh_clients, monkeypatch, kind):
+    # AWS_ENDPOINT_URL_S3 at the Prefect API's port, or at MinIO's console: it answers, but not as S3 does
+    class NotS3(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"detail": "Not Found"}' if kind.startswith("application/json") else b"<html>console</html>"
+            self.send_response(404)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotS3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        with pytest.raises(ClientError) as answered:
+            s3.client().list_objects_v2(Bucket="trainyard-demo")
+    finally:
+        server.shutdown()
+        server.server_close()
+    error = str(s3.describe_error(answered.value, "s3://trainyard-demo/data/"))
+    assert "answered 404 in " + kind.split(";")[0] + ", not as S3 does; is AWS_ENDPOINT_URL_S3" in error, error
