@@ -296,7 +296,8 @@ def stop(run_id: str, graceful: bool = False) -> list[str]:
 def logs(run_id: str, groups: bool = True) -> list[dict[str, Any]]:
     """The job's log lines, oldest first: its pipeline run's and, with ``groups``, those of its replica groups
     that ran as flow runs on a work pool (a ``local`` job's groups log to files in its job folder).
-    Each: ``time`` (ISO), ``level`` (``INFO``), ``run`` (the flow run's name) and ``message``."""
+    Each: ``time`` (ISO), ``level`` (``INFO``), ``run`` (the flow run's name), ``task`` (the task run's, a stage's;
+    "" for the flow's own lines) and ``message``."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
@@ -310,15 +311,33 @@ def logs(run_id: str, groups: bool = True) -> list[dict[str, Any]]:
             lines += page
             if len(page) < 200:
                 break
+        tasks = _task_names(api, list(names))
     return [
         {
             "time": line.timestamp.isoformat(),
             "level": logging.getLevelName(line.level),
             "run": names.get(line.flow_run_id, ""),
+            # the stage that logged it, where a task did ("staging-953"): Prefect's "Finished in state
+            # Completed()" of each stage says no more
+            "task": tasks.get(line.task_run_id, "") if line.task_run_id else "",
             "message": line.message,
         }
         for line in lines
     ]
+
+
+def _task_names(api, run_ids: list) -> dict:
+    """The names of the task runs of the flow runs ``run_ids``, by id."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    found: dict = {}
+    while True:
+        page = api.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=run_ids)), limit=200, offset=len(found)
+        )
+        found |= {task.id: task.name for task in page}
+        if len(page) < 200:
+            return found
 
 
 def _group_runs(api, run) -> list:

@@ -128,7 +128,8 @@ def logs(
     from flows import client
 
     for line in _call(client.logs, run_id, groups):
-        print(f"{_clock(line['time'])} {line['level']:<7} {line['run']}: {line['message']}")
+        where = f"{line['run']}/{line['task']}" if line.get("task") else line["run"]
+        print(f"{_clock(line['time'])} {line['level']:<7} {where}: {line['message']}")
 
 
 @jobs_app.command()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.error
@@ -91,6 +92,8 @@ def test_trainyard_jobs_submit_validates_queues_and_follows_a_job(deployed, buck
     assert other.exit_code == 2 and "already started run" in other.stderr and not other.stdout, other.output
     logs = CliRunner().invoke(app, ["jobs", "logs", run_id])
     assert logs.exit_code == 0 and "registered cli-job version 1" in logs.stdout, logs.output
+    # each stage's lines say which stage (its task run) logged them
+    assert re.search(r"/registry-\w+: registered cli-job version 1", logs.stdout), logs.stdout
 
 
 def test_groups_run_as_flow_runs_and_a_killed_one_is_resubmitted_and_heals(deployed, bucket, tmp_path):
