@@ -22,10 +22,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from flows import job_events
+from flows.job_events import FINAL
 from trainyard.errors import TrainyardError
 from trainyard.home import new_job_id
 from trainyard.spec import TrainingJob, parse_job
-from trainyard.status import PROGRESS_EVENT
+from trainyard.status import JOB_TAG, REPLICA_TAG
 
 
 class ApiNotSet(TrainyardError):
@@ -52,8 +54,6 @@ class DeploymentOutdated(TrainyardError, ValueError):
     """The deployment's parameter schema (an older Trainyard's) refused a field the spec sets."""
 
 
-JOB_TAG = "trainyard-job:"  # every run of a job is tagged with its id (the pipeline's by submit, each group's)
-REPLICA_TAG = "trainyard-replica"  # and a group's run (pool_launcher) with this too
 DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
 PIPELINE_FLOW = "training-pipeline"
 _PRIMARY = {
@@ -63,7 +63,6 @@ _PRIMARY = {
     "CANCELLED": "Stopped",
     "SCHEDULED": "Scheduled",  # a schedule's future run: not started, not in progress
 }
-_FINAL = {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped"}
 
 
 def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempotency_key: str | None = None) -> str:
@@ -196,16 +195,16 @@ def status(run_id: str) -> dict[str, Any]:
     with _api() as api:
         run = _read_run(api, run_id)
         job_id = run.parameters.get("job_id") or run.name
-        transitions, ended = _job_events(api, job_id, run.created)
+        transitions, ended = job_events.read(api, job_id, run.created)
         training = bool(transitions) and transitions[-1]["status"] == "Training"
         # since this try's start: a retried run's first try had epochs of its own
         since = datetime.fromisoformat(transitions[0]["start_time"]) if training else None
-        progress = _progress(api, job_id, since) if training else None
+        progress = job_events.progress(api, job_id, since) if training else None
     state = run.state.type.value if run.state else "PENDING"
     primary = _run_status(run.state)
     if state in ("COMPLETED", "CRASHED") and transitions:  # its last status says how the job itself ended:
         # a Stopped job's run completes, and one told to stop by something else (a worker shut down) is Crashed
-        primary = _FINAL.get(transitions[-1]["status"], primary)
+        primary = FINAL.get(transitions[-1]["status"], primary)
     reason = (ended or {}).get("failure_reason")
     if reason is None and ended is None and state in ("FAILED", "CRASHED") and run.state.message:
         reason = run.state.message
@@ -251,7 +250,7 @@ def wait(
             # The run's state can land before the job's last status event: give the event a moment.
             settle = time.monotonic() + 10
             # (metrics: None until the job's outcome event, which follows its last status)
-            while (current["secondary_status"] not in _FINAL or current["metrics"] is None) and (
+            while (current["secondary_status"] not in FINAL or current["metrics"] is None) and (
                 time.monotonic() < settle
             ):
                 time.sleep(0.5)
@@ -385,50 +384,3 @@ def _run_status(state) -> str:
     if state.type.value == "COMPLETED" and state.name == "Stopped":
         return "Stopped"
     return _PRIMARY.get(state.type.value, "InProgress")
-
-
-def _progress(api, job_id: str, since) -> dict | None:
-    """The job's last ``trainyard.progress`` event's payload (the train stage's, at most once a second)."""
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
-
-    page = api.read_events(
-        EventFilter(
-            occurred=EventOccurredFilter(since=since),
-            event=EventNameFilter(name=[PROGRESS_EVENT]),
-            resource=EventResourceFilter(id=[f"trainyard.job.{job_id}"]),
-        ),
-        limit=5,
-    )
-    latest = max(page.events, key=lambda e: e.occurred, default=None)
-    return dict(latest.payload) if latest is not None else None
-
-
-def _job_events(api, job_id: str, since) -> tuple[list[dict], dict | None]:
-    """The job's secondary status transitions, each closed by the next (an event is sent as a status
-    begins, its end time not yet known), and its outcome (the ``trainyard.job.ended`` event's; None before)."""
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
-
-    page = api.read_events(
-        EventFilter(
-            occurred=EventOccurredFilter(since=since),
-            event=EventNameFilter(prefix=["trainyard.job."]),
-            resource=EventResourceFilter(id=[f"trainyard.job.{job_id}"]),
-        ),
-        limit=50,  # the API's most per page; a job has under ten transitions
-    )
-    events = sorted(page.events, key=lambda e: e.occurred)
-    # A retried run (the same run id) starts the job again: only what its last try said is the job's now
-    starts = [i for i, e in enumerate(events) if e.payload.get("status") == "Starting"]
-    events = events[starts[-1] :] if starts else events
-    transitions: list[dict] = []
-    for payload in (dict(e.payload) for e in events if "status" in e.payload):
-        if transitions and transitions[-1]["status"] == payload["status"]:  # told again, further on: its message
-            transitions[-1]["message"] = payload["message"]
-            continue
-        transitions.append(payload)
-    for this, following in zip(transitions, transitions[1:], strict=False):
-        this["end_time"] = this["end_time"] or following["start_time"]
-    if transitions and transitions[-1]["status"] in _FINAL:  # as the job's summary has it: ended as it began
-        transitions[-1]["end_time"] = transitions[-1]["end_time"] or transitions[-1]["start_time"]
-    ended = [e.payload["ended"] for e in events if "ended" in e.payload]
-    return transitions, (dict(ended[-1]) if ended else None)

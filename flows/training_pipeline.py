@@ -301,10 +301,8 @@ CANCELLED_MESSAGE = "the job was cancelled (trainyard jobs stop, or Cancel in th
 
 
 def _cancelled() -> bool:
-    """Whether this run's SIGTERM is Prefect cancelling it: its state is Cancelling first. False where the API
-    cannot say, or the run is no deployment's (``trainyard run``: nothing cancels it but a signal)."""
-    from prefect.client.orchestration import get_client
-
+    """Whether this run's SIGTERM is Prefect cancelling it: its state is Cancelling first (a ``trainyard run``'s
+    is Running: nothing cancels it but a signal). False where the API cannot say."""
     run_id = flow_run.get_id()
     if run_id is None:
         return False

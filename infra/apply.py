@@ -44,6 +44,9 @@ DEFAULT_HEARTBEAT_SECONDS = 30
 MIN_HEARTBEAT_SECONDS = 30  # Prefect's floor for flow run heartbeats
 MISSED_HEARTBEATS = 3  # a run silent for this many heartbeats is a zombie
 ZOMBIE_AUTOMATION = "trainyard-crash-zombie-flow-runs"
+# The state message of a run the automation crashed: its process may live on, cut off from the API
+# (tasks/pool_launcher.py tells such a run apart by it).
+ZOMBIE_MESSAGE = "Marked Crashed: the flow run's heartbeats stopped"
 WATCHED_FLOWS = ("training-pipeline", "train-replica")
 # Block types the templates and flows refer to (the ECS template's aws_credentials, the S3 blocks);
 # a self-hosted server knows only Prefect's own until they are registered.
@@ -206,9 +209,7 @@ def zombie_automation(within_seconds: float, name: str = ZOMBIE_AUTOMATION, flow
             threshold=1,
             within=timedelta(seconds=within_seconds),
         ),
-        actions=[
-            ChangeFlowRunState(state=StateType.CRASHED, message="Marked Crashed: the flow run's heartbeats stopped")
-        ],
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=ZOMBIE_MESSAGE)],
         actions_on_trigger=[],
         actions_on_resolve=[],
     )

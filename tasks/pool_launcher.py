@@ -17,15 +17,16 @@ import time
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import State, StateType
 from prefect.deployments import run_deployment
 from prefect.states import Cancelled, Cancelling, Crashed
 
-from flows.client import JOB_TAG, REPLICA_TAG
+from infra.apply import ZOMBIE_MESSAGE
 from trainyard import env_settings
 from trainyard.errors import SpecError
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import Resources
+from trainyard.status import JOB_TAG, REPLICA_TAG
 
 REPLICA_FLOW = "train-replica"
 # States are read at most this often per group: the supervisor polls ten times a second.
@@ -69,7 +70,8 @@ class WorkPoolLauncher:
     def __init__(self, deployment: str, resources: Resources):
         self.deployment, self.resources = deployment, resources
         self.cancel_confirm_seconds = env_settings.seconds(CANCEL_CONFIRM_SECONDS_ENV, CANCEL_CONFIRM_SECONDS)
-        self._states: dict[UUID, tuple[float, int | None, StateType | None]] = {}  # run id -> (read, code, type)
+        # run id -> (when read, exit code, state type, the state)
+        self._states: dict[UUID, tuple[float, int | None, StateType | None, State | None]] = {}
         self._cancelled: dict[UUID, float] = {}  # run id -> when we asked for the cancellation
 
     def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
@@ -101,11 +103,18 @@ class WorkPoolLauncher:
     def ended_how(self, proc: ReplicaProcess) -> str | None:
         """The ended run's state in Prefect's words ("Crashed: ... exit code 137"): what a group that failed
         before writing its own error (an image pull, an OOM kill, the worker's import) tells of its cause."""
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(_run_id(proc)).state
+        self._read(proc)
+        state = self._states[_run_id(proc)][3]
         if state is None:
             return None
         return f"its run {state.name}" + (f": {state.message}" if state.message else "")
+
+    def lost_touch(self, proc: ReplicaProcess) -> bool:
+        """Whether the run was marked Crashed for its heartbeats alone (``infra.apply``'s zombie automation): its
+        worker cut off from the API, its group may train on."""
+        self._read(proc)
+        state = self._states[_run_id(proc)][3]
+        return state is not None and state.type == StateType.CRASHED and state.message == ZOMBIE_MESSAGE
 
     def queued(self, proc: ReplicaProcess) -> bool:
         return self._read(proc)[1] == StateType.SCHEDULED  # no worker with room has taken it yet
@@ -113,7 +122,7 @@ class WorkPoolLauncher:
     def _read(self, proc: ReplicaProcess) -> tuple[int | None, StateType | None]:
         """The run's exit code (None while it runs) and state type, read at most every STATE_CACHE_SECONDS."""
         run_id = _run_id(proc)
-        seen, code, kind = self._states.get(run_id, (0.0, None, None))
+        seen, code, kind, _ = self._states.get(run_id, (0.0, None, None, None))
         if time.monotonic() - seen < STATE_CACHE_SECONDS:
             return code, kind
         with get_client(sync_client=True) as client:
@@ -126,9 +135,10 @@ class WorkPoolLauncher:
                     f"cancelled {time.monotonic() - asked:.0f} s ago and no worker stopped it:"
                     " presumed lost with its worker"
                 )
-                client.set_flow_run_state(run_id, Crashed(message=message), force=True)
+                state = Crashed(message=message)
+                client.set_flow_run_state(run_id, state, force=True)
                 kind, code = StateType.CRASHED, _EXIT_CODES[StateType.CRASHED]
-        self._states[run_id] = (time.monotonic(), code, kind)
+        self._states[run_id] = (time.monotonic(), code, kind, state)
         return code, kind
 
     def kill(self, proc: ReplicaProcess) -> None:

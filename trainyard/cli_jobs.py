@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 from datetime import datetime
@@ -53,6 +54,8 @@ def submit(
 
     job = load(spec, set_)
     warn(job)
+    if timeout is not None and not wait:
+        say(console, "--timeout is how long --wait waits; without --wait it does nothing", "yellow")
     run_id = _call(client.submit, job, deployment, idempotency_key)
     print(run_id)  # stdout, alone: RUN_ID=$(trainyard jobs submit job.yaml)
     if not wait:
@@ -60,13 +63,10 @@ def submit(
     say(console, f"job {job.name!r} queued on {deployment}, flow run {run_id}: waiting for it to end")
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: said, not silent
     try:
-        final = client.wait(run_id, timeout_seconds=timeout, on_transition=_print_transition)
+        final = _call(functools.partial(client.wait, timeout_seconds=timeout, on_transition=_print_transition), run_id)
     except client.WaitTimeout as exc:
         say(console, f"{exc}; stopped waiting, the job goes on: `trainyard jobs describe {run_id}`", "yellow")
         raise typer.Exit(124) from None
-    except TrainyardError as exc:
-        say(console, exc, "red")
-        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         say(
             console,
@@ -161,6 +161,8 @@ def stop(
 def _call(fn, *args):
     try:
         return fn(*args)
+    except TimeoutError:  # client.WaitTimeout: the caller says the job goes on
+        raise
     except TrainyardError as exc:  # a run id that is not one, or that the API does not know (client.py)
         say(console, exc, "red")
         raise typer.Exit(2) from None

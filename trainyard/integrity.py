@@ -161,7 +161,9 @@ class Digester:
             checked.append(full["algorithm"].lower() + composite)
         if self.local and self.local_expected:  # against the bytes as first fetched, not against S3
             if self.local.b64digest() != self.local_expected:
-                return f"{LOCAL_ALGORITHM} {self.local.b64digest()} != {self.local_expected} when fetched", "size"
+                return f"{LOCAL_ALGORITHM} {self.local.b64digest()} != {self.local_expected} when fetched", "+".join(
+                    checked
+                )
             checked.append(f"{LOCAL_ALGORITHM.lower()}-as-fetched")
         return None, "+".join(checked)
 

@@ -186,11 +186,13 @@ def _start_lighthouse(job_dir: Path, resources: Resources) -> tuple[subprocess.P
         _PROCESSES[lighthouse.pid] = lighthouse
         addr = f"http://{url_host(advertised_host())}:{port}"  # what the groups dial, wherever they run
         problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0) or ""
-        if not problem:
+        if not problem and lighthouse.poll() is None:
             return lighthouse, addr
+        # (answered, but by whatever holds the port: ours exited, its bind refused)
+        problem = problem or f"exited at start (code {lighthouse.returncode})"
         stop_process(lighthouse)
         _PROCESSES.pop(lighthouse.pid, None)
-        if lighthouse.returncode is None or "exited" not in problem:
+        if "exited" not in problem:
             break  # it did not answer in time: another port would not help
     said = _last_line(log_path)
     raise TrainingError(f"the torchft lighthouse {problem}{f': {said}' if said else ''} (its log: {log_path})")
@@ -224,6 +226,16 @@ def ended_how(handle: LaunchHandle, proc: ReplicaProcess) -> str | None:
         return describe(proc) if describe is not None else None
     except Exception:  # noqa: BLE001 - the API cannot say: the failure is recorded by its exit code
         return None
+
+
+def lost_touch(handle: LaunchHandle, proc: ReplicaProcess) -> bool:
+    """Whether a group's run ended only in its pool's records, its process maybe alive (a worker cut off from
+    the API, its run marked Crashed for missed heartbeats); False for a process, or where the API cannot say."""
+    ask = getattr(launcher_for(handle), "lost_touch", None)
+    try:
+        return bool(ask(proc)) if ask is not None else False
+    except Exception:  # noqa: BLE001 - the API cannot say: the run's end stands
+        return False
 
 
 def queued(handle: LaunchHandle, proc: ReplicaProcess) -> bool:

@@ -200,7 +200,8 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         answered = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("content-type", "")
-        if answered.startswith(("application/json", "text/html")):  # S3 answers errors in XML: this is no S3
+        # S3 answers errors in XML: this is no S3 (a proxy's 5xx page in front of one is an outage, retried below)
+        if answered.startswith(("application/json", "text/html")) and (status or 0) < 500:
             return StorageError(
                 f"{uri}: the S3 endpoint answered {status} in {answered.split(';')[0]}, not as S3 does; is "
                 "AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL, or the profile's endpoint_url) an S3 API? (MinIO's is "

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 PROGRESS_EVENT = "trainyard.progress"  # the train stage's epochs so far; not a "trainyard.job.*" status event
+JOB_TAG = "trainyard-job:"  # every run of a job is tagged with its id (the pipeline's by submit, each group's)
+REPLICA_TAG = "trainyard-replica"  # and a group's run (tasks/pool_launcher.py) with this too
 
 
 def _now() -> str:

@@ -34,6 +34,10 @@ def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_i
             sent = api.read_flow_run(run_id).parameters["job"]
             assert sent == parse_job(minimal()).model_dump(mode="json", exclude_unset=True) and "stopping" not in sent
             api.delete_flow_run(run_id)  # no worker runs it
+            # sifting's defaults (resolved for the train channel) are the deployed code's to fill in, too
+            sifted = client.submit(minimal() | {"sifting": {"enabled": True}}, deployment="training-pipeline/older")
+            assert api.read_flow_run(sifted).parameters["job"]["sifting"] == {"enabled": True}
+            api.delete_flow_run(sifted)
             newer = minimal() | {"stopping": {"restore_best": False}}
             with pytest.raises(client.DeploymentOutdated, match=r"restore_best.*prefect deploy --all"):
                 client.submit(newer, deployment="training-pipeline/older")

@@ -47,7 +47,6 @@ def test_a_job_with_patience_keeps_its_best_epochs_parameters_not_its_last(train
     assert len(list(folder.glob(f"replicas/*/attempt-0/best-epoch-{best}.pt"))) == 2
     assert _val_loss_of(outcome, job, plan) == pytest.approx(losses[best - 1], rel=1e-5)
     assert status.final_metrics(outcome.history, outcome.restored_epoch)["val_loss"] == losses[best - 1]
-    assert outcome.model_history() == outcome.history[:best]
 
 
 def test_without_restore_best_the_model_is_the_last_epochs(trainyard_home):
@@ -125,3 +124,21 @@ def test_the_curves_mark_the_epoch_the_model_is_from():
 
     assert marks(history_figure(HISTORY, "j", 1)) == ["model: epoch 1 (best)"] * 2  # the loss and metric panels
     assert marks(history_figure(HISTORY, "j")) == []
+
+
+def test_the_epoch_that_reaches_the_target_is_the_best_one_kept():
+    from trainyard.training.epochs import History, end_epoch
+
+    job = parse_job(
+        _spec(patience_epochs=3, target_metric={"name": "val_accuracy", "value": 0.95})
+        | {
+            "inputs": {
+                "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
+                "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
+            }
+        }
+    )
+    history = History()
+    for epoch, accuracy in enumerate((0.90, 0.93, 0.96), start=1):
+        end_epoch(history, epoch, {"val_accuracy": accuracy, "val_loss": 1 - accuracy}, job, 0.0)
+    assert (history.stop_reason, history.best_epoch, history.best) == ("TargetMetricReached", 3, 0.96)

@@ -85,7 +85,7 @@ def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     from datetime import UTC, datetime, timedelta
     from types import SimpleNamespace
 
-    from flows import client
+    from flows import job_events
 
     t0 = datetime(2026, 12, 5, tzinfo=UTC)
 
@@ -98,7 +98,7 @@ def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     first_try = [status(0, "Starting"), status(1, "Downloading"), status(2, "Failed")]
     events = [event(i, p) for i, p in enumerate(first_try)] + [event(3, {"ended": {"failure_reason": "boom"}})]
     api = SimpleNamespace(read_events=lambda *a, **k: SimpleNamespace(events=events))
-    transitions, ended = client._job_events(api, "j", t0)
+    transitions, ended = job_events.read(api, "j", t0)
     assert [(t["status"], t["end_time"]) for t in transitions] == [
         ("Starting", "t1"),
         ("Downloading", "t2"),
@@ -107,13 +107,13 @@ def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     assert ended == {"failure_reason": "boom"}
     # the run retried (the same run id): the first try's outcome is not the job's now
     events += [event(10, status(10, "Starting")), event(11, status(11, "Downloading"))]
-    transitions, ended = client._job_events(api, "j", t0)
+    transitions, ended = job_events.read(api, "j", t0)
     assert [(t["status"], t["end_time"]) for t in transitions] == [("Starting", "t11"), ("Downloading", None)]
     assert ended is None
     # a status told again further on (Training: launching, then training) is one transition, with the later word
     events += [event(12, status(12, "Training") | {"message": "Launching replica groups"})]
     events += [event(13, status(12, "Training") | {"message": "Training in progress"})]
-    transitions, _ = client._job_events(api, "j", t0)
+    transitions, _ = job_events.read(api, "j", t0)
     assert [(t["status"], t["message"]) for t in transitions][-1] == ("Training", "Training in progress")
     assert [t["status"] for t in transitions] == ["Starting", "Downloading", "Training"]
 

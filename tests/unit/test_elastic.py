@@ -451,6 +451,9 @@ def test_a_pool_run_marked_crashed_whose_group_still_beats_is_not_restarted_besi
         def exit_code(self, proc):
             return 2  # Crashed
 
+        def lost_touch(self, proc):
+            return True  # for its missed heartbeats (infra.apply's zombie automation)
+
         def queued(self, proc):
             return False
 
@@ -460,11 +463,11 @@ def test_a_pool_run_marked_crashed_whose_group_still_beats_is_not_restarted_besi
         terminate = kill
 
     monkeypatch.setitem(launch._LAUNCHERS, "cut-off", CutOff())
-    monkeypatch.setattr(supervisor, "ALIVE_SECONDS", 0.5)
+    monkeypatch.setattr(supervisor, "silent_seconds_limit", lambda: 1.0)  # a hung group's limit, shortened
     job, job_id, folder, plan = make_job(trainyard_home, resources={"replicas": 1, "work_pool": "cut-off"})
     beats = attempt_dir(folder, 0, 0) / "heartbeat.json"
 
-    def beating() -> None:  # the group, alive for 2 s more, then gone
+    def beating() -> None:  # the group, alive for 2 s more, then gone (and judged once silent for 1 s)
         for _ in range(20):
             write_json_atomic(beats, {"step": 7, "unix": time.time(), "pid": 1})
             time.sleep(0.1)
@@ -477,5 +480,5 @@ def test_a_pool_run_marked_crashed_whose_group_still_beats_is_not_restarted_besi
         supervisor.train(
             handle, plan, job.model_copy(update={"retries": job.retries.model_copy(update={"max_attempts": 1})})
         )
-    assert time.monotonic() - started >= 2.0
+    assert time.monotonic() - started >= 2.0 + 1.0
     group.join()

@@ -230,3 +230,6 @@ def test_an_endpoint_that_is_no_s3_is_named_as_such_not_as_a_missing_bucket(fres
         server.server_close()
     error = str(s3.describe_error(answered.value, "s3://trainyard-demo/data/"))
     assert "answered 404 in " + kind.split(";")[0] + ", not as S3 does; is AWS_ENDPOINT_URL_S3" in error, error
+    # a proxy's 503 page in front of S3 is an outage, retried, not a wrong endpoint
+    answered.value.response["ResponseMetadata"]["HTTPStatusCode"] = 503
+    assert s3.describe_error(answered.value, "s3://trainyard-demo/data/").transient

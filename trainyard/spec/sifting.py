@@ -246,7 +246,11 @@ class Sifting(_Model):
         if prune is None:
             default = DEFAULT_PRUNING | ({"hardest_fraction": 0.0} if regression else {})
             prune = Pruning(**default) if beta == 0 and not streamed else Pruning()
-        return self.model_copy(update={"beta": beta, "prune": prune})
+        resolved = self.model_copy(update={"beta": beta, "prune": prune})
+        # still the fields the user set: a spec sent as written (flows.client.submit) leaves these defaults to
+        # the code that runs it, and the warnings about settings given (``ignored_settings``) see the user's
+        object.__setattr__(resolved, "__pydantic_fields_set__", set(self.model_fields_set))
+        return resolved
 
     def settled(self) -> tuple[float, Pruning]:
         """``(beta, prune)`` of a config that ``resolved`` returned (a job's, with sifting on), where neither

@@ -64,25 +64,26 @@ def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, sta
     if diverged(metrics, job):
         history.stop_reason = "Diverged"
         return
+    # The best epoch first: the epoch that reaches the target is the best one, and the model it restores to.
+    watched = job.stopping.watched_metric
+    value = metrics.get(watched)
+    if (job.stopping.patience_epochs is not None or job.stopping.restores_best) and value is not None:
+        bigger_better = METRICS[watched]
+        # (a NaN never improves: every comparison with it is false)
+        improved = history.best is None or (value > history.best if bigger_better else value < history.best)
+        if improved and math.isfinite(value):
+            history.best, history.best_epoch, history.epochs_since_best = value, epoch, 0
+        else:
+            history.epochs_since_best += 1
     target = job.stopping.target_metric
     if target is not None and target.name in metrics:
-        value = metrics[target.name]
-        if (value >= target.value) if METRICS[target.name] else (value <= target.value):
+        reached = metrics[target.name]
+        if (reached >= target.value) if METRICS[target.name] else (reached <= target.value):
             history.stop_reason = "TargetMetricReached"
             return
-    if job.stopping.patience_epochs is not None or job.stopping.restores_best:
-        watched = job.stopping.watched_metric
-        value, bigger_better = metrics.get(watched), METRICS[watched]
-        if value is not None:
-            # (a NaN never improves: every comparison with it is false)
-            improved = history.best is None or (value > history.best if bigger_better else value < history.best)
-            if improved and math.isfinite(value):
-                history.best, history.best_epoch, history.epochs_since_best = value, epoch, 0
-            else:
-                history.epochs_since_best += 1
-            patience = job.stopping.patience_epochs
-            if patience is not None and history.epochs_since_best >= patience:
-                history.stop_reason = "NoImprovement"
+    patience = job.stopping.patience_epochs
+    if patience is not None and value is not None and history.epochs_since_best >= patience:
+        history.stop_reason = "NoImprovement"
 
 
 def diverged(metrics: dict, job: TrainingJob) -> str | None:

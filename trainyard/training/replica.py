@@ -58,7 +58,10 @@ def wait_for_plan(job_dir: Path, parent_pid: int) -> str | None:
             if _answers(lighthouse):
                 answered = time.monotonic()
             elif time.monotonic() - answered > LIGHTHOUSE_GONE_SECONDS:
-                return f"the plan never came: the job's lighthouse {lighthouse} has not answered for a minute"
+                return (
+                    f"the plan never came: the job's lighthouse {lighthouse} has not answered for "
+                    f"{LIGHTHOUSE_GONE_SECONDS:g} s"
+                )
         time.sleep(0.05)
     return f"the plan never came in {PLAN_WAIT_SECONDS / 3600:g} h"
 

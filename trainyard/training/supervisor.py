@@ -48,8 +48,6 @@ SILENT_GROUP_SECONDS = 120.0
 SILENT_GROUP_SECONDS_ENV = "TRAINYARD_SILENT_GROUP_SECONDS"
 # Seconds to wait between a group's crash and its restart, doubled per attempt (elastic retries).
 RETRY_BACKOFF_SECONDS = 0.5
-# A group whose heartbeat (every 0.2 s while it trains) is younger than this is alive, whatever its run's state.
-ALIVE_SECONDS = 5.0
 
 
 @dataclass(slots=True)
@@ -78,10 +76,6 @@ class TrainingOutcome:
     """The epoch whose watched metric was best (tracked with patience or ``stopping.restore_best``)."""
     restored_epoch: int | None = None
     """The epoch whose parameters ``model_path`` holds, where not the last (``stopping.restore_best``)."""
-
-    def model_history(self) -> list[dict]:
-        """The epochs up to the one the model is from: the last of them describes the model."""
-        return self.history[: self.restored_epoch] if self.restored_epoch else self.history
 
 
 def train(
@@ -145,7 +139,7 @@ def _supervise(
         ended = {
             r: (p, code)
             for r, p in live.items()
-            if (code := launch.exit_code(handle, p)) is not None and not _pool_run_ended_alive(handle, job_dir, p)
+            if (code := launch.exit_code(handle, p)) is not None and not _ended_alive(handle, job_dir, p, silent_limit)
         }
         for replica, (proc, _code) in list(ended.items()):
             del live[replica]
@@ -291,14 +285,14 @@ def _supervise(
     return outcome
 
 
-def _pool_run_ended_alive(handle: LaunchHandle, job_dir: Path, proc: ReplicaProcess) -> bool:
-    """Whether a pool's run that ended with no result or error of its group's has a group still beating: Prefect
-    marks a run Crashed that missed its own heartbeats (a worker cut off from the API), whose process trains on
-    with its peers. A restart beside it would be a second group of one replica; it is judged once it is silent."""
+def _ended_alive(handle: LaunchHandle, job_dir: Path, proc: ReplicaProcess, silent_limit: float) -> bool:
+    """Whether a group whose run ended in its pool's records alone (marked Crashed for missed heartbeats: a worker
+    cut off from the API) still trains: it wrote no result or error, and its heartbeat is younger than a hung
+    group's limit. A restart beside it would be a second group of one replica; it is judged once silent."""
     out = attempt_dir(job_dir, proc.replica, proc.attempt)
-    if handle.work_pool == "local" or (out / "result.json").exists() or (out / "error.json").exists():
+    if (out / "result.json").exists() or (out / "error.json").exists() or not launch.lost_touch(handle, proc):
         return False
-    return (out / "heartbeat.json").exists() and silent_seconds(out) < ALIVE_SECONDS
+    return (out / "heartbeat.json").exists() and silent_seconds(out) < silent_limit
 
 
 def launch_and_train(
