@@ -47,6 +47,7 @@ from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
 from trainyard.redaction import redact_exception, redact_text
+from trainyard.servers import advertised_host
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import preflight
 from trainyard.training.plan import TrainingPlan
@@ -220,6 +221,7 @@ def _check_settings() -> None:
     silent_seconds_limit()
     cache.max_bytes()
     env_settings.flag(cache.CACHE_VERIFY_ENV)
+    advertised_host()  # TRAINYARD_HOST
 
 
 def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) -> dict | State | None:

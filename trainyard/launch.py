@@ -30,7 +30,6 @@ from trainyard.servers import (
     die_with_parent,
     free_port,
     stop_process,
-    url_host,
     wait_until_answering,
 )
 from trainyard.spec import Resources
@@ -184,7 +183,7 @@ def _start_lighthouse(job_dir: Path, resources: Resources) -> tuple[subprocess.P
                 start_new_session=True,
             )
         _PROCESSES[lighthouse.pid] = lighthouse
-        addr = f"http://{url_host(advertised_host())}:{port}"  # what the groups dial, wherever they run
+        addr = f"http://{advertised_host()}:{port}"  # what the groups dial, wherever they run
         problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0) or ""
         if not problem and lighthouse.poll() is None:
             return lighthouse, addr

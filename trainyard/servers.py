@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from trainyard.errors import TrainingError
+
 # Where other machines reach this one (an IP or a resolvable name). Unset, the embedded default: the
 # lighthouse binds 127.0.0.1 and a group advertises 127.0.0.1 to its peers, so every group must run on the
 # lighthouse's machine. Set it where groups run on other nodes (a pod's IP, by the downward API): the
@@ -26,18 +28,20 @@ def advertised_host() -> str:
     """The address this machine's servers give their peers: ``TRAINYARD_HOST``, else 127.0.0.1. A loopback one
     (``localhost``, ``127.0.0.2``, ``::1``) is 127.0.0.1: it names this machine alone, as the default does."""
     host = os.environ.get(HOST_ENV, "").strip()
-    return "127.0.0.1" if not host or _loopback(host) else host
+    if not host or _loopback(host):
+        return "127.0.0.1"
+    if ":" in host:  # the lighthouse, torchft's servers and the heal transport listen on IPv4 (0.0.0.0)
+        raise TrainingError(
+            f"{HOST_ENV}={host!r}: an IPv6 address, where this machine's servers listen on IPv4; give its IPv4 "
+            "address, or a name that resolves to one"
+        )
+    return host
 
 
 def bind_host() -> str:
     """Where a server other machines must reach listens: every interface only once ``TRAINYARD_HOST`` names an
     address other machines can reach (a loopback one would open every interface for nothing)."""
     return "127.0.0.1" if advertised_host() == "127.0.0.1" else "0.0.0.0"  # noqa: S104 - asked for by setting it
-
-
-def url_host(host: str) -> str:
-    """``host`` as a URL's authority takes it: an IPv6 address in brackets."""
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _loopback(host: str) -> bool:

@@ -24,7 +24,7 @@ from torch.distributed import TCPStore
 from torchft.checkpointing._serialization import _streaming_load
 from torchft.checkpointing.http_transport import HTTPTransport
 
-from trainyard.servers import advertised_host, bind_host, url_host
+from trainyard.servers import advertised_host, bind_host
 
 
 class HealTransport(HTTPTransport):
@@ -45,7 +45,7 @@ class HealTransport(HTTPTransport):
         self._thread.start()
 
     def address(self) -> str:
-        return f"http://{url_host(advertised_host())}:{self._server.socket.getsockname()[1]}/checkpoint/"
+        return f"http://{advertised_host()}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
     @classmethod
     def _load_from_address(cls, address: str, timeout: timedelta) -> object:
