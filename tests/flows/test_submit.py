@@ -50,7 +50,10 @@ def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_i
             )
             # a group's run (a pool job's) asked after as if it were a job: named as what it is
             group = api.create_flow_run_from_deployment(
-                deployment, name="j-7-g0-a0", tags=[f"{client.JOB_TAG}j-7", client.REPLICA_TAG]
+                deployment,
+                parameters={"job": sent},
+                name="j-7-g0-a0",
+                tags=[f"{client.JOB_TAG}j-7", client.REPLICA_TAG],
             )
             for ask in (client.status, client.logs, client.stop):
                 with pytest.raises(client.RunNotFound, match="is j-7-g0-a0, a replica group's run of job j-7, not"):

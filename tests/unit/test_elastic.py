@@ -474,6 +474,8 @@ def test_a_pool_run_marked_crashed_whose_group_still_beats_is_not_restarted_besi
 
     group = threading.Thread(target=beating)
     group.start()
+    while not beats.exists():  # beating before the supervisor first looks
+        time.sleep(0.01)
     handle = LaunchHandle(job_id, str(folder), "cut-off", "", 0, 1, [ReplicaProcess(0, 0, 0, "", run_id="0" * 32)])
     started = time.monotonic()
     with pytest.raises(TrainingError, match="every replica group failed after 1 attempt"):  # once it fell silent

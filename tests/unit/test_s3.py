@@ -232,4 +232,5 @@ def test_an_endpoint_that_is_no_s3_is_named_as_such_not_as_a_missing_bucket(fres
     assert "answered 404 in " + kind.split(";")[0] + ", not as S3 does; is AWS_ENDPOINT_URL_S3" in error, error
     # a proxy's 503 page in front of S3 is an outage, retried, not a wrong endpoint
     answered.value.response["ResponseMetadata"]["HTTPStatusCode"] = 503
+    answered.value.response["Error"] = {"Code": "503", "Message": "Service Unavailable"}
     assert s3.describe_error(answered.value, "s3://trainyard-demo/data/").transient
