@@ -65,7 +65,7 @@ def test_apply_creates_everything_once_and_the_second_apply_changes_nothing(pref
     assert automation.actions[0].state.value == "CRASHED"
 
     dry = _apply(prefect_server[0], "--heartbeat-seconds", "60", "--dry-run")
-    assert dry.exit_code == 0 and "updated" in dry.output, dry.output
+    assert dry.exit_code == 0 and "would update" in dry.output and "change(s) to make" in dry.output, dry.output
     assert client.read_work_pool(infra.GPU_POOL).base_job_template == gpu.base_job_template  # dry: nothing written
 
 
