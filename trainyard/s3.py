@@ -200,8 +200,10 @@ def _describe(exc: BaseException, uri: str) -> StorageError:
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         answered = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("content-type", "")
-        # S3 answers errors in XML: this is no S3 (a proxy's 5xx page in front of one is an outage, retried below)
-        if answered.startswith(("application/json", "text/html")) and (status or 0) < 500:
+        # S3 answers errors in XML, which names the error: a body in JSON or HTML botocore could take no code from is
+        # no S3 (a proxy's 5xx page in front of one is an outage, retried below; a HEAD's answer has no body at all)
+        unnamed = (not code or code.isdigit()) and not exc.operation_name.startswith("Head")
+        if unnamed and answered.startswith(("application/json", "text/html")) and (status or 0) < 500:
             return StorageError(
                 f"{uri}: the S3 endpoint answered {status} in {answered.split(';')[0]}, not as S3 does; is "
                 "AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL, or the profile's endpoint_url) an S3 API? (MinIO's is "

@@ -153,7 +153,7 @@ def test_a_crashed_run_whose_job_wrote_its_end_has_the_jobs_status(monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
-    from flows import client
+    from flows import client, job_events
 
     def run(state: str):
         return SimpleNamespace(
@@ -169,10 +169,10 @@ def test_a_crashed_run_whose_job_wrote_its_end_has_the_jobs_status(monkeypatch):
         {"status": "Stopped", "start_time": "t1"},
     ]
     monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(None))
-    monkeypatch.setattr(client, "_job_events", lambda api, job_id, since: (ended, None))
+    monkeypatch.setattr(job_events, "read", lambda api, job_id, since: (ended, None))
     monkeypatch.setattr(client, "_read_run", lambda api, run_id: run("CRASHED"))
-    monkeypatch.setattr(client, "_progress", lambda api, job_id, since: None)
+    monkeypatch.setattr(job_events, "progress", lambda api, job_id, since: None)
     assert client.status("r")["status"] == "Stopped"
     # one that crashed before the job could say how it ended (killed outright) stays Failed
-    monkeypatch.setattr(client, "_job_events", lambda api, job_id, since: (ended[:1], None))
+    monkeypatch.setattr(job_events, "read", lambda api, job_id, since: (ended[:1], None))
     assert client.status("r")["status"] == "Failed"
