@@ -56,21 +56,33 @@ def test_a_work_pool_without_its_replica_deployment_is_refused_before_any_comput
         check_deployment("trainyard-gpus")
 
 
-@pytest.mark.parametrize(
-    ("setting", "value"),
-    [
-        ("TRAINYARD_TORCH_THREADS", "all"),
-        ("TRAINYARD_SILENT_GROUP_SECONDS", "-3"),
-        ("TRAINYARD_CACHE_MAX_BYTES", "lots"),
-    ],
-)
 def test_a_bad_trainyard_setting_fails_the_job_before_it_stages_anything(
-    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, setting, value
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch
 ):
     from tests.conftest import upload_dataset
     from tests.flows.pipeline_runs import run_pipeline
 
-    monkeypatch.setenv(setting, value)  # read by the launch and training stages, after staging had fetched it all
+    monkeypatch.setenv("TRAINYARD_TORCH_THREADS", "all")  # read by the launch stage, after staging had fetched it all
     summary, _ = run_pipeline(job_dict(upload_dataset(bucket, rows=200)))
-    assert summary["status"] == "Failed" and f"{setting}={value!r}" in summary["failure_reason"], summary
+    assert summary["status"] == "Failed" and "TRAINYARD_TORCH_THREADS='all'" in summary["failure_reason"], summary
     assert "staging" not in summary["timings"] and summary["data"]["channels"] == {}
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("TRAINYARD_SILENT_GROUP_SECONDS", "-3"),
+        ("TRAINYARD_CANCEL_CONFIRM_SECONDS", "soon"),
+        ("TRAINYARD_CACHE_MAX_BYTES", "lots"),
+        ("TRAINYARD_CACHE_VERIFY", "sometimes"),
+        ("TRAINYARD_HOST", "fd00::7"),
+    ],
+)
+def test_every_setting_a_later_stage_reads_is_checked_at_the_start(monkeypatch, setting, value):
+    from flows.training_pipeline import _check_settings
+    from trainyard.errors import TrainyardError
+
+    _check_settings()
+    monkeypatch.setenv(setting, value)
+    with pytest.raises(TrainyardError, match=setting):
+        _check_settings()
