@@ -130,6 +130,7 @@ def test_a_lighthouse_port_taken_before_it_binds_is_tried_again_on_another(tmp_p
     finally:
         servers.stop_process(lighthouse)
     monkeypatch.setattr(launch, "free_port", lambda: busy)  # every port tried is taken
+    monkeypatch.setattr(launch, "LIGHTHOUSE_TRIES", 1)  # (the retry itself is above: one failure says the rest)
     with pytest.raises(TrainingError, match=r"lighthouse exited at start \(code \d+\): .*(?i:in use).*lighthouse.log"):
         launch._start_lighthouse(tmp_path, Resources(replicas=1))
     taken.close()
