@@ -103,8 +103,7 @@ class WorkPoolLauncher:
     def ended_how(self, proc: ReplicaProcess) -> str | None:
         """The ended run's state in Prefect's words ("Crashed: ... exit code 137"): what a group that failed
         before writing its own error (an image pull, an OOM kill, the worker's import) tells of its cause."""
-        self._read(proc)
-        state = self._states[_run_id(proc)][3]
+        state = self._state(proc)
         if state is None:
             return None
         return f"its run {state.name}" + (f": {state.message}" if state.message else "")
@@ -112,9 +111,13 @@ class WorkPoolLauncher:
     def lost_touch(self, proc: ReplicaProcess) -> bool:
         """Whether the run was marked Crashed for its heartbeats alone (``infra.apply``'s zombie automation): its
         worker cut off from the API, its group may train on."""
-        self._read(proc)
-        state = self._states[_run_id(proc)][3]
+        state = self._state(proc)
         return state is not None and state.type == StateType.CRASHED and state.message == ZOMBIE_MESSAGE
+
+    def _state(self, proc: ReplicaProcess) -> State | None:
+        """The run's state as last read (``_read``, at most every STATE_CACHE_SECONDS)."""
+        self._read(proc)
+        return self._states[_run_id(proc)][3]
 
     def queued(self, proc: ReplicaProcess) -> bool:
         return self._read(proc)[1] == StateType.SCHEDULED  # no worker with room has taken it yet

@@ -220,21 +220,23 @@ def ended_how(handle: LaunchHandle, proc: ReplicaProcess) -> str | None:
     """How an ended group's run ended, in its pool's words (a Prefect state's name and message: an image that
     would not pull, a pod OOM-killed), where the launcher can say more than an exit code; None for a process, or
     where the pool's API cannot say."""
-    describe = getattr(launcher_for(handle), "ended_how", None)
-    try:
-        return describe(proc) if describe is not None else None
-    except Exception:  # noqa: BLE001 - the API cannot say: the failure is recorded by its exit code
-        return None
+    return _ask(handle, "ended_how", proc, None)
 
 
 def lost_touch(handle: LaunchHandle, proc: ReplicaProcess) -> bool:
     """Whether a group's run ended only in its pool's records, its process maybe alive (a worker cut off from
     the API, its run marked Crashed for missed heartbeats); False for a process, or where the API cannot say."""
-    ask = getattr(launcher_for(handle), "lost_touch", None)
+    return bool(_ask(handle, "lost_touch", proc, False))
+
+
+def _ask(handle: LaunchHandle, question: str, proc: ReplicaProcess, unknown):
+    """A launcher's answer to a question only some launchers answer (a pool's); ``unknown`` where it has none, or
+    where its API cannot say (the group's exit code then stands for itself)."""
+    answer = getattr(launcher_for(handle), question, None)
     try:
-        return bool(ask(proc)) if ask is not None else False
-    except Exception:  # noqa: BLE001 - the API cannot say: the run's end stands
-        return False
+        return answer(proc) if answer is not None else unknown
+    except Exception:  # noqa: BLE001 - the API cannot say
+        return unknown
 
 
 def queued(handle: LaunchHandle, proc: ReplicaProcess) -> bool:
