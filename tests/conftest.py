@@ -23,6 +23,35 @@ import pytest
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ["TRAINYARD_PROGRESS"] = "0"
+# Output goes to a pipe, as in CI: tables drawn as wide as they need. pytest-xdist's workers set COLUMNS=80,
+# which a command's console would take for a terminal's width (trainyard.cli_text.out).
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+
+# ``make test`` runs the suite on pytest-xdist workers (``--dist loadgroup``), each taking whole groups: a test
+# file, or all of ``flows/``, whose Prefect harness (package-scoped) would else start again for each of its files
+# on each worker. Longest first, so that no long file starts last and runs on alone (seconds on 2 cores, run
+# alone or in a 1001 s run); the rest keep their order.
+LONGEST_FIRST = (
+    "tests/integration/test_deployment.py",  # ~560
+    "tests/flows/",  # ~350, one harness
+    "tests/unit/test_training.py",  # ~250
+    "tests/unit/test_elastic.py",  # ~180
+    "tests/integration/test_demo.py",  # ~130
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def group(item: pytest.Item) -> str:
+        path = item.nodeid.split("::")[0]
+        return "tests/flows/" if path.startswith("tests/flows/") else path
+
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: the rest as collected
 
 
 @pytest.fixture(scope="session", autouse=True)

