@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markdown import Markdown
 from rich.table import Table
 
 from trainyard import registry, registry_admin
@@ -77,7 +78,11 @@ def show(name: Name, version: Ref) -> None:
     out().print(table)
     say(out(), f"source: {info['source']}  run: {info['run_id']}")
     if info["card"]:
-        out().print(info["card"], markup=False, highlight=False)
+        console = out()
+        if console.is_terminal:  # headings and tables drawn; into a file or a pipe, the Markdown itself
+            console.print(Markdown(info["card"]))
+        else:
+            console.print(info["card"], markup=False, highlight=False)
 
 
 @models_app.command()

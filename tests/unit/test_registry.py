@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import mlflow
 import numpy as np
@@ -254,6 +255,20 @@ def test_models_list_shows_each_versions_aliases(tracking, tmp_path):
     assert "…" not in listed.output and "PendingManualApproval" in "".join(
         line.split("│")[4].strip() for line in listed.output.splitlines() if line.count("│") == 8
     ), listed.output
+
+
+def test_models_show_draws_the_card_on_a_terminal(tracking, tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from trainyard import cli_models
+
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    monkeypatch.setattr(cli_models, "out", lambda: Console(force_terminal=True, color_system=None, width=120))
+    shown = CliRunner().invoke(app, ["models", "show", "reg-test", "1"])
+    # headings and tables drawn, not their Markdown (which a pipe still gets: the test above)
+    assert shown.exit_code == 0 and "## Metrics" not in shown.output and "| metric |" not in shown.output
+    assert "Metrics" in shown.output and re.search(r"val_accuracy\s+│\s+0\.8", shown.output), shown.output
 
 
 @pytest.mark.parametrize(
