@@ -26,11 +26,11 @@ setup: $(VENV)/.installed
 demo: setup
 	$(BIN)/trainyard demo
 
-# Two pytest-xdist workers, each taking whole test files (a module's servers and workers start once), longest
-# first (tests/conftest.py): the suite waits on servers, workers and replica processes as much as it computes.
+# Two pytest-xdist workers, each taking whole test files (a module's servers and workers start once; flows/ as
+# one), longest first (tests/conftest.py): the suite waits on servers, workers and replicas as much as it computes.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # ruff (lint and format) over everything; mypy over the package (pyproject.toml's [tool.mypy]).
 lint: setup

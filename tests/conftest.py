@@ -29,7 +29,7 @@ for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
 
-# ``make test`` runs the suite on pytest-xdist workers (``--dist loadgroup``), each taking whole groups: a test
+# ``make test`` runs the suite on pytest-xdist workers (``--dist loadfile``), each taking whole groups: a test
 # file, or all of ``flows/``, whose Prefect harness (package-scoped) would else start again for each of its files
 # on each worker. Longest first, so that no long file starts last and runs on alone (seconds on 2 cores, run
 # alone or in a 1001 s run); the rest keep their order.
@@ -42,16 +42,29 @@ LONGEST_FIRST = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def group(item: pytest.Item) -> str:
-        path = item.nodeid.split("::")[0]
-        return "tests/flows/" if path.startswith("tests/flows/") else path
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "tests/flows/" if path.startswith("tests/flows/") else path
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: the rest as collected
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))  # stable: the rest as collected
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, for --dist loadfile
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, but with ``flows/`` as one unit. (``--dist loadgroup`` with ``xdist_group`` marks
+    would say the same, but with pytest 9 and xdist 3.8 its groups are split: each test is sent on its own.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesWithFlowsAsOne(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FilesWithFlowsAsOne(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
