@@ -32,7 +32,7 @@ for _name in ("COLUMNS", "LINES"):
 # ``make test`` runs the suite on pytest-xdist workers (``--dist loadfile``), each taking whole groups: a test
 # file, or all of ``flows/``, whose Prefect harness (package-scoped) would else start again for each of its files
 # on each worker. Longest first, so that no long file starts last and runs on alone (seconds on 2 cores, run
-# alone or in a 1001 s run); the rest keep their order.
+# alone or beside the other worker); the rest keep their order.
 LONGEST_FIRST = (
     "tests/integration/test_deployment.py",  # ~560
     "tests/flows/",  # ~350, one harness
