@@ -205,6 +205,10 @@ def status(run_id: str) -> dict[str, Any]:
     if state in ("COMPLETED", "CRASHED") and transitions:  # its last status says how the job itself ended:
         # a Stopped job's run completes, and one told to stop by something else (a worker shut down) is Crashed
         primary = FINAL.get(transitions[-1]["status"], primary)
+    if transitions:
+        secondary = transitions[-1]["status"]
+    else:  # the job has said nothing yet; a run that ended before it started (cancelled while queued) ended so
+        secondary = "Starting" if primary in ("Scheduled", "InProgress") else primary
     reason = (ended or {}).get("failure_reason")
     if reason is None and ended is None and state in ("FAILED", "CRASHED") and run.state.message:
         reason = run.state.message
@@ -212,7 +216,8 @@ def status(run_id: str) -> dict[str, Any]:
         "flow_run_id": str(run.id),
         "job_id": job_id,
         "status": primary,
-        "secondary_status": transitions[-1]["status"] if transitions else "Starting",
+        "secondary_status": secondary,
+        "started": run.run_count > 0,  # a worker started it (False: it ended, or waits, before any did)
         "secondary_status_transitions": transitions,
         "prefect_state": run.state.name if run.state else None,
         "failure_reason": reason,
@@ -247,8 +252,9 @@ def wait(
     while True:
         current = read()
         if current["status"] not in ("InProgress", "Scheduled"):
-            # The run's state can land before the job's last status event: give the event a moment.
-            settle = time.monotonic() + 10
+            # The run's state can land before the job's last status event: give the event a moment (a run no
+            # worker started has no job to hear from).
+            settle = time.monotonic() + (10 if current["started"] else 0)
             # (metrics: None until the job's outcome event, which follows its last status)
             while (current["secondary_status"] not in FINAL or current["metrics"] is None) and (
                 time.monotonic() < settle

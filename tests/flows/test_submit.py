@@ -1,6 +1,7 @@
 """Submitting to a deployment through ``flows.client``: the spec goes as written, so a deployment an older
 Trainyard made takes it, and one whose schema lacks a field the spec sets is named as outdated; a pool with no
-group deployment is refused before anything is queued; a group's run is not taken for a job's."""
+group deployment is refused before anything is queued; a group's run is not taken for a job's; a job stopped while
+queued ends Stopped at once."""
 
 from __future__ import annotations
 
@@ -59,5 +60,34 @@ def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_i
                 with pytest.raises(client.RunNotFound, match="is j-7-g0-a0, a replica group's run of job j-7, not"):
                     ask(str(group.id))
             api.delete_flow_run(group.id)
+        finally:
+            api.delete_deployment(deployment)
+
+
+def test_a_job_stopped_before_any_worker_started_it_ends_stopped_at_once(prefect_api, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.utilities.callables import parameter_schema
+
+    from flows import client
+    from flows.training_pipeline import training_pipeline
+    from tests.unit.specs import minimal
+
+    with get_client(sync_client=True) as api:
+        deployment = api.create_deployment(
+            flow_id=api.create_flow_from_name("training-pipeline"),
+            name="unpolled",
+            entrypoint="flows/training_pipeline.py:training_pipeline",
+            parameter_openapi_schema=parameter_schema(training_pipeline).model_dump_for_openapi(),
+        )
+        try:
+            run_id = client.submit(minimal(), deployment="training-pipeline/unpolled")
+            queued = client.status(run_id)
+            assert (queued["status"], queued["secondary_status"], queued["started"]) == ("Scheduled", "Starting", False)
+            assert client.stop(run_id) == [run_id]
+            # no job ever ran, so there is no last status event to wait for: wait answers without sleeping
+            monkeypatch.setattr(client.time, "sleep", lambda seconds: pytest.fail(f"wait slept {seconds} s"))
+            ended = client.wait(run_id)
+            assert (ended["status"], ended["secondary_status"], ended["started"]) == ("Stopped", "Stopped", False)
+            assert ended["secondary_status_transitions"] == [] and ended["metrics"] is None
         finally:
             api.delete_deployment(deployment)
