@@ -37,7 +37,7 @@ def decide_all(pruner: Pruner, memory: LossMemory, epoch: int, first_step: int =
 def test_learnt_rows_sit_out_at_the_rate_asked_and_the_kept_ones_make_up_for_them():
     losses = np.random.default_rng(0).exponential(1.0, 20_000)
     memory = known_memory(losses)
-    pruner = Pruner(Pruning(learnt_fraction=0.7), epochs=10, seed=3)
+    pruner = Pruner(Pruning(learnt_fraction=0.7, hardest_fraction=0), epochs=10, seed=3)
     out, weight = decide_all(pruner, memory, epoch=1)
     below = losses < losses.astype(np.float32).mean()
     assert out[below].mean() == pytest.approx(0.7, abs=0.015)
@@ -47,7 +47,8 @@ def test_learnt_rows_sit_out_at_the_rate_asked_and_the_kept_ones_make_up_for_the
     counts = pruner.counts()
     assert counts == {"prune_dealt": 20_000, "pruned_learnt": int(out.sum()), "pruned_hardest": 0}
     # Unbiased: over many epochs (each draws afresh), the weighted loss of what trains averages the whole's.
-    sums = [np.sum(losses * decide_all(Pruner(Pruning(learnt_fraction=0.7), 10, 3), memory, e)[1]) for e in range(40)]
+    learnt_only = Pruning(learnt_fraction=0.7, hardest_fraction=0)
+    sums = [np.sum(losses * decide_all(Pruner(learnt_only, 10, 3), memory, e)[1]) for e in range(40)]
     assert np.mean(sums) == pytest.approx(losses.sum(), rel=0.005)
     assert np.std(sums) > 0  # not the same rows every epoch
 
@@ -72,14 +73,14 @@ def test_only_rows_the_model_finds_less_likely_than_chance_count_among_the_harde
     rng = np.random.default_rng(5)
     losses = np.where(np.arange(4_000) < 200, 3.0, rng.uniform(0.0, 1.0, 4_000))  # 5% far above ln 4 = 1.39
     memory = known_memory(losses)
-    config = Pruning(hardest_fraction=0.1, hardest_after=0)  # hardest_min_loss: "chance" by default
+    config = Pruning(learnt_fraction=0, hardest_fraction=0.1, hardest_after=0)  # hardest_min_loss: "chance" by default
     out, _ = decide_all(Pruner(config, 4, seed=0, classes=4), memory, epoch=1)
     np.testing.assert_array_equal(np.flatnonzero(out), np.arange(200))  # a clean set's hard rows are kept
     # a regression job (no classes), or hardest_min_loss 0: the top 10% whatever their loss
     assert decide_all(Pruner(config, 4, seed=0), memory, epoch=1)[0].sum() == 400
-    plain = Pruning(hardest_fraction=0.1, hardest_after=0, hardest_min_loss=0)
+    plain = Pruning(learnt_fraction=0, hardest_fraction=0.1, hardest_after=0, hardest_min_loss=0)
     assert decide_all(Pruner(plain, 4, seed=0, classes=4), memory, epoch=1)[0].sum() == 400
-    high = Pruning(hardest_fraction=0.1, hardest_after=0, hardest_min_loss=5.0)
+    high = Pruning(learnt_fraction=0, hardest_fraction=0.1, hardest_after=0, hardest_min_loss=5.0)
     assert not decide_all(Pruner(high, 4, seed=0, classes=4), memory, epoch=1)[0].any()
 
 
@@ -89,7 +90,7 @@ def test_a_class_keeps_at_least_the_guards_fraction_of_its_rows_from_the_hardest
     rng = np.random.default_rng(2)
     labels = (np.arange(4_000) < 200).astype(np.int64)
     losses = np.where(labels == 1, rng.uniform(3.0, 4.0, 4_000), rng.uniform(0.0, 2.0, 4_000))
-    config = Pruning(hardest_fraction=0.1, hardest_after=0, hardest_min_loss=0)
+    config = Pruning(learnt_fraction=0, hardest_fraction=0.1, hardest_after=0, hardest_min_loss=0)
     out, _ = decide_all(Pruner(config, 4, seed=0, classes=2, labels=labels), known_memory(losses), epoch=1)
     # half of the hard class at most (min_class_fraction 0.5, the default); the other loses what the cut over
     # all rows took from it (its rows above it)
@@ -176,7 +177,7 @@ def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
     from trainyard.spec import Sifting
 
     assert Pruning(learnt_fraction=0.5, batch_factor=2).dealt_batch(64) == 128
-    assert Pruning(batch_factor=2).dealt_batch(64) == 64  # no pruning: nothing to make up for
+    assert Pruning(learnt_fraction=0, batch_factor=2).dealt_batch(64) == 64  # no pruning: nothing to make up for
     config = Sifting(enabled=True, beta=1, prune={"learnt_fraction": 0.5, "batch_factor": 2})
     check_fits(config, 64, 256)  # 64 * 2 * (1 + 1) = 256 candidates
     with pytest.raises(SpecError, match=r"batch_size \* sifting.prune.batch_factor 2 \* \(1 \+ beta\) = 128 \* 2"):
@@ -198,7 +199,8 @@ def test_batch_factor_deals_its_larger_batches_only_in_the_epochs_that_prune_lea
     # epoch 0: no loss known yet; epochs 6 and 7: from until on, no learnt rows pruned
     assert [config.dealt_batch(64, epoch, 8) for epoch in range(8)] == [64] + [96] * 5 + [64] * 2
     assert config.dealt_batch(64) == 96  # the most any epoch deals (what check_fits checks)
-    assert Pruning(hardest_fraction=0.1, batch_factor=2).dealt_batch(64, 3, 8) == 64  # no learnt rows pruned
+    hardest_only = Pruning(learnt_fraction=0, hardest_fraction=0.1, batch_factor=2)
+    assert hardest_only.dealt_batch(64, 3, 8) == 64  # no learnt rows pruned
 
 
 def test_an_epoch_dealt_larger_batches_takes_fewer_steps_and_its_gradient_adds_up_to_a_whole_epoch(tmp_path):
@@ -207,7 +209,7 @@ def test_an_epoch_dealt_larger_batches_takes_fewer_steps_and_its_gradient_adds_u
     from trainyard.training.flops import FlopMeter
     from trainyard.training.plan import TrainingPlan
 
-    prune = {"learnt_fraction": 0.7, "batch_factor": 2}
+    prune = {"learnt_fraction": 0.7, "hardest_fraction": 0, "batch_factor": 2}
     job = parse_job(
         minimal(hyperparameters={"batch_size": 64, "epochs": 8}, sifting={"enabled": True, "beta": 0, "prune": prune})
     )

@@ -88,14 +88,24 @@ def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
     prefilter = sifting.prefilter
     assert (prefilter.drop_learnt_fraction, prefilter.drop_unlearnable_fraction) == (0.0, 0.0)  # duplicates only
     assert prefilter.min_class_fraction == 0.5
-    # pruning set by hand is kept as given; beta 0 set by hand gets the default pruning
+    # pruning set by hand tunes the default combination (what it leaves out keeps the default's values, as a form
+    # shows them: `prune: {until: 0.8}` prunes); beta 0 set by hand gets the default pruning
     given = parse_job(minimal(sifting={"enabled": True, "prune": {"learnt_fraction": 0.5}})).sifting
-    assert given.beta == 0 and (given.prune.learnt_fraction, given.prune.batch_factor) == (0.5, 1.0)
+    assert given.beta == 0 and (given.prune.learnt_fraction, given.prune.batch_factor) == (0.5, 3.0)
+    until = parse_job(minimal(sifting={"enabled": True, "prune": {"until": 0.8}})).sifting.prune
+    assert (until.learnt_fraction, until.hardest_fraction, until.batch_factor, until.until) == (0.7, 0.1, 3.0, 0.8)
+    assert parse_job(minimal(sifting={"enabled": True, "prune": {"until": 0.8}})).sifting.prunes
     assert parse_job(minimal(sifting={"enabled": True, "beta": 0})).sifting.prune.batch_factor == 3.0
     # a regressor has no chance-level loss to tell a wrong label by: InfoBatch's rule alone, no hardest rows out
     regressor = parse_job(minimal(algorithm={"builtin": "linear-regression"}, sifting={"enabled": True})).sifting
     prune = regressor.prune
     assert (prune.learnt_fraction, prune.hardest_fraction, prune.batch_factor) == (0.7, 0.0, 3.0)
+    regressor_given = {"enabled": True, "prune": {"until": 0.8}}
+    prune = parse_job(minimal(algorithm={"builtin": "linear-regression"}, sifting=regressor_given)).sifting.prune
+    assert (prune.hardest_fraction, prune.until) == (0.0, 0.8)  # unless it sets hardest_fraction itself
+    # the keep rule on (beta above 0) and prune left out: no pruning, stated in full (the defaults now prune)
+    off = parse_job(minimal(sifting={"enabled": True, "beta": 1})).sifting.prune
+    assert (off.learnt_fraction, off.hardest_fraction, off.batch_factor) == (0.0, 0.0, 1.0)
     # sifting off: nothing resolved, nothing reported as set
     assert parse_job(minimal()).sifting.beta is None and parse_job(minimal()).sifting.prune is None
 
@@ -119,6 +129,26 @@ def test_keep_rule_settings_with_the_keep_rule_off_are_warned_of_and_train_no_re
     keeping = parse_job(minimal(sifting={"enabled": True, "beta": 1, "score": "reducible_loss", "delay_steps": 5}))
     assert not [w for w in ignored_settings(keeping) if w.startswith("sifting.")]
     assert filtering.needs_reference(keeping.sifting)
+
+
+def test_sifting_that_leaves_no_row_out_is_warned_of():
+    from trainyard.spec import ignored_settings
+
+    def warned(sifting: dict, **spec) -> list[str]:
+        job = parse_job(minimal(sifting={"enabled": True} | sifting, **spec))
+        return [w for w in ignored_settings(job) if w.startswith("sifting.enabled")]
+
+    inert = warned({"beta": 0, "prune": {"learnt_fraction": 0, "hardest_fraction": 0}})
+    assert inert == [
+        "sifting.enabled: with beta 0 and no pruning, no row is filtered; set sifting.beta above 0, or "
+        "sifting.prune.learnt_fraction or hardest_fraction above 0"
+    ]
+    streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
+    assert warned({"beta": 0}, inputs=streamed) == [
+        "sifting.enabled: with beta 0 and no pruning, no row is filtered; a streamed channel cannot prune: set "
+        "sifting.beta above 0"
+    ]
+    assert warned({}) == warned({"beta": 0}) == warned({"prune": {"until": 0.8}}) == warned({"beta": 1}) == []
 
 
 def test_smart_sifting_names_pass_a_deployments_parameter_schema_as_they_pass_the_spec():

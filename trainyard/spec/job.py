@@ -321,6 +321,13 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
             )
     elif sifting.beta == 0:
+        if not sifting.prunes:
+            fix = (
+                "a streamed channel cannot prune: set sifting.beta above 0"
+                if job.inputs.train.mode == "stream"
+                else "set sifting.beta above 0, or sifting.prune.learnt_fraction or hardest_fraction above 0"
+            )
+            ignored.append(f"sifting.enabled: with beta 0 and no pruning, no row is filtered; {fix}")
         keep_rule = {"score", "delay_steps", "loss_history_length", "reuse_loss_epochs"}
         if not sifting.prunes:  # pruning's hardest rule keeps it too
             keep_rule.add("min_class_fraction")

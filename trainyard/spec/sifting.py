@@ -77,19 +77,21 @@ class Pruning(_Model):
     costs no extra FLOPs. ``batch_factor`` cuts the pruning epochs' steps as well as their rows.
     """
 
+    # The defaults are the combination benchmarks/sifting.py found best (DEFAULT_PRUNING), so that a prune section
+    # giving one setting (a form's, or `prune: {until: 0.8}`) tunes that combination, not an inert one.
     learnt_fraction: float = Field(
-        default=0.0,
+        default=0.7,
         ge=0,
         lt=1,
         description="Probability that a row whose last loss is below the mean is left out of its step; the kept "
         "ones count 1 / (1 - this). 0 turns it off.",
     )
     hardest_fraction: float = Field(
-        default=0.0,
+        default=0.1,
         ge=0,
         lt=0.5,
         description="Share of the rows with the highest last losses left out (likely mislabelled), from "
-        "hardest_after on. 0 turns it off.",
+        "hardest_after on. 0 turns it off. Default: 0.1 for a classifier, 0 for regression.",
     )
     hardest_min_loss: float | Literal["chance"] = Field(
         default="chance",
@@ -114,7 +116,7 @@ class Pruning(_Model):
     )
 
     batch_factor: float = Field(
-        default=1.0,
+        default=3.0,
         ge=1,
         le=8,
         description="Rows dealt a step in the epochs that prune learnt rows (the second epoch on, until `until`), as "
@@ -145,7 +147,11 @@ class Pruning(_Model):
 
 
 # sifting.prune left unset with no keep rule, on a file-mode channel: benchmarks/sifting.py's pick (stops 28-33, 35, 36)
-DEFAULT_PRUNING = {"learnt_fraction": 0.7, "hardest_fraction": 0.1, "batch_factor": 3.0}
+DEFAULT_PRUNING = {
+    name: Pruning.model_fields[name].default for name in ("learnt_fraction", "hardest_fraction", "batch_factor")
+}
+# No row left out: sifting.prune left unset beside the keep rule, or on a streamed channel.
+PRUNING_OFF = {"learnt_fraction": 0.0, "hardest_fraction": 0.0, "batch_factor": 1.0}
 
 
 def _smart_sifting_names(schema: dict[str, Any]) -> None:
@@ -211,8 +217,9 @@ class Sifting(_Model):
     prune: Pruning | None = Field(
         default=None,
         description="Epoch-level pruning by each row's last loss (InfoBatch), and leaving out the hardest rows. "
-        "Default: with beta 0 or unset on a file-mode train channel, learnt_fraction 0.7, hardest_fraction 0.1 "
-        "(0 for regression), batch_factor 3 (the best combination benchmarks/sifting.py found); otherwise off.",
+        "Left out: with beta 0 or unset on a file-mode train channel, learnt_fraction 0.7, hardest_fraction 0.1 "
+        "(0 for regression), batch_factor 3 (the best combination benchmarks/sifting.py found); otherwise off. "
+        "Given, the settings it leaves out take those values.",
     )
     min_class_fraction: float = Field(
         default=0.5,
@@ -244,8 +251,9 @@ class Sifting(_Model):
         beta = self.beta if self.beta is not None else (1.0 if streamed else 0.0)
         prune = self.prune
         if prune is None:
-            default = DEFAULT_PRUNING | ({"hardest_fraction": 0.0} if regression else {})
-            prune = Pruning(**default) if beta == 0 and not streamed else Pruning()
+            prune = Pruning(**(PRUNING_OFF if beta > 0 or streamed else {}))
+        if regression and "hardest_fraction" not in prune.model_fields_set:
+            prune = Pruning(**prune.model_dump(exclude_unset=True), hardest_fraction=0.0)
         resolved = self.model_copy(update={"beta": beta, "prune": prune})
         # still the fields the user set: a spec sent as written (flows.client.submit) leaves these defaults to
         # the code that runs it, and the warnings about settings given (``ignored_settings``) see the user's
