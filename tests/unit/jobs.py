@@ -91,3 +91,77 @@ def threads_recording_build(num_features, num_outputs, hyperparameters):
     return torch.nn.Linear(num_features, num_outputs), lambda out, y: torch.nn.functional.cross_entropy(
         out, y, reduction="none"
     )
+
+
+def _per_row_cross_entropy(out, y):
+    return torch.nn.functional.cross_entropy(out, y, reduction="none")
+
+
+def batch_norm_build(num_features, num_outputs, hyperparameters):
+    """An MLP with BatchNorm: buffers its forward pass updates, from each group's own rows."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(num_features, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, num_outputs)
+    )
+    return model, _per_row_cross_entropy
+
+
+def flaky_heal_build(num_features, num_outputs, hyperparameters):
+    """``slow_build``'s model, in a restarted group (attempt 1 on) whose first fetch of a peer's state breaks while
+    ``heal_breaks_once`` (a path) exists, which it removes: a connection reset mid-heal."""
+    import os
+    import sys
+
+    attempt = sys.argv[sys.argv.index("--attempt") + 1] if "--attempt" in sys.argv else "0"
+    if attempt == "0":  # a first group may heal too (from one that took the first step alone)
+        return slow_build(num_features, num_outputs, hyperparameters)
+
+    from trainyard.training.heal_transport import HealTransport
+
+    marker, fetch = hyperparameters["heal_breaks_once"], HealTransport.recv_checkpoint
+
+    def recv_checkpoint(self, *args, **kwargs):
+        if os.path.exists(marker):
+            os.remove(marker)
+            raise ConnectionResetError("connection reset by peer (a test's)")
+        return fetch(self, *args, **kwargs)
+
+    HealTransport.recv_checkpoint = recv_checkpoint
+    return slow_build(num_features, num_outputs, hyperparameters)
+
+
+def slow_validation_build(num_features, num_outputs, hyperparameters):
+    """A linear model whose first validation in each process takes ``validation_seconds``."""
+    import time
+
+    class SlowToValidate(torch.nn.Linear):
+        validated = False
+
+        def forward(self, x):
+            if not self.training and not SlowToValidate.validated:
+                SlowToValidate.validated = True
+                time.sleep(hyperparameters["validation_seconds"])
+            return super().forward(x)
+
+    return SlowToValidate(num_features, num_outputs), _per_row_cross_entropy
+
+
+def stop_while_validating_build(num_features, num_outputs, hyperparameters):
+    """A linear model whose group 1, in its first validation, waits a second and then asks the job to stop (as
+    `trainyard stop` does): group 0, quicker to validate, is in the next step's quorum by then."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from trainyard.training.plan import request_stop
+
+    group = sys.argv[sys.argv.index("--replica") + 1] if "--replica" in sys.argv else None
+    job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1]) if "--job-dir" in sys.argv else None
+
+    class StopsTheJob(torch.nn.Linear):
+        def forward(self, x):
+            if not self.training and group == "1" and job_dir is not None and not (job_dir / "stop.json").exists():
+                time.sleep(1.0)
+                request_stop(job_dir, "Stopped", "asked while group 1 validated")
+            return super().forward(x)
+
+    return StopsTheJob(num_features, num_outputs), _per_row_cross_entropy

@@ -155,6 +155,9 @@ def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home,
     from trainyard import s3
 
     job, job_id, folder, plan = _checkpointed_job(trainyard_home, bucket, killed=[0], resources={"replicas": 1})
+    # an earlier run of the job id got further: its state (of other data, perhaps) is not this run's to resume
+    earlier = f"out/{job_id}/checkpoints/0123456789ab/step-000000900.pt"
+    s3.client().put_object(Bucket=bucket, Key=earlier, Body=b"an earlier run's state")
     events = []
     outcome, handle = run(job, job_id, folder, plan, events)
     assert outcome.stop_reason == "Completed" and outcome.steps == 40
@@ -163,7 +166,7 @@ def test_with_every_group_lost_the_s3_checkpoint_is_the_fallback(trainyard_home,
     assert recovery["source"] == "checkpoint" and recovery["failed_at_step"] == 25
     assert recovery["rejoined_at_step"] == 21  # steps 21-25 recomputed from the step-20 checkpoint
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]]
-    assert f"out/{job_id}/checkpoints/step-000000020.pt" in keys
+    assert f"out/{job_id}/checkpoints/{handle.launch_id}/step-000000020.pt" in keys
 
 
 def test_groups_lost_together_all_resume_from_the_checkpoint_on_their_first_restart(trainyard_home, bucket, tmp_path):

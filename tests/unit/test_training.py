@@ -78,8 +78,8 @@ def test_a_worker_sets_each_groups_cpu_threads_and_a_bad_count_fails_before_anyt
 
 def test_max_runtime_stops_every_group(trainyard_home):
     job, *rest = make_job(
-        trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8}, stopping={"max_runtime_seconds": 10}
-    )
+        trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8}, stopping={"max_runtime_seconds": 20}
+    )  # (the groups' start counts: on a busy 2-core machine it once took all of 10 s, and no step was taken)
     outcome, _ = run(job, *rest)
     assert outcome.stop_reason == "MaxRuntimeExceeded"
     assert 0 < outcome.steps < 100_000 * 75

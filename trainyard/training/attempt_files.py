@@ -5,9 +5,12 @@ step log; and reading them back. Small writes that a kill cannot leave half done
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +62,27 @@ class Heartbeat:
         if force or now - self._last >= self.interval:
             write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
             self._last = now
+
+    @contextlib.contextmanager
+    def while_busy(self, step: int, every: float = 1.0) -> Iterator[None]:
+        """Beat from a thread while the group does slow work of its own (validation, saving its state). Every
+        group validates at the same step, so a validation longer than the silence limit read as all of them
+        hung: all were killed, with none left to heal from. Such work waits on no peer, so it cannot hang the
+        way the limit is there to catch (a wedged collective)."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(every):
+                self.beat(step, force=True)
+
+        thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self.beat(step, force=True)
 
 
 class StepCounts:

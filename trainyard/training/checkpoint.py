@@ -5,7 +5,9 @@ when every group is lost (or a restarted group finds no peer ahead of it) does a
 the latest checkpoint here. Off by default (``elastic.checkpoint_every_steps``): it costs a
 serialisation per checkpoint on the group that writes it (the upload runs in the background).
 
-Checkpoints are ``<output prefix>/<job id>/checkpoints/step-<step>.pt``; an upload that fails or is
+Checkpoints are ``<output prefix>/<job id>/checkpoints/<launch id>/step-<step>.pt``, the launch the train
+stage's own (``TrainingPlan.launch_id``): a rerun of the job id never resumes from an earlier run's state,
+which may be of other data or another spec. An upload that fails or is
 interrupted leaves no object (the transfer manager aborts it), so every listed one is whole; it is
 checked against the checksum its upload stored when it is read back.
 """
@@ -30,24 +32,27 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"step-(\d+)\.pt$")
 
 
-def prefix(job: TrainingJob, job_id: str) -> s3.S3Uri:
-    """Where the job's checkpoints go."""
-    return outputs.job_prefix(job, job_id).join("checkpoints/")
+def prefix(job: TrainingJob, job_id: str, launch_id: str) -> s3.S3Uri:
+    """Where the checkpoints of the job's launch ``launch_id`` go."""
+    return outputs.job_prefix(job, job_id).join(f"checkpoints/{launch_id or 'unlaunched'}/")
 
 
 class Checkpointer:
     """Writes a checkpoint every ``every`` committed steps, uploading it in a background thread."""
 
-    def __init__(self, job: TrainingJob, job_id: str, every: int, scratch: Path):
+    def __init__(self, job: TrainingJob, job_id: str, launch_id: str, every: int, scratch: Path):
         self.every, self.scratch = every, scratch
-        self.prefix = prefix(job, job_id)
+        self.prefix = prefix(job, job_id, launch_id)
         self._upload: threading.Thread | None = None
         self.written: list[int] = []
 
-    def maybe_save(self, step: int, state: dict, manager_state: dict) -> None:
-        """Save at every ``every``-th step; skipped while the previous upload is still running."""
-        if not self.every or step % self.every or (self._upload and self._upload.is_alive()):
-            return
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one to save at: every ``every``-th, unless the previous upload is still running
+        (asked before the state is built: building it copies the model, the optimizer and the sifter's memory)."""
+        return bool(self.every) and not step % self.every and not (self._upload and self._upload.is_alive())
+
+    def save(self, step: int, state: dict, manager_state: dict) -> None:
+        """Snapshot the state now and upload it in the background (at a step ``due`` said yes to)."""
         buffer = io.BytesIO()
         torch.save({"step": step, "manager": manager_state, "state": state}, buffer)  # a snapshot, now
         # The buffer itself goes to the upload thread: getvalue() would hold a second copy of the state
@@ -71,9 +76,9 @@ class Checkpointer:
             self._upload.join()
 
 
-def latest(job: TrainingJob, job_id: str) -> tuple[str, int] | None:
-    """The newest checkpoint's URI and step, or None."""
-    where = prefix(job, job_id)
+def latest(job: TrainingJob, job_id: str, launch_id: str) -> tuple[str, int] | None:
+    """The newest checkpoint of the job's launch ``launch_id``: its URI and step, or None."""
+    where = prefix(job, job_id, launch_id)
     best: tuple[str, int] | None = None
     try:
         for page in s3.client().get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key):

@@ -29,3 +29,49 @@ class SafeDistributedDataParallel(DistributedDataParallel):
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         done.set_result(bucket.buffer())
         return done
+
+
+class BufferSync:
+    """A model's floating-point buffers (BatchNorm's running statistics) averaged over the step's quorum.
+
+    torchft's DDP averages gradients only: buffers a forward pass updates drifted apart between groups, each
+    from its own batches, so the groups validated different models (and could stop at different epochs) and
+    ended with different states. As DDP's ``broadcast_buffers`` keeps them equal within a group, this keeps
+    them equal across groups: each step averages a copy, applied only once the step commits (a step that
+    fails may leave the copy half reduced). Integer buffers (``num_batches_tracked``) are left: they count
+    this group's forward passes, redone steps included. A model without floating-point buffers (the
+    built-ins) costs nothing.
+    """
+
+    def __init__(self, manager: Manager, model: torch.nn.Module):
+        self.manager = manager
+        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self._flat: torch.Tensor | None = None
+        self._work = None
+
+    def start(self) -> None:
+        """Send this step's buffers to be averaged (after the step's forward passes)."""
+        if self.buffers:
+            self._flat = torch.cat([b.detach().reshape(-1) for b in self.buffers])
+            self._work = self.manager.allreduce(self._flat)
+
+    def apply(self) -> None:
+        """Take the quorum's average, once the step has committed."""
+        if self._flat is None or self._work is None:
+            return
+        self._work.wait()
+        offset = 0
+        with torch.no_grad():
+            for buffer in self.buffers:
+                buffer.copy_(self._flat[offset : offset + buffer.numel()].view_as(buffer))
+                offset += buffer.numel()
+        self._flat = self._work = None
+
+
+def any_group(manager: Manager, mine: bool, device: torch.device) -> bool:
+    """Whether any group of the step's quorum says yes (a sum over the quorum: every group gets the same
+    answer, which a file each reads at its own moment cannot give). A step whose collective fails is not
+    committed, and its answer is not used."""
+    flag = torch.full((1,), float(mine), device=device)
+    manager.allreduce(flag, reduce_op=dist.ReduceOp.SUM).wait()
+    return bool(flag.item() > 0)

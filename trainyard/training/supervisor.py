@@ -199,7 +199,8 @@ def _supervise(
         job_finished = finished_the_job(job_dir, finished, live)
         ending = stop_requested(job_dir) or job_finished
         short = job.resources.min_replicas - len(live) - len(waiting)
-        if failures and live and short > 0 and not ending and not scaler.leaving:  # (none live: said below)
+        leaving = scaler.leaving & live.keys()  # (a group asked to leave that has gone no longer counts)
+        if failures and live and short > 0 and not ending and not leaving:  # (none live: said below)
             # Groups lost for good left fewer than a step needs: the others would wait out the quorum's
             # timeout and fail with torchft's words. Said at once, with the settings that decide it.
             launch.shutdown(handle)
@@ -317,8 +318,12 @@ def _collect(
     """Pick the result (the group that got furthest; a group that left early is not it), check the
     groups agree, and add up what every attempt spent. With ``restore_best``, the model is the best
     epoch's parameters that some attempt kept, where that epoch was not the last."""
-    # of those level, a first attempt's: a restart's first_batch_seconds counts from its restart
-    first = max(finished, key=lambda r: (finished[r]["step"], -finished[r]["attempt"], -r))
+    # of those level, one that did not leave (a SIGTERM in the last step: the others completed the job), and a
+    # first attempt's: a restart's first_batch_seconds counts from its restart
+    first = max(
+        finished,
+        key=lambda r: (finished[r]["step"], finished[r]["stop_reason"] != "Left", -finished[r]["attempt"], -r),
+    )
     result = finished[first]
     model_path = attempt_dir(job_dir, first, result["attempt"]) / "model.pt"
     reference = torch.load(model_path, weights_only=True, map_location="cpu")
@@ -328,7 +333,16 @@ def _collect(
         state = torch.load(
             attempt_dir(job_dir, replica, other["attempt"]) / "model.pt", weights_only=True, map_location="cpu"
         )
-        worst = max(float((state[k].float() - reference[k].float()).abs().max()) for k in reference)
+        # integer buffers (BatchNorm's num_batches_tracked) count each group's own forward passes, redone steps
+        # included; the floating-point ones are averaged every step (ddp.BufferSync)
+        worst = max(
+            (
+                float((state[k].float() - reference[k].float()).abs().max())
+                for k in reference
+                if reference[k].is_floating_point()
+            ),
+            default=0.0,
+        )
         if worst > 1e-5:
             raise TrainingError(
                 f"replica groups {first} and {replica} ended with different parameters "

@@ -67,6 +67,7 @@ def _leave_or_die(parent: int):
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
+STOP_CHECK_STEPS = 4  # how often the groups agree on whether the job's stop was asked for (a tiny allreduce)
 DRILL_FILE = "drill.json"  # the drill an attempt played: {at_step, step}
 FUSED_DEVICES = ("cpu", "cuda")  # where the optimizer takes torch's fused kernel (_optimizer)
 
@@ -84,7 +85,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     from torchft import Manager
 
     from trainyard.training import device as devices
-    from trainyard.training.ddp import SafeDistributedDataParallel
+    from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel, any_group
 
     started, started_unix = time.monotonic(), time.time()
     plan = TrainingPlan.read(job_dir)
@@ -102,7 +103,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     optimizer = _optimizer(model, hp)
     history = History()
     meter = FlopMeter(probe, loss_fn)
-    # The epoch in progress: its number, its first step, and how many groups it was dealt to.
+    # The epoch in progress: its number, its first step, and how many groups it was dealt to (first_slots: the
+    # first epoch's).
     cursor = {"epoch": 0, "start_step": 0, "slots": 0}
 
     data = StepData(job, plan, x_train, y_train, cache.rowgroups_dir(), loss_fn, meter, device)
@@ -151,6 +153,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     if attempt == 0 and not joining:
         start_barrier(job_dir, replica, plan.num_replicas)
     ddp = SafeDistributedDataParallel(manager, model)
+    buffers = BufferSync(manager, model)
 
     previous = last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
     faults = drills(job, replica, played_drills(job_dir, replica, attempt))
@@ -163,9 +166,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     # mid-job (one with nobody left to heal from would otherwise train the job alone from step 0).
     resume_floor = max(previous, job_step(job_dir)) if attempt > 0 or joining else 0
     every = job.elastic.checkpoint_every_steps
-    checkpointer = checkpoint.Checkpointer(job, plan.job_id, every, out) if every else None
+    checkpointer = checkpoint.Checkpointer(job, plan.job_id, plan.launch_id, every, out) if every else None
     if resume:
-        found = checkpoint.latest(job, plan.job_id)
+        found = checkpoint.latest(job, plan.job_id, plan.launch_id)
         if found is None:
             raise NoPeerToHeal(f"replica group {replica}: every group was lost before the first checkpoint")
         saved, size = checkpoint.load(found[0], out)
@@ -185,13 +188,22 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
 
     counts = StepCounts(out / COUNTS_FILE)
     leave_on_sigterm = False
+    # A stop request (the job's stop.json) is acted on at a step every group agrees on. Each reading it at the top
+    # of a step, one that read it just before it was written joined the step's quorum while a peer that saw it
+    # left: the first waited for the peer until it was killed. So, once in a quorum, the groups read it every
+    # STOP_CHECK_STEPS committed steps and sum what they saw over the quorum (ddp.any_group): all stop there.
+    in_quorum, stop_agreed = False, False
 
     try:
         while True:
-            stop = stop_requested(job_dir)
+            if history.stop_reason or len(history.epochs) >= hp.epochs:
+                break  # the job is done: a stop or a SIGTERM arriving now does not make it Stopped
+            stop = (stop_requested(job_dir) or {"reason": "Stopped"}) if stop_agreed else None
+            if not in_quorum:  # still on its own: a stop asked before the job's first step ends it here
+                stop = stop_requested(job_dir)
             if LEAVE.is_set():
                 stop = {"reason": "Left"}
-            if stop or history.stop_reason or len(history.epochs) >= hp.epochs:
+            if stop:
                 break
             due = due_drill(faults, manager.current_step())
             heartbeat.beat(manager.current_step(), force=due is not None)
@@ -201,13 +213,20 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 _inject_fault(faults.pop(due))
             before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
+            in_quorum = True
             if not leave_on_sigterm:
                 # From its first quorum on, SIGTERM (a spot interruption notice, a scale-down) is a graceful
                 # leave at the next step boundary: the others go on without this group. Until then it ended
                 # the process (replica.py): that quorum can wait a minute in torchft, where no handler runs.
                 signal.signal(signal.SIGTERM, _leave_or_die(os.getppid()))
                 leave_on_sigterm = True
-            if recovery is not None and "source" not in recovery and manager.current_step() <= before < resume_floor:
+            healing_failed = manager.errored() is not None  # (the fetch from the peer broke: the step is redone)
+            if (
+                recovery is not None
+                and "source" not in recovery
+                and not healing_failed
+                and manager.current_step() <= before < resume_floor
+            ):
                 how = "added" if joining else "restarted"
                 raise NoPeerToHeal(
                     f"replica group {replica} was {how} with the job at step {resume_floor} but no live group "
@@ -225,6 +244,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             step, members, rank = manager.current_step(), manager.num_participants(), manager.participating_rank()
             if step == cursor["start_step"]:
                 cursor["slots"] = members  # the epoch is dealt to the groups in its first quorum
+                if cursor["epoch"] == 0:
+                    cursor["first_slots"] = members  # (the summary's steps_per_epoch)
             participating = rank is not None
             xb, yb, normaliser = data.batch(
                 model, cursor["epoch"], step - cursor["start_step"], step, cursor["slots"], rank or 0, members
@@ -241,8 +262,12 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             (weighted.sum() * (members / max(normaliser, 1))).backward()
             if participating:
                 meter.add_train_step(xb, yb)
+            buffers.start()
+            stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
+            stop_agreed = stopping
+            buffers.apply()
             index, spe = step - cursor["start_step"], data.steps_per_epoch(cursor["slots"], cursor["epoch"])
             for param_group in optimizer.param_groups:
                 param_group["lr"] = learning_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs)
@@ -264,17 +289,18 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 # This group's training FLOPs so far (forward, backward, sifting's scoring; counted from
                 # its own start: a restarted group's count restarts): compute over time, per epoch.
                 metrics["group_train_flops"] = meter.forward + meter.backward + meter.scoring
-                if val is not None:
-                    metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
-                end_epoch(history, cursor["epoch"] + 1, metrics, job, plan.released_unix or started_unix)
-                if job.stopping.restores_best and history.best_epoch == cursor["epoch"] + 1:
-                    save_best_epoch(out, history.best_epoch, devices.cpu_state(model))
+                with heartbeat.while_busy(manager.current_step()):  # every group validates now: none is hung
+                    if val is not None:
+                        metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
+                    end_epoch(history, cursor["epoch"] + 1, metrics, job, plan.released_unix or started_unix)
+                    if job.stopping.restores_best and history.best_epoch == cursor["epoch"] + 1:
+                        save_best_epoch(out, history.best_epoch, devices.cpu_state(model))
                 cursor.update(epoch=cursor["epoch"] + 1, start_step=manager.current_step(), slots=0)
-                heartbeat.beat(manager.current_step(), force=True)  # validation may have taken a while
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
                 report()
-            if checkpointer is not None and rank == 0:
-                checkpointer.maybe_save(manager.current_step(), state_dict(), manager.state_dict())
+            if checkpointer is not None and rank == 0 and checkpointer.due(manager.current_step()):
+                with heartbeat.while_busy(manager.current_step()):
+                    checkpointer.save(manager.current_step(), state_dict(), manager.state_dict())
     finally:
         counts.close()
         manager.shutdown(wait=False)
@@ -285,7 +311,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
         "best_epoch": history.best_epoch,
-        "steps_per_epoch": data.steps_per_epoch(cursor["slots"] or plan.num_replicas, 0),  # the first epoch's
+        "steps_per_epoch": data.steps_per_epoch(cursor.get("first_slots") or plan.num_replicas, 0),  # the first epoch's
         "first_batch_seconds": first_batch_seconds,
         "wall_seconds": time.monotonic() - started,
         "finished": True,
