@@ -17,29 +17,32 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from flows import job_events
 from flows.job_events import FINAL
-from trainyard.errors import TrainyardError
+from flows.prefect_api import (  # noqa: F401 - ApiNotSet, ApiUnreachable, RunNotFound: the client's errors too
+    PIPELINE_FLOW,
+    ApiNotSet,
+    ApiUnreachable,
+    RunNotFound,
+    check_is_an_api,
+    job_id_of,
+    reaching_api,
+)
+from flows.prefect_api import api as _api
+from flows.prefect_api import api_url as _api_url
+from flows.prefect_api import read_run as _read_run
+from trainyard.errors import SpecError, TrainyardError
 from trainyard.home import new_job_id
 from trainyard.spec import TrainingJob, parse_job
 from trainyard.status import JOB_TAG, REPLICA_TAG
 
 
-class ApiNotSet(TrainyardError):
-    """No ``PREFECT_API_URL``: nothing to submit to or ask."""
-
-
 class DeploymentNotFound(TrainyardError, LookupError):
     """The deployment named is not ``FLOW/DEPLOYMENT``, or the API has none by that name."""
-
-
-class RunNotFound(TrainyardError, LookupError):
-    """The run id is not one (a UUID), or the API has no such run."""
 
 
 class WaitTimeout(TrainyardError, TimeoutError):
@@ -55,16 +58,18 @@ class DeploymentOutdated(TrainyardError, ValueError):
 
 
 DEFAULT_DEPLOYMENT = "training-pipeline/on-demand"
-PIPELINE_FLOW = "training-pipeline"
+API_OUTAGE_SECONDS = 300.0  # how long wait rides out an API that does not answer (the job goes on meanwhile)
 _PRIMARY = {
     "COMPLETED": "Completed",
     "FAILED": "Failed",
     "CRASHED": "Failed",
     "CANCELLED": "Stopped",
+    "CANCELLING": "Stopping",  # cancelled, its processes being stopped (SageMaker's Stopping)
     "SCHEDULED": "Scheduled",  # a schedule's future run: not started, not in progress
 }
 
 
+@reaching_api
 def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempotency_key: str | None = None) -> str:
     """Validate the job here (a bad spec fails before anything is queued) and start it; returns the
     flow run id. The same ``idempotency_key`` twice starts one run."""
@@ -72,12 +77,18 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     _api_url()
-    spec = job if isinstance(job, TrainingJob) else parse_job(job)
+    # a TrainingJob too: one changed by model_copy(update=...) was never validated
+    spec = parse_job(job.model_dump(mode="json", exclude_unset=True) if isinstance(job, TrainingJob) else job)
     flow_name, _, deployment_name = deployment.partition("/")
     if not flow_name or not deployment_name or "/" in deployment_name:
         raise DeploymentNotFound(
             f"deployment {deployment!r} is not FLOW/DEPLOYMENT; Trainyard's is {DEFAULT_DEPLOYMENT!r}, and "
             "`prefect deployment ls` lists the API's"
+        )
+    if flow_name != PIPELINE_FLOW:  # another flow's (train-replica's runs one group, not a job)
+        raise DeploymentNotFound(
+            f"deployment {deployment!r} is not one of the {PIPELINE_FLOW} flow, which runs jobs: use "
+            f"{PIPELINE_FLOW}/DEPLOYMENT, such as {DEFAULT_DEPLOYMENT!r}"
         )
     if spec.resources.work_pool != "local":  # its groups' pool: a name this API has no deployment for is the spec's
         from tasks.pool_launcher import check_deployment
@@ -98,6 +109,8 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
             as_subflow=False,
         )
     except ObjectNotFound:
+        with _api() as api:
+            check_is_an_api(api)
         raise DeploymentNotFound(
             f"no deployment {deployment!r} on the Prefect API at PREFECT_API_URL; `prefect deployment ls` lists "
             "them, and `prefect deploy --all` in Trainyard's folder makes prefect.yaml's"
@@ -105,15 +118,16 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     except PrefectHTTPStatusError as exc:
         if exc.response.status_code != 409 or "Validation failed" not in exc.response.text:
             raise
-        # what the deployment's parameter schema refused, in the API's words
+        # what the deployment's parameter schema refused, in the API's words: a spec this client took, so the
+        # deployment was made by another Trainyard (an older one lacks fields; jsonschema: "... was unexpected")
         detail = exc.response.json().get("detail", exc.response.text) if _is_json(exc.response) else exc.response.text
+        fix = ", or leave out the fields it does not know" if "unexpected" in str(detail) else ""
         raise DeploymentOutdated(
-            f"deployment {deployment!r} refused the job spec: {detail}. Its schema is an older Trainyard's than this "
-            "client's: run `prefect deploy --all` in Trainyard's folder with this version, or leave out the fields "
-            "it does not know"
+            f"deployment {deployment!r} refused the job spec, which this client's Trainyard takes: {detail}. Its "
+            f"schema is another Trainyard's: run `prefect deploy --all` in Trainyard's folder with this version{fix}"
         ) from None
     earlier = run.parameters.get("job")  # type: ignore[union-attr]
-    if idempotency_key is not None and parse_job(earlier).model_dump(mode="json") != spec.model_dump(mode="json"):
+    if idempotency_key is not None and not _same_job(earlier, spec):
         # Prefect hands back the run the key first started, whatever was asked this time: a key reused for
         # another job would silently report on the old one
         raise IdempotencyKeyReused(
@@ -123,68 +137,19 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     return str(run.id)  # type: ignore[union-attr]  # called sync, it returns the run (typed: run or coroutine)
 
 
+def _same_job(earlier: Any, spec: TrainingJob) -> bool:
+    """Whether the spec a run was started with (one REST may have sent wrong) is ``spec``, defaults resolved."""
+    try:
+        return parse_job(earlier).model_dump(mode="json") == spec.model_dump(mode="json")
+    except SpecError:
+        return False
+
+
 def _is_json(response) -> bool:
     return response.headers.get("content-type", "").startswith("application/json")
 
 
-def _api_url() -> str:
-    """The API this client talks to; a ``TrainyardError`` when none is set. Without one, Prefect's client
-    would start a temporary server of its own, with no deployments and no runs: a job list would come back
-    empty after seconds, and a submit would find no deployment, both as if the user's server had none."""
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().api.url
-    if not url:
-        raise ApiNotSet(
-            "PREFECT_API_URL is not set: point it at the Prefect server that runs Trainyard's deployments "
-            "(for example http://127.0.0.1:4200/api); `trainyard run` runs a job in this process without one"
-        )
-    return url
-
-
-def _api():
-    """Prefect's synchronous client for the API at PREFECT_API_URL (``_api_url``)."""
-    from prefect.client.orchestration import get_client
-
-    _api_url()
-    return get_client(sync_client=True)
-
-
-def _read_run(api, run_id: str):
-    """The flow run ``run_id`` names; a ``TrainyardError`` saying so when it is not a run id or the API has none."""
-    from prefect.exceptions import ObjectNotFound
-
-    try:
-        uuid.UUID(run_id)
-    except ValueError:
-        raise RunNotFound(f"{run_id!r} is not a flow run id (a UUID); `trainyard jobs list` shows them") from None
-    try:
-        run = api.read_flow_run(run_id)
-    except ObjectNotFound:
-        raise RunNotFound(
-            f"no flow run {run_id} on the Prefect API at PREFECT_API_URL; `trainyard jobs list` shows them"
-        ) from None
-    if REPLICA_TAG in (run.tags or []):  # one of a job's groups: what it says of itself is no job's status
-        job_id = next((t.removeprefix(JOB_TAG) for t in run.tags if t.startswith(JOB_TAG)), "")
-        raise RunNotFound(
-            f"{run_id} is {run.name}, a replica group's run of job {job_id}, not a job's: its pipeline run is "
-            f"{_pipeline_run_id(api, job_id) or 'the one `trainyard jobs list` shows for it'}"
-        )
-    return run
-
-
-def _pipeline_run_id(api, job_id: str) -> str | None:
-    """The id of the pipeline run that runs job ``job_id`` (named after it once it starts)."""
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterName
-
-    runs = api.read_flow_runs(
-        flow_filter=FlowFilter(name=FlowFilterName(any_=[PIPELINE_FLOW])),
-        flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[job_id])),
-        limit=1,
-    )
-    return str(runs[0].id) if runs else None
-
-
+@reaching_api
 def status(run_id: str) -> dict[str, Any]:
     """The job's primary status, its secondary status transitions (each with its start and end time) and,
     once it ended, its outcome: ``failure_reason``, final ``metrics``, the registered ``model`` and the
@@ -194,12 +159,12 @@ def status(run_id: str) -> dict[str, Any]:
     the first epoch ends, and outside training)."""
     with _api() as api:
         run = _read_run(api, run_id)
-        job_id = run.parameters.get("job_id") or run.name
-        transitions, ended = job_events.read(api, job_id, run.created)
+        job_id = job_id_of(run)  # None: a run from the UI or REST that no worker has started (it names the job)
+        transitions, ended = job_events.read(api, job_id, run.id, run.created) if job_id else ([], None)
         training = bool(transitions) and transitions[-1]["status"] == "Training"
         # since this try's start: a retried run's first try had epochs of its own
         since = datetime.fromisoformat(transitions[0]["start_time"]) if training else None
-        progress = job_events.progress(api, job_id, since) if training else None
+        progress = job_events.progress(api, job_id, run.id, since) if training and job_id else None
     state = run.state.type.value if run.state else "PENDING"
     primary = _run_status(run.state)
     if state in ("COMPLETED", "CRASHED") and transitions:  # its last status says how the job itself ended:
@@ -217,7 +182,6 @@ def status(run_id: str) -> dict[str, Any]:
         "job_id": job_id,
         "status": primary,
         "secondary_status": secondary,
-        "started": run.run_count > 0,  # a worker started it (False: it ended, or waits, before any did)
         "secondary_status_transitions": transitions,
         "prefect_state": run.state.name if run.state else None,
         "failure_reason": reason,
@@ -241,7 +205,7 @@ def wait(
 
     def read() -> dict[str, Any]:
         nonlocal seen
-        current = status(run_id)
+        current = _status_through_outages(run_id, poll_seconds, deadline)
         transitions = current["secondary_status_transitions"]
         if on_transition is not None:
             for transition in transitions[seen:]:
@@ -251,10 +215,11 @@ def wait(
 
     while True:
         current = read()
-        if current["status"] not in ("InProgress", "Scheduled"):
-            # The run's state can land before the job's last status event: give the event a moment (a run no
-            # worker started has no job to hear from).
-            settle = time.monotonic() + (10 if current["started"] else 0)
+        if current["status"] not in ("InProgress", "Scheduled", "Stopping"):
+            # The run's state can land before the job's last status event: give the event a moment. A run whose job
+            # said nothing (cancelled while queued, its parameters refused, another run of the job id running) has
+            # nothing more to say: a job's first status is sent as it starts, long before its run can end.
+            settle = time.monotonic() + (10 if current["secondary_status_transitions"] else 0)
             # (metrics: None until the job's outcome event, which follows its last status)
             while (current["secondary_status"] not in FINAL or current["metrics"] is None) and (
                 time.monotonic() < settle
@@ -272,6 +237,21 @@ def wait(
         time.sleep(poll_seconds)
 
 
+def _status_through_outages(run_id: str, poll_seconds: float, deadline: float | None) -> dict[str, Any]:
+    """``status``, asked again while the API does not answer (a restart, a network blip: the job goes on), for
+    up to ``API_OUTAGE_SECONDS`` at a time and not past ``deadline``."""
+    since = time.monotonic()
+    while True:
+        try:
+            return status(run_id)
+        except ApiUnreachable as exc:
+            now = time.monotonic()
+            if now - since > API_OUTAGE_SECONDS or (deadline is not None and now > deadline):
+                raise ApiUnreachable(f"{exc}; stopped waiting for job run {run_id}, which goes on") from None
+            time.sleep(poll_seconds)
+
+
+@reaching_api
 def stop(run_id: str, graceful: bool = False) -> list[str]:
     """Cancel the job's pipeline run and every replica group run of the job; returns the runs cancelled.
 
@@ -298,6 +278,7 @@ def stop(run_id: str, graceful: bool = False) -> list[str]:
     return cancelled
 
 
+@reaching_api
 def logs(run_id: str, groups: bool = True) -> list[dict[str, Any]]:
     """The job's log lines, oldest first: its pipeline run's and, with ``groups``, those of its replica groups
     that ran as flow runs on a work pool (a ``local`` job's groups log to files in its job folder).
@@ -349,11 +330,11 @@ def _group_runs(api, run) -> list:
     """The replica group flow runs of the job whose pipeline run is ``run`` (none for a ``local`` job)."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
-    job_id = run.parameters.get("job_id") or run.name
-    tags = FlowRunFilterTags(all_=[f"{JOB_TAG}{job_id}", REPLICA_TAG])
+    tags = FlowRunFilterTags(all_=[f"{JOB_TAG}{job_id_of(run)}", REPLICA_TAG])
     return api.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags))
 
 
+@reaching_api
 def jobs(limit: int = 20) -> list[dict[str, Any]]:
     """The most recent training-pipeline runs, newest first."""
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
@@ -368,8 +349,8 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
     return [
         {
             "flow_run_id": str(r.id),
-            # a run takes its job's id as its name once it starts; before, its name is Prefect's own
-            "job_id": r.parameters.get("job_id") or (r.name if r.start_time else None),
+            # a run from the UI, a schedule or REST makes its job id as it starts (before, its name is Prefect's)
+            "job_id": job_id_of(r),
             "job_name": (r.parameters.get("job") or {}).get("name"),
             "status": _run_status(r.state),
             "prefect_state": r.state.name if r.state else None,

@@ -1,6 +1,6 @@
 """What a job has said of itself as Prefect events (``trainyard.job.*``, sent by the pipeline as each secondary
-status begins and once the job has ended, and ``trainyard.progress`` while it trains), read back for
-``flows.client.status``."""
+status begins and once the job has ended, and ``trainyard.progress`` while it trains; ``tasks._events.emit``),
+read back for ``flows.client.status``: those of one flow run of the job id."""
 
 from __future__ import annotations
 
@@ -10,32 +10,41 @@ FINAL = {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped", "Ma
 """The secondary statuses that end a job, and the primary status each is."""
 
 
-def _events(api, job_id: str, since, names: dict, limit: int) -> list:
-    """The job's events since ``since`` whose names match ``names`` (``EventNameFilter``'s fields), oldest first."""
-    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+def _events(api, job_id: str, run_id, since, names: dict, limit: int) -> list:
+    """The events of the job that flow run ``run_id`` sent since ``since`` whose names match ``names``
+    (``EventNameFilter``'s fields), oldest first."""
+    from prefect.events.filters import (
+        EventFilter,
+        EventNameFilter,
+        EventOccurredFilter,
+        EventRelatedFilter,
+        EventResourceFilter,
+    )
 
     page = api.read_events(
         EventFilter(
             occurred=EventOccurredFilter(since=since),
             event=EventNameFilter(**names),
             resource=EventResourceFilter(id=[f"trainyard.job.{job_id}"]),
+            related=EventRelatedFilter(id=[f"prefect.flow-run.{run_id}"]),
         ),
         limit=limit,
     )
     return sorted(page.events, key=lambda e: e.occurred)
 
 
-def progress(api, job_id: str, since) -> dict | None:
+def progress(api, job_id: str, run_id, since) -> dict | None:
     """The job's last ``trainyard.progress`` event's payload (the train stage's, at most once a second)."""
-    events = _events(api, job_id, since, {"name": [PROGRESS_EVENT]}, limit=5)
+    events = _events(api, job_id, run_id, since, {"name": [PROGRESS_EVENT]}, limit=5)
     return dict(events[-1].payload) if events else None
 
 
-def read(api, job_id: str, since) -> tuple[list[dict], dict | None]:
-    """The job's secondary status transitions, each closed by the next (an event is sent as a status
-    begins, its end time not yet known), and its outcome (the ``trainyard.job.ended`` event's; None before)."""
+def read(api, job_id: str, run_id, since) -> tuple[list[dict], dict | None]:
+    """The job's secondary status transitions as flow run ``run_id`` ran it, each closed by the next (an event
+    is sent as a status begins, its end time not yet known), and its outcome (the ``trainyard.job.ended``
+    event's; None before)."""
     # the API's most per page; a job has under ten transitions
-    events = _events(api, job_id, since, {"prefix": ["trainyard.job."]}, limit=50)
+    events = _events(api, job_id, run_id, since, {"prefix": ["trainyard.job."]}, limit=50)
     # A retried run (the same run id) starts the job again: only what its last try said is the job's now
     starts = [i for i, e in enumerate(events) if e.payload.get("status") == "Starting"]
     events = events[starts[-1] :] if starts else events

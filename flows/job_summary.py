@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from prefect.artifacts import create_markdown_artifact
-from prefect.events import emit_event
 from prefect.runtime import flow_run
 
+from tasks import _events as events
 from trainyard import STAGES, carbon, esg, outputs, registry, status
 from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
@@ -26,11 +26,7 @@ def _emit_ended(job_id: str, summary: dict, model: dict | None) -> None:
     other services read (``flows.client.status``) without reaching the S3 the summary is in."""
     ended = {key: summary.get(key) for key in ("status", "failure_reason", "metrics", "summary_uri")}
     ended["model"] = {key: model[key] for key in ("name", "version", "uri", "aliases")} if model else None
-    emit_event(
-        event="trainyard.job.ended",
-        resource={"prefect.resource.id": f"trainyard.job.{job_id}", "prefect.resource.name": job_id},
-        payload={"ended": ended},
-    )
+    events.emit("trainyard.job.ended", job_id, {"ended": ended})
 
 
 def summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, failed_groups: list[dict]) -> dict:

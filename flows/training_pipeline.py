@@ -15,7 +15,6 @@ from uuid import UUID, uuid4
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
-from prefect.events import emit_event
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
@@ -23,6 +22,7 @@ from pydantic import Field
 
 from flows import job_summary
 from flows.job_summary import UPLOADING
+from tasks import _events as events
 from tasks._metering import journal, stage_meter
 from tasks.carbon import account
 from tasks.filtering import filter_samples
@@ -99,6 +99,12 @@ def training_pipeline(
             registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
             earlier = _registered_earlier(job, job_id, job_dir, logger)
             if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
+                if isinstance(earlier, dict):  # its outcome (the earlier run's) ends this run's transitions too
+                    said = f"registered by an earlier run as {job.model_name} v{earlier['model']['version']}"
+                    last = earlier["secondary_status_transitions"][-1]["status"]
+                    log.finish(earlier["status"], last, f"{said}: nothing was trained again")
+                else:
+                    log.finish("Failed", "Failed", earlier.message or "", failure_reason=earlier.message)
                 return earlier
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
@@ -284,19 +290,17 @@ def _add_failed_stage(stages: dict, exc: BaseException) -> None:
 
 
 def _name_run(job_id: str) -> None:
+    """The run's name, and a tag, for the job id it made (``flows.prefect_api.job_id_of`` reads the tag)."""
     run_id = flow_run.get_id()
     if run_id:
         with get_client(sync_client=True) as client:
-            client.update_flow_run(UUID(run_id), name=job_id)
+            tags = client.read_flow_run(UUID(run_id)).tags or []
+            client.update_flow_run(UUID(run_id), name=job_id, tags=sorted({*tags, f"{status.JOB_TAG}{job_id}"}))
 
 
 def _emit_status(job_id: str, transition: dict) -> None:
     """Each secondary status transition as a Prefect event (automations and the UI's event feed see it)."""
-    emit_event(
-        event=f"trainyard.job.{transition['status'].lower()}",
-        resource={"prefect.resource.id": f"trainyard.job.{job_id}", "prefect.resource.name": job_id},
-        payload=transition,
-    )
+    events.emit(f"trainyard.job.{transition['status'].lower()}", job_id, transition)
 
 
 CANCELLED_MESSAGE = "the job was cancelled (trainyard jobs stop, or Cancel in the Prefect UI or API)"

@@ -14,9 +14,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.events import emit_event
 from prefect.runtime import flow_run
 
+from tasks import _events as events
 from tasks._metering import in_background, stage_meter
 from trainyard import carbon, plots, progress
 from trainyard.carbon_probe import machine_id
@@ -79,10 +79,10 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             span = f"epoch {epochs}" if epochs == told_through + 1 else f"epochs {told_through + 1}-{epochs}"
             logger.info("%s: %s", span, shown)
             # for services following the job (flows.client.status's "progress")
-            emit_event(
-                event=PROGRESS_EVENT,
-                resource={"prefect.resource.id": f"trainyard.job.{plan.job_id}", "prefect.resource.name": plan.job_id},
-                payload={
+            events.emit(
+                PROGRESS_EVENT,
+                plan.job_id,
+                {
                     "epochs_done": epochs,
                     "epochs": job.hyperparameters.epochs,
                     "metrics": final_metrics([shown]),  # as the summary's: no bookkeeping (steps, FLOPs)
@@ -93,14 +93,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         def on_event(kind: str, payload: dict) -> None:
             # One Prefect event per failure, restart, recovery, arrival and departure of a replica
             # group (its resource), and per change of size (the job's).
-            if "replica" in payload:
-                resource = {
-                    "prefect.resource.id": f"trainyard.job.{plan.job_id}.replica.{payload['replica']}",
-                    "prefect.resource.name": f"{plan.job_id} replica group {payload['replica']}",
-                }
-            else:
-                resource = {"prefect.resource.id": f"trainyard.job.{plan.job_id}", "prefect.resource.name": plan.job_id}
-            emit_event(event=f"trainyard.{kind}", resource=resource, payload=payload)
+            events.emit(f"trainyard.{kind}", plan.job_id, payload, replica=payload.get("replica"))
             level = (
                 logging.WARNING
                 if kind in ("replica.failed", "replica.queued", "job.scale_refused", "job.waiting_for_workers")

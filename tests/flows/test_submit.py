@@ -82,12 +82,65 @@ def test_a_job_stopped_before_any_worker_started_it_ends_stopped_at_once(prefect
         try:
             run_id = client.submit(minimal(), deployment="training-pipeline/unpolled")
             queued = client.status(run_id)
-            assert (queued["status"], queued["secondary_status"], queued["started"]) == ("Scheduled", "Starting", False)
+            assert (queued["status"], queued["secondary_status"]) == ("Scheduled", "Starting")
             assert client.stop(run_id) == [run_id]
             # no job ever ran, so there is no last status event to wait for: wait answers without sleeping
             monkeypatch.setattr(client.time, "sleep", lambda seconds: pytest.fail(f"wait slept {seconds} s"))
             ended = client.wait(run_id)
-            assert (ended["status"], ended["secondary_status"], ended["started"]) == ("Stopped", "Stopped", False)
+            assert (ended["status"], ended["secondary_status"]) == ("Stopped", "Stopped")
             assert ended["secondary_status_transitions"] == [] and ended["metrics"] is None
         finally:
             api.delete_deployment(deployment)
+
+
+def test_what_is_no_job_is_refused_by_type_and_a_url_without_api_is_named(prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.utilities.callables import parameter_schema
+
+    from flows import client
+    from flows.training_pipeline import training_pipeline
+    from tests.unit.specs import minimal
+
+    # a TrainingJob changed without validation (model_copy) is validated again here
+    job = parse_job(minimal())
+    broken = job.model_copy(update={"hyperparameters": job.hyperparameters.model_copy(update={"epochs": 0})})
+    with pytest.raises(SpecError, match="hyperparameters.epochs"):
+        client.submit(broken)
+    with pytest.raises(client.DeploymentNotFound, match="not one of the training-pipeline flow"):
+        client.submit(minimal(), deployment="train-replica/trainyard-gpu")
+    with get_client(sync_client=True) as api:
+        schema = parameter_schema(training_pipeline).model_dump_for_openapi()
+        deployment = api.create_deployment(
+            flow_id=api.create_flow_from_name("training-pipeline"),
+            name="keyed",
+            entrypoint="flows/training_pipeline.py:training_pipeline",
+            parameter_openapi_schema=schema,
+        )
+        other = api.create_flow_run(flow=_flow("other-teams-etl"), name="nightly-etl")
+        try:
+            # a key a REST caller first used with a spec the schema took and Trainyard refuses
+            bad = minimal(resources={"replicas": 1, "min_replicas": 3})
+            api.create_flow_run_from_deployment(deployment, parameters={"job": bad}, idempotency_key="k-rest")
+            with pytest.raises(client.IdempotencyKeyReused, match="k-rest"):  # was SpecError, for a valid spec
+                client.submit(minimal(), deployment="training-pipeline/keyed", idempotency_key="k-rest")
+            # another flow's run is no job to describe, follow or stop (stop cancelled it)
+            for ask in (client.status, client.logs, client.stop):
+                with pytest.raises(client.RunNotFound, match="a run of flow 'other-teams-etl', not a training job"):
+                    ask(str(other.id))
+            assert api.read_flow_run(other.id).state.type.value != "CANCELLING"
+        finally:
+            api.delete_deployment(deployment)
+    root = get_current_settings().api.url.removesuffix("/api")
+    with temporary_settings({PREFECT_API_URL: root}), pytest.raises(client.ApiNotSet, match="is not a Prefect API"):
+        client.jobs()
+
+
+def _flow(name: str):
+    from prefect import flow
+
+    @flow(name=name)
+    def etl() -> None:
+        """Another team's flow."""
+
+    return etl

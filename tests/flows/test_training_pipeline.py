@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import time
 from pathlib import Path
 
 import mlflow
@@ -139,8 +140,17 @@ def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(pref
     etag = s3.client().head_object(Bucket=bucket, Key=model_key)["ETag"]
     trained = lambda: [p.stat().st_mtime_ns for p in job_dir(job_id).glob("replicas/*/attempt-*/*")]  # noqa: E731
     before = trained()
-    again = training_pipeline(job, job_id=job_id)
+    rerun = training_pipeline(job, job_id=job_id, return_state=True)
+    again = rerun.result()
     assert again["model"] == first["model"] and again["metrics"] == first["metrics"]
+    # what a service following the rerun sees: its own transitions (not the first run's), ended as the job ended
+    for _ in range(60):  # its events reach the API a moment after the run ends
+        said = client.status(str(rerun.state_details.flow_run_id))
+        if said["metrics"] is not None:
+            break
+        time.sleep(0.25)
+    assert [t["status"] for t in said["secondary_status_transitions"]] == ["Starting", "Completed"]  # was: Starting
+    assert (said["status"], said["model"]["version"]) == ("Completed", first["model"]["version"])
     assert trained() == before  # no group started (a retrained job's rewrote its files, the same ones)
     assert s3.client().head_object(Bucket=bucket, Key=model_key)["ETag"] == etag
     tracking = mlflow.MlflowClient(mlflow_uri)

@@ -98,7 +98,7 @@ def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     first_try = [status(0, "Starting"), status(1, "Downloading"), status(2, "Failed")]
     events = [event(i, p) for i, p in enumerate(first_try)] + [event(3, {"ended": {"failure_reason": "boom"}})]
     api = SimpleNamespace(read_events=lambda *a, **k: SimpleNamespace(events=events))
-    transitions, ended = job_events.read(api, "j", t0)
+    transitions, ended = job_events.read(api, "j", "run-1", t0)
     assert [(t["status"], t["end_time"]) for t in transitions] == [
         ("Starting", "t1"),
         ("Downloading", "t2"),
@@ -107,13 +107,13 @@ def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     assert ended == {"failure_reason": "boom"}
     # the run retried (the same run id): the first try's outcome is not the job's now
     events += [event(10, status(10, "Starting")), event(11, status(11, "Downloading"))]
-    transitions, ended = job_events.read(api, "j", t0)
+    transitions, ended = job_events.read(api, "j", "run-1", t0)
     assert [(t["status"], t["end_time"]) for t in transitions] == [("Starting", "t11"), ("Downloading", None)]
     assert ended is None
     # a status told again further on (Training: launching, then training) is one transition, with the later word
     events += [event(12, status(12, "Training") | {"message": "Launching replica groups"})]
     events += [event(13, status(12, "Training") | {"message": "Training in progress"})]
-    transitions, _ = job_events.read(api, "j", t0)
+    transitions, _ = job_events.read(api, "j", "run-1", t0)
     assert [(t["status"], t["message"]) for t in transitions][-1] == ("Training", "Training in progress")
     assert [t["status"] for t in transitions] == ["Starting", "Downloading", "Training"]
 
@@ -169,10 +169,45 @@ def test_a_crashed_run_whose_job_wrote_its_end_has_the_jobs_status(monkeypatch):
         {"status": "Stopped", "start_time": "t1"},
     ]
     monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(None))
-    monkeypatch.setattr(job_events, "read", lambda api, job_id, since: (ended, None))
+    monkeypatch.setattr(job_events, "read", lambda api, job_id, run_id, since: (ended, None))
     monkeypatch.setattr(client, "_read_run", lambda api, run_id: run("CRASHED"))
-    monkeypatch.setattr(job_events, "progress", lambda api, job_id, since: None)
+    monkeypatch.setattr(job_events, "progress", lambda api, job_id, run_id, since: None)
     assert client.status("r")["status"] == "Stopped"
     # one that crashed before the job could say how it ended (killed outright) stays Failed
-    monkeypatch.setattr(job_events, "read", lambda api, job_id, since: (ended[:1], None))
+    monkeypatch.setattr(job_events, "read", lambda api, job_id, run_id, since: (ended[:1], None))
     assert client.status("r")["status"] == "Failed"
+
+
+def test_wait_rides_out_an_api_that_does_not_answer_and_says_the_job_goes_on_when_it_gives_up(monkeypatch):
+    from types import SimpleNamespace
+
+    from flows import client
+
+    closed = {PREFECT_API_URL: "http://127.0.0.1:9/api"}  # nothing listens there
+    with temporary_settings(closed), pytest.raises(client.ApiUnreachable, match="did not answer"):  # not httpx's
+        client.jobs()
+    answers = [client.ApiUnreachable("down"), client.ApiUnreachable("down")]
+    stopping = {"status": "Stopping", "secondary_status": "Training", "secondary_status_transitions": []}
+    stopped = {"status": "Stopped", "secondary_status": "Stopped", "secondary_status_transitions": [], "metrics": None}
+    answers += [stopping, stopped]
+
+    def status(run_id):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(client, "status", status)
+    assert client.wait("r", poll_seconds=0.01)["status"] == "Stopped"  # Stopping (cancelling) is not an end
+    cancelling = SimpleNamespace(type=SimpleNamespace(value="CANCELLING"), name="Cancelling")
+    assert client._run_status(cancelling) == "Stopping"  # was InProgress, beside a secondary status Stopped
+    monkeypatch.setattr(client, "API_OUTAGE_SECONDS", 0.05)
+    monkeypatch.setattr(client, "status", lambda run_id: _raise())
+    with pytest.raises(client.ApiUnreachable, match="stopped waiting for job run r, which goes on"):
+        client.wait("r", poll_seconds=0.01)
+
+
+def _raise():
+    from flows import client
+
+    raise client.ApiUnreachable("the Prefect API did not answer")
