@@ -66,7 +66,7 @@ def training_pipeline(
     when the flow is called, for a job that failed).
 
     Args:
-        job: the job spec (the Prefect UI shows it as a form).
+        job: one training job: its data, algorithm and hyperparameters, and each stage's settings.
         job_id: the id to run under (letters, digits, '.', '_' and '-': a folder and an S3 key segment); a
             new one is made when empty.
     """

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainyard.spec.base import _Model, check_s3_uri
+from trainyard.spec.base import S3_URI_PATTERN, _Model, check_s3_uri, constrained, field_title, titled
+
+CHANNEL_NAME_PATTERN = "^[a-z][a-z0-9_]{0,31}$"
 
 
 class Channel(_Model):
@@ -15,7 +17,8 @@ class Channel(_Model):
 
     s3_uri: str = Field(
         description='"s3://bucket/prefix/" (every object under it), "s3://bucket/key", '
-        "or a manifest (see s3_data_type)."
+        "or a manifest (see s3_data_type).",
+        json_schema_extra=constrained("string", pattern=S3_URI_PATTERN),
     )
     s3_data_type: Literal["prefix", "manifest"] = Field(
         default="prefix",
@@ -27,12 +30,15 @@ class Channel(_Model):
     )
     label: str | None = Field(default=None, description="The label column (required for built-in algorithms).")
     features: list[str] | None = Field(
-        default=None, description="Feature columns; default: every numeric column but the label."
+        default=None,
+        description="Feature columns; default: every numeric column but the label.",
+        json_schema_extra=constrained("array", minItems=1, uniqueItems=True),
     )
     classes: list[int | str | bool] | None = Field(
         default=None,
         description="A classifier's label values, in output order (default: every value the label takes in the "
         "train channel; in stream mode, giving them saves reading the label column before training).",
+        json_schema_extra=constrained("array", minItems=2, uniqueItems=True),
     )
     mode: Literal["file", "stream"] = Field(
         default="file",
@@ -82,6 +88,11 @@ class Channel(_Model):
         return self
 
 
+def _channel_names_schema(schema: dict[str, Any], _model: Any = None) -> None:
+    titled(schema)
+    schema["propertyNames"] = {"pattern": CHANNEL_NAME_PATTERN}
+
+
 class Inputs(BaseModel):
     """The input channels: ``train``, optional ``validation``, and any others an entrypoint reads.
 
@@ -89,7 +100,13 @@ class Inputs(BaseModel):
     by ``TRAINYARD_CHANNEL_<NAME>`` (SageMaker's ``SM_CHANNEL_<NAME>``).
     """
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="allow",
+        validate_assignment=True,
+        allow_inf_nan=False,
+        field_title_generator=field_title,
+        json_schema_extra=_channel_names_schema,
+    )
     __pydantic_extra__: dict[str, Channel]
 
     train: Channel = Field(description="The training channel.")
@@ -98,7 +115,7 @@ class Inputs(BaseModel):
     @model_validator(mode="after")
     def _channel_names(self) -> Inputs:
         for name in self.__pydantic_extra__ or {}:
-            if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name):
+            if not re.fullmatch(CHANNEL_NAME_PATTERN, name):
                 raise ValueError(f"channel name {name!r}: use lowercase letters, digits and underscores (up to 32)")
         return self
 
@@ -106,7 +123,10 @@ class Inputs(BaseModel):
 class Output(_Model):
     """Where the model and the job summary are written."""
 
-    s3_uri: str = Field(description='"s3://bucket/prefix/"; the job writes under <prefix>/<job id>/.')
+    s3_uri: str = Field(
+        description='"s3://bucket/prefix/"; the job writes under <prefix>/<job id>/.',
+        json_schema_extra=constrained("string", pattern=S3_URI_PATTERN),
+    )
 
     @field_validator("s3_uri")
     @classmethod

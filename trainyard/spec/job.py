@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from trainyard import grid_data
 from trainyard.redaction import SECRET_NAME
-from trainyard.spec.base import _NAME_RE, _Model
+from trainyard.spec.base import _NAME_RE, _Model, constrained
 from trainyard.spec.data import Channel, Inputs, Output
 from trainyard.spec.sections import (
     Algorithm,
@@ -27,7 +27,10 @@ from trainyard.spec.sifting import Sifting
 class TrainingJob(_Model):
     """One training job: data in, a registered model out."""
 
-    name: str = Field(description="Letters, digits and hyphens; 1-63 characters.")
+    name: str = Field(
+        description="Letters, digits and hyphens; 1-63 characters.",
+        json_schema_extra=constrained("string", pattern=_NAME_RE.pattern, maxLength=63),
+    )
     algorithm: Algorithm = Field(description="The model to train.")
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters, description="Training settings.")
     inputs: Inputs = Field(description="Input channels: train, and optionally validation.")

@@ -11,7 +11,16 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from trainyard import env_settings, grid_data
 from trainyard.errors import TrainyardError
-from trainyard.spec.base import _ENTRYPOINT_RE, METRICS, SEED_MAX, _check_widths, _known_metric, _Model
+from trainyard.spec.base import (
+    _ENTRYPOINT_RE,
+    METRICS,
+    POSITIVE_WIDTHS,
+    SEED_MAX,
+    _check_widths,
+    _known_metric,
+    _Model,
+    constrained,
+)
 
 
 class Algorithm(_Model):
@@ -24,6 +33,7 @@ class Algorithm(_Model):
         default=None,
         description='"pkg.module:build": build(num_features, num_outputs, hyperparameters) returns '
         "(model, loss_fn) where loss_fn(outputs, labels) gives one loss per sample.",
+        json_schema_extra=constrained("string", pattern=_ENTRYPOINT_RE.pattern),
     )
     task: Literal["classification", "regression"] = Field(
         default="classification",
@@ -67,7 +77,9 @@ class Hyperparameters(_Model):
     min_lr_fraction: float = Field(
         default=0.0, ge=0, le=1, description="Where cosine or linear decay ends, as a fraction of learning_rate."
     )
-    hidden_sizes: list[int] = Field(default=[128, 128], description="Hidden layer widths of mlp-classifier.")
+    hidden_sizes: list[int] = Field(
+        default=[128, 128], description="Hidden layer widths of mlp-classifier.", json_schema_extra=POSITIVE_WIDTHS
+    )
     seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for initialisation and shuffling.")
 
     @field_validator("hidden_sizes")
@@ -112,6 +124,8 @@ class Resources(_Model):
     gpus_per_replica: int = Field(default=0, ge=0, description="GPUs each group asks for (0 on CPU machines).")
     job_variables: dict[str, Any] = Field(
         default_factory=dict,
+        # the default said in the schema too: without one, the API's check took null for it (the form's empty field)
+        json_schema_extra={"default": {}, "propertyNames": {"enum": list(LAUNCHER_JOB_VARIABLES)}},
         description="Work-pool job variables for each group's flow run: image, cpu, memory, node_selector, "
         "tolerations, shm_size (shared_memory_mib on ECS), env (see infra/).",
     )
@@ -165,7 +179,9 @@ class FaultInjection(_Model):
 class Elastic(_Model):
     """Elastic training settings."""
 
-    fault_injection: list[FaultInjection] = Field(default_factory=list, description="Failure drills.")
+    fault_injection: list[FaultInjection] = Field(
+        default_factory=list, description="Failure drills.", json_schema_extra={"default": []}
+    )
     checkpoint_every_steps: int | None = Field(
         default=None,
         ge=1,
@@ -177,7 +193,10 @@ class Elastic(_Model):
 class TargetMetric(_Model):
     """Stop as soon as a metric reaches a value."""
 
-    name: str = Field(description="val_accuracy, val_loss, val_rmse or train_loss.")
+    name: str = Field(
+        description="val_accuracy, val_loss, val_rmse or train_loss.",
+        json_schema_extra=constrained("string", enum=list(METRICS)),  # a choice in the form
+    )
     value: float = Field(description="The value to reach (>= for accuracy, <= for losses).")
 
     @field_validator("name")
@@ -223,7 +242,11 @@ class Stopping(_Model):
 class Carbon(_Model):
     """Carbon accounting settings (codecarbon's offline tracker)."""
 
-    country_iso_code: str = Field(default="USA", description="ISO 3166-1 alpha-3 code of the grid, e.g. IRL.")
+    country_iso_code: str = Field(
+        default="USA",
+        description="ISO 3166-1 alpha-3 code of the grid, e.g. IRL.",
+        json_schema_extra=constrained("string", pattern="^[A-Za-z]{3}$"),
+    )
     region: str | None = Field(default=None, description="Grid region within the country, where codecarbon knows it.")
     pue: float = Field(default=1.0, ge=1.0, le=3.0, description="Data-centre power usage effectiveness.")
     budget_kg: float | None = Field(
@@ -284,6 +307,7 @@ class PromoteIf(_Model):
         default=None,
         description="Metric compared against the champion's: val_accuracy, val_loss, val_rmse or train_loss "
         "(default: val_accuracy for a classifier, val_rmse for regression).",
+        json_schema_extra=constrained("string", enum=list(METRICS)),
     )
     mode: Literal["max", "min"] | None = Field(
         default=None,
@@ -319,11 +343,16 @@ class PromoteIf(_Model):
         return "max" if METRICS[self.metric or "val_accuracy"] else "min"
 
 
+MODEL_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
+
+
 class Registry(_Model):
     """Where the model is registered."""
 
     model_name: str | None = Field(
-        default=None, description="Registered model name: letters, digits, '.', '_' and '-' (default: the job name)."
+        default=None,
+        description="Registered model name: letters, digits, '.', '_' and '-' (default: the job name).",
+        json_schema_extra=constrained("string", pattern=MODEL_NAME_PATTERN),
     )
     promote_if: PromoteIf | None = Field(default=None, description="Gate for moving the champion alias.")
 
@@ -332,7 +361,7 @@ class Registry(_Model):
     def _registrable(cls, v: str | None) -> str | None:
         # MLflow refuses '/' and ':' in a name, and quotes would break the registry's searches; refused here,
         # before the job trains, not at registration after it
-        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}", v):
+        if v is not None and not re.fullmatch(MODEL_NAME_PATTERN, v):
             raise ValueError(
                 f"{v!r}: use letters, digits, '.', '_' and '-' (starting with a letter or digit, up to 255)"
             )

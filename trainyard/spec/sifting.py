@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
 
-from trainyard.spec.base import SEED_MAX, _check_widths, _Model
+from trainyard.spec.base import POSITIVE_WIDTHS, SEED_MAX, _check_widths, _Model, titled
 
 
 class Prefilter(_Model):
@@ -41,7 +41,9 @@ class Prefilter(_Model):
         "share of the kept rows (rounded up); 0 turns it off.",
     )
     reference_epochs: int = Field(default=3, ge=1, description="Epochs the reference models train for.")
-    reference_hidden_sizes: list[int] = Field(default=[64], description="Hidden layers of the reference model.")
+    reference_hidden_sizes: list[int] = Field(
+        default=[64], description="Hidden layers of the reference model.", json_schema_extra=POSITIVE_WIDTHS
+    )
 
     reference_learning_rate: float = Field(default=3e-3, gt=0, description="The reference models' learning rate.")
     seed: int = Field(
@@ -157,12 +159,14 @@ PRUNING_OFF = {"learnt_fraction": 0.0, "hardest_fraction": 0.0, "batch_factor": 
 def _smart_sifting_names(schema: dict[str, Any]) -> None:
     """Smart sifting's names in the JSON schema too: a deployment's parameters are checked against it (no
     other properties allowed) before the flow's own validation, which takes them (``AliasChoices``), runs,
-    so a REST or UI submission with ``beta_value`` was refused while ``trainyard`` took it."""
-    properties = schema.setdefault("properties", {})
+    so a REST submission with ``beta_value`` was refused while ``trainyard`` took it. As pattern properties,
+    which the API checks and the UI's form does not draw: as properties, the form showed each setting twice."""
+    titled(schema)  # (this replaces _Model's json_schema_extra)
+    properties, patterns = schema.get("properties", {}), schema.setdefault("patternProperties", {})
     for theirs, ours in (("beta_value", "beta"), ("sift_delay", "delay_steps")):
-        properties[theirs] = {**properties.get(ours, {}), "description": f"smart sifting's name for {ours}"}
-        for key in ("title", "default"):  # no default: a form leaves it out, not sends it beside ours
-            properties[theirs].pop(key, None)
+        patterns[f"^{theirs}$"] = {**properties.get(ours, {}), "description": f"smart sifting's name for {ours}"}
+        for key in ("title", "default"):  # no default: it is not sent beside ours
+            patterns[f"^{theirs}$"].pop(key, None)
 
 
 class Sifting(_Model):
@@ -184,7 +188,7 @@ class Sifting(_Model):
         validation_alias=AliasChoices("beta", "beta_value"),
         description="Keep probability = loss percentile ** beta (smart sifting's beta_value). 0 turns the keep rule "
         "off (nothing is scored; every row dealt trains), e.g. to use only sifting.prune. Default: 0 for a file-mode "
-        "train channel (pruning alone, with sifting.prune's default: the best combination benchmarks/sifting.py "
+        "train channel (pruning alone, with sifting.prune's default: the best combination Trainyard's benchmark "
         "found), 1 for a streamed one.",
     )
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
@@ -218,7 +222,7 @@ class Sifting(_Model):
         default=None,
         description="Epoch-level pruning by each row's last loss (InfoBatch), and leaving out the hardest rows. "
         "Left out: with beta 0 or unset on a file-mode train channel, learnt_fraction 0.7, hardest_fraction 0.1 "
-        "(0 for regression), batch_factor 3 (the best combination benchmarks/sifting.py found); otherwise off. "
+        "(0 for regression), batch_factor 3 (the best combination Trainyard's benchmark found); otherwise off. "
         "Given, the settings it leaves out take those values.",
     )
     min_class_fraction: float = Field(
