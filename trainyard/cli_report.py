@@ -63,10 +63,9 @@ def carbon(
         )
         raise typer.Exit(1)
     table = Table(title=f"Carbon ledger: {output_uri}" + (f" since {since}" if since else ""))
-    for column in ("job", "finished", "status", "kWh", "kgCO2e", "market-based kg", "mode"):
-        table.add_column(
-            column, justify="right" if column in ("kWh", "kgCO2e", "market-based kg") else "left", overflow="fold"
-        )
+    figures = ("facility kWh", "kgCO2e", "market-based kg")
+    for column in ("job", "finished (UTC)", "status", *figures, "mode"):
+        table.add_column(column, justify="right" if column in figures else "left", overflow="fold")
     for r in rows:
         table.add_row(
             r["job_id"],

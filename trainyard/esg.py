@@ -36,6 +36,8 @@ LEDGER_FIELDS = (
     "country_iso_code",
     "region",
     "measurement_mode",
+    "intensity_source",
+    "scope2_market_basis",
     "samples_trained",
     "g_per_1k_samples",
     "sifting_saved_kwh",
@@ -66,6 +68,7 @@ def report(carbon: dict, settings: Carbon, outcome=None, prefilter=None, metrics
         for r, kwh in (outcome.energy_by_replica if outcome else {}).items()
     }
     out["sifting_saved"] = _sifting_saved(carbon, outcome, prefilter)
+    out["method"] = method(out)
     out["merge"] = (
         "job total = one machine-wide tracker per stage in the orchestrating process (stages never overlap), "
         "the groups that ran on other machines' own trackers added to the training stage, and as 'earlier runs' "
@@ -74,6 +77,38 @@ def report(carbon: dict, settings: Carbon, outcome=None, prefilter=None, metrics
         "shown for attribution (added to the total only for groups on other machines)"
     )
     return out
+
+
+# How codecarbon got each device's power (carbon.measurement_mode), in a report reader's words.
+_MODES = {
+    "cpu:intel_rapl": "CPU energy read from its RAPL counters",
+    "cpu:cpu_load": "CPU power estimated from its load and its TDP (no RAPL counters readable)",
+    "cpu:constant": "CPU power estimated at half its TDP (neither counters nor load readable)",
+    "gpu:nvml": "GPU energy read through NVML",
+    "ram:estimate": "RAM power estimated from its size (codecarbon's watts per GB)",
+}
+
+
+def method(esg: dict) -> list[str]:
+    """How the figures were obtained, a sentence each: what a reader needs to weigh them (measured or
+    estimated, which grid figure, the PUE, the market-based basis)."""
+    from importlib.metadata import version
+
+    modes = {m for part in str(esg.get("measurement_mode", "")).split(";") for m in part.split(",") if m}
+    devices = [_MODES.get(m.split(" ")[0], m) for m in sorted(modes)]
+    estimated = any(m.split(" ")[0] not in ("cpu:intel_rapl", "gpu:nvml") for m in modes)
+    lines = [
+        f"Energy: codecarbon {version('codecarbon')}, offline; {'; '.join(devices) or 'no device measured'}"
+        + (" (estimates, not meter readings)." if estimated else "."),
+        f"Location-based emissions: energy times the grid intensity, {esg.get('intensity_source')}.",
+        f"PUE {esg.get('pue')}: facility energy is IT energy times the PUE; emissions are counted on facility "
+        "energy, and energy by device and by replica group is facility energy too.",
+    ]
+    basis = esg.get("scope2_market_basis") or "not provided"
+    if basis.startswith("renewable share"):
+        basis += ", the energy it does not cover priced at the location-based grid intensity"
+    lines.append(f"Market-based emissions: {basis}.")
+    return lines
 
 
 def _market_based(energy_kwh: float, location_kg: float, settings: Carbon) -> dict:
@@ -144,26 +179,33 @@ def markdown(job_id: str, esg: dict) -> str:
         f"| grid intensity | {_fmt(esg.get('intensity_g_per_kwh'))} gCO2e/kWh ({esg.get('intensity_source')}) |",
         f"| PUE | {esg['pue']} |",
         f"| Scope 2, location-based | {esg['scope2_location_based_kg']:.6g} kgCO2e |",
-        f"| Scope 2, market-based | {_fmt(esg.get('scope2_market_based_kg'))} ({esg['scope2_market_basis']}) |",
+        f"| Scope 2, market-based | {_unit(esg.get('scope2_market_based_kg'), 'kgCO2e')} "
+        f"({esg['scope2_market_basis']}) |",
         f"| measurement | {esg['measurement_mode']} |",
-        f"| per 1,000 samples trained | {_fmt(esg.get('g_per_1k_samples_trained'))} gCO2e |",
-        f"| per point of val_accuracy | {_fmt(esg.get('g_per_val_accuracy_point'))} gCO2e |",
-        f"| budget | {_fmt(esg.get('budget_kg'))} kgCO2e{' (exceeded)' if esg.get('budget_exceeded') else ''} |",
+        f"| per 1,000 samples trained | {_unit(esg.get('g_per_1k_samples_trained'), 'gCO2e')} |",
+        f"| per point of val_accuracy | {_unit(esg.get('g_per_val_accuracy_point'), 'gCO2e')} |",
+        f"| budget | {_unit(esg.get('budget_kg'), 'kgCO2e')}{' (exceeded)' if esg.get('budget_exceeded') else ''} |",
         "",
-        "| stage | kWh | kgCO2e |",
+        "| stage | kWh (facility) | kgCO2e |",
         "|---|---|---|",
         *(f"| {s} | {v['energy_kwh']:.6g} | {v['emissions_kg']:.6g} |" for s, v in esg["by_stage"].items()),
         "",
-        "| device | kWh |",
+        "| device | kWh (facility) |",
         "|---|---|",
         *(f"| {d} | {kwh:.6g} |" for d, kwh in esg.get("by_device_kwh", {}).items()),
     ]
     if esg.get("by_replica"):
-        lines += ["", "| replica group (attribution) | kWh |", "|---|---|"]
+        lines += ["", "| replica group (attribution) | kWh (facility) |", "|---|---|"]
         lines += [f"| {r} | {v['energy_kwh']:.6g} |" for r, v in esg["by_replica"].items()]
     if esg.get("sifting_saved"):
         saved = esg["sifting_saved"]
-        lines += ["", f"Sifting saved {saved['energy_kwh']:.6g} kWh net ({saved['emissions_kg']:.6g} kgCO2e)."]
+        net, kg = saved["energy_kwh"], saved["emissions_kg"]
+        lines.append("")
+        if net >= 0:
+            lines.append(f"Sifting saved {net:.6g} kWh net ({kg:.6g} kgCO2e).")
+        else:  # its scoring cost more than the training it left out
+            lines.append(f"Sifting cost {-net:.6g} kWh more than it saved ({-kg:.6g} kgCO2e).")
+    lines += ["", "## Method", "", *(f"- {line}" for line in esg.get("method") or method(esg))]
     lines += ["", f"How figures were merged: {esg['merge']}."]
     return "\n".join(lines) + "\n"
 
@@ -187,6 +229,8 @@ def ledger_row(summary: dict) -> dict:
         "country_iso_code": esg.get("country_iso_code"),
         "region": esg.get("region"),
         "measurement_mode": esg.get("measurement_mode"),
+        "intensity_source": esg.get("intensity_source"),
+        "scope2_market_basis": esg.get("scope2_market_basis"),
         "samples_trained": summary.get("compute", {}).get("samples_trained"),
         "g_per_1k_samples": esg.get("g_per_1k_samples_trained"),
         "sifting_saved_kwh": (esg.get("sifting_saved") or {}).get("energy_kwh"),
@@ -205,6 +249,11 @@ def write_ledger_row(output_uri: str, row: dict) -> str:
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _unit(value, unit: str) -> str:
+    """``value`` with its unit; "n/a" alone (a unit beside no figure reads as one)."""
+    return "n/a" if value is None else f"{_fmt(value)} {unit}"
 
 
 def read_ledger(output_uri: str, since: str | None = None) -> list[dict]:
@@ -249,7 +298,7 @@ def ledger_figure(rows: list[dict]):
     kg = [float(r["emissions_kg"] or 0) for r in rows]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     bars = ax.bar(range(len(rows)), [v * 1000 for v in kg], color="tab:green", label="per job (g)")
-    ax.set(xlabel="job, by when it finished (UTC)", ylabel="gCO2e", title="Training emissions by job")
+    ax.set(xlabel="job, by when it finished (UTC)", ylabel="gCO2e", title="Emissions by job (every stage)")
     # each bar named by when its job finished (a job id is too long to read under a bar); at most ~20 names
     every = max(1, -(-len(rows) // 20))
     shown = range(0, len(rows), every)
@@ -259,6 +308,7 @@ def ledger_figure(rows: list[dict]):
     running = [sum(kg[: i + 1]) * 1000 for i in range(len(kg))]
     (line,) = total.plot(range(len(rows)), running, color="black", marker=".", label="running total (g)")
     total.set_ylabel("running total, gCO2e")
+    total.set_ylim(bottom=0)  # from zero, as the line's first point reads
     ax.legend(handles=[bars, line], loc="upper left", fontsize="small")  # inside the axes, not over the frame
     fig.tight_layout()
     return fig
