@@ -85,8 +85,11 @@ def meter(
         **kwargs,
     )
     started = time.monotonic()
+    began = time.perf_counter()  # codecarbon's clock
+    serial = _serialize_readings(tracker)
     carbon_probe.seed(tracker)
     tracker.start()
+    _count_from(tracker, began, serial)
     carbon_probe.save(tracker)
 
     reading = threading.Lock()  # the live watch and the energy journal each sample the running stage
@@ -100,7 +103,10 @@ def meter(
     try:
         yield record
     finally:
-        tracker.stop()
+        if getattr(tracker, "_start_time", None) is not None:
+            with reading:
+                tracker.flush()  # the emissions step's first-use setup, inside the measured time
+        tracker.stop()  # its last reading covers up to here; its own emissions step is then warm
         del record.reading  # back to the final figures
         record.duration_seconds = time.monotonic() - started
         # codecarbon logs and swallows a failed start: then say so rather than report zero.
@@ -119,6 +125,40 @@ def meter(
             record.cpu_energy_kwh = float(data.cpu_energy or 0.0)
             record.gpu_energy_kwh = float(data.gpu_energy or 0.0)
             record.ram_energy_kwh = float(data.ram_energy or 0.0)
+
+
+def _serialize_readings(tracker) -> threading.Lock:
+    """One codecarbon reading at a time. Its timer thread and ``stop()``/``flush()`` otherwise can both
+    read the same ``_last_measured_time`` and count one interval twice. codecarbon internals (3.x)."""
+    lock = threading.Lock()
+    measure = tracker._measure_power_and_energy
+
+    def locked() -> None:
+        with lock:
+            measure()
+
+    tracker._measure_power_and_energy = locked
+    if getattr(tracker, "_scheduler", None) is not None:
+        tracker._scheduler.function = locked  # the timer keeps the bound method it was built with
+    return lock
+
+
+def _count_from(tracker, began: float, serial: threading.Lock) -> None:
+    """Make the tracker count from ``began`` (``time.perf_counter()``), as the stage's duration does.
+
+    codecarbon opens its window after ``start()`` has probed the hardware (~1.5 s on a process's first
+    tracker): without this, that time is in the duration and not in the energy. And its ``stop()`` skips
+    its last reading when the one before is under 50 ms old: a stage that short would count none of itself.
+    """
+    opened = getattr(tracker, "_start_time", None)
+    if opened is None:
+        return  # codecarbon did not start: nothing is measured
+    with serial:
+        tracker._last_measured_time -= max(0.0, opened - began)  # the next reading covers the gap, once
+        tracker._start_time = began
+    tracker._measure_power_and_energy_if_stale = functools.partial(
+        type(tracker)._measure_power_and_energy_if_stale, tracker, min_interval_s=0.0
+    )
 
 
 @functools.cache  # one class per process, not one per meter

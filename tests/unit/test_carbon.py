@@ -318,3 +318,24 @@ def test_a_meter_codecarbon_could_not_start_says_so_and_reports_no_figure(monkey
         pass
     assert record.measurement_mode == "unavailable" and record.energy_kwh == 0.0
     assert "training's energy could not be measured (codecarbon did not start" in caplog.text
+
+
+def test_a_stage_counts_its_whole_time_however_short_and_first_in_its_process(tmp_path):
+    # RAM's power is a constant estimate, so its energy over a stage's duration is the power the meter counted.
+    # A process's first meter spent its hardware probe (1-2 s) uncounted, and a stage under 50 ms counted only
+    # codecarbon's first reading (a few ms): each read as a tenth of the power of a longer stage.
+    script = (
+        "import json, time\n"
+        "from trainyard import carbon\n"
+        "from trainyard.spec import Carbon\n"
+        "watts = []\n"
+        "for seconds in (0.3, 0.02, 1.0):\n"
+        "    with carbon.meter('stage', Carbon()) as record:\n"
+        "        time.sleep(seconds)\n"
+        "    watts.append(record.ram_energy_kwh * 3.6e6 / record.duration_seconds)\n"
+        "print(json.dumps(watts))\n"
+    )
+    env = {**os.environ, "TRAINYARD_HOME": str(tmp_path)}  # no hardware probe saved: the first meter probes
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    first, short, long = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first == pytest.approx(long, rel=0.2) and short == pytest.approx(long, rel=0.25), (first, short, long)
