@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainyard.spec.base import S3_URI_PATTERN, _Model, check_s3_uri, constrained, field_title, titled
+from trainyard.spec.base import S3_URI_PATTERN, _Model, check_s3_uri, constrained, titled
 
 CHANNEL_NAME_PATTERN = "^[a-z][a-z0-9_]{0,31}$"
 
@@ -100,13 +100,8 @@ class Inputs(BaseModel):
     by ``TRAINYARD_CHANNEL_<NAME>`` (SageMaker's ``SM_CHANNEL_<NAME>``).
     """
 
-    model_config = ConfigDict(
-        extra="allow",
-        validate_assignment=True,
-        allow_inf_nan=False,
-        field_title_generator=field_title,
-        json_schema_extra=_channel_names_schema,
-    )
+    # _Model's settings, but for the extra channels (a plain model: _Model's validators are for its fields)
+    model_config = ConfigDict(**{**_Model.model_config, "extra": "allow", "json_schema_extra": _channel_names_schema})
     __pydantic_extra__: dict[str, Channel]
 
     train: Channel = Field(description="The training channel.")
