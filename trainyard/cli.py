@@ -142,9 +142,9 @@ def stop(
 ) -> None:
     """Stop a job training on this machine, keeping what it learnt.
 
-    Every replica group stops at its next step boundary; the model trained so far is uploaded with the
-    job's outputs, the summary is written, and the job ends Stopped (not registered: only a completed
-    job is). For a job on a Prefect API, `trainyard jobs stop RUN_ID --graceful` does the same.
+    Every replica group stops within a few steps, at a step they agree on; the model trained so far is
+    uploaded with the job's outputs, the summary is written, and the job ends Stopped (not registered: only
+    a completed job is). For a job on a Prefect API, `trainyard jobs stop RUN_ID --graceful` does the same.
     """
     from trainyard.training import user_stop
 

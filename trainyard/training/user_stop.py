@@ -2,9 +2,9 @@
 RUN_ID --graceful`` asks through the Prefect API, and the training stage makes the same request).
 
 The request is the one a carbon budget or ``max_runtime_seconds`` makes (``plan.request_stop``): every group
-stops at its next step boundary, the model as trained so far is uploaded with the job's outputs, and the job
-ends Stopped (not registered: only a completed job is). A cancelled run (``trainyard jobs stop`` without
-``--graceful``) ends at once instead, and uploads nothing.
+stops within a few steps, at one step they agree on, the model as trained so far is uploaded with the job's
+outputs, and the job ends Stopped (not registered: only a completed job is). A cancelled run (``trainyard jobs
+stop`` without ``--graceful``) ends at once instead, and uploads nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ def request(job_id: str) -> str:
 
 
 def request_in(job_dir: Path) -> str:
-    """Ask the job in ``job_dir`` to stop at its next step boundary (a stop already asked for stands)."""
+    """Ask the job in ``job_dir`` to stop within a few steps (a stop already asked for stands)."""
     earlier = stop_requested(job_dir)
     if earlier is not None:
         return f"job {job_dir.name}: already stopping ({earlier['reason']})"
     request_stop(job_dir, REASON, "stopped on request")
     return (
-        f"job {job_dir.name}: asked to stop at its next step boundary; the model trained so far is uploaded "
+        f"job {job_dir.name}: asked to stop within a few steps; the model trained so far is uploaded "
         "with its outputs and the job ends Stopped (not registered)"
     )
