@@ -182,6 +182,7 @@ def status(run_id: str) -> dict[str, Any]:
         "job_id": job_id,
         "status": primary,
         "secondary_status": secondary,
+        "started": bool(getattr(run, "run_count", 0)),  # a worker started the run (False: it ended, or waits, unrun)
         "secondary_status_transitions": transitions,
         "prefect_state": run.state.name if run.state else None,
         "failure_reason": reason,
@@ -216,10 +217,9 @@ def wait(
     while True:
         current = read()
         if current["status"] not in ("InProgress", "Scheduled", "Stopping"):
-            # The run's state can land before the job's last status event: give the event a moment. A run whose job
-            # said nothing (cancelled while queued, its parameters refused, another run of the job id running) has
-            # nothing more to say: a job's first status is sent as it starts, long before its run can end.
-            settle = time.monotonic() + (10 if current["secondary_status_transitions"] else 0)
+            # The run's state can land before the job's last status event (the API stores events every few
+            # seconds): give the events a moment. A run no worker started (cancelled while queued) has none to come.
+            settle = time.monotonic() + (10 if current["secondary_status_transitions"] or current["started"] else 0)
             # (metrics: None until the job's outcome event, which follows its last status)
             while (current["secondary_status"] not in FINAL or current["metrics"] is None) and (
                 time.monotonic() < settle

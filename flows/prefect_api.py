@@ -93,10 +93,12 @@ def reaching_api(fn: Callable[P, R]) -> Callable[P, R]:
 
 def job_id_of(run) -> str | None:
     """The job id a pipeline run runs: its ``job_id`` parameter, or the tag the pipeline gives itself once it
-    starts (a run from the UI, a schedule or REST makes its id then); None before."""
+    starts (a run from the UI, a schedule or REST makes its id then), or, for a run an earlier Trainyard
+    started (it named its run after the id, untagged), its name once it ran; None before."""
     if run.parameters.get("job_id"):
         return run.parameters["job_id"]
-    return next((t.removeprefix(JOB_TAG) for t in run.tags or [] if t.startswith(JOB_TAG)), None)
+    tagged = next((t.removeprefix(JOB_TAG) for t in run.tags or [] if t.startswith(JOB_TAG)), None)
+    return tagged or (run.name if getattr(run, "run_count", 0) else None)
 
 
 _flow_names: dict[Any, str] = {}  # flow id -> name: a run's flow, asked once per process

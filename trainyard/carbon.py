@@ -147,8 +147,10 @@ def _count_from(tracker, began: float, serial: threading.Lock) -> None:
     """Make the tracker count from ``began`` (``time.perf_counter()``), as the stage's duration does.
 
     codecarbon opens its window after ``start()`` has probed the hardware (~1.5 s on a process's first
-    tracker): without this, that time is in the duration and not in the energy. And its ``stop()`` skips
-    its last reading when the one before is under 50 ms old: a stage that short would count none of itself.
+    tracker): without this, that time is in the duration and not in the energy (where power is estimated:
+    RAM, and a CPU by its load; a RAPL or NVML counter's baseline is still read after the probe). And its
+    ``stop()`` skips its last reading when the one before is under 50 ms old: a stage that short would count
+    none of itself.
     """
     opened = getattr(tracker, "_start_time", None)
     if opened is None:

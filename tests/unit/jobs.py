@@ -121,7 +121,8 @@ def flaky_heal_build(num_features, num_outputs, hyperparameters):
 
     def recv_checkpoint(self, *args, **kwargs):
         if os.path.exists(marker):
-            os.remove(marker)
+            if not hyperparameters.get("heal_always_breaks"):
+                os.remove(marker)
             raise ConnectionResetError("connection reset by peer (a test's)")
         return fetch(self, *args, **kwargs)
 

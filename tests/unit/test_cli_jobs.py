@@ -188,7 +188,8 @@ def test_wait_rides_out_an_api_that_does_not_answer_and_says_the_job_goes_on_whe
         client.jobs()
     answers = [client.ApiUnreachable("down"), client.ApiUnreachable("down")]
     stopping = {"status": "Stopping", "secondary_status": "Training", "secondary_status_transitions": []}
-    stopped = {"status": "Stopped", "secondary_status": "Stopped", "secondary_status_transitions": [], "metrics": None}
+    stopped = {"status": "Stopped", "secondary_status": "Stopped", "secondary_status_transitions": []}
+    stopped |= {"metrics": None, "started": False}
     answers += [stopping, stopped]
 
     def status(run_id):

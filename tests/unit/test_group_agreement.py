@@ -71,6 +71,23 @@ def test_a_heal_whose_transfer_breaks_is_tried_again_not_taken_for_no_peer(train
     assert _results(folder)[1]["step"] == outcome.steps
 
 
+def test_a_heal_that_keeps_breaking_fails_the_group_after_a_few_tries_and_the_job_goes_on(trainyard_home, tmp_path):
+    marker = tmp_path / "heal-breaks"
+    marker.touch()
+    hp = {"epochs": 30, "batch_size": 64, "learning_rate": 0.01, "heal_breaks_once": str(marker)}
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.jobs:flaky_heal_build"},
+        hyperparameters=hp | {"heal_always_breaks": True, "step_sleep": 0.02},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
+        retries={"max_attempts": 2},
+    )
+    outcome, _ = run(job, job_id, folder, plan)  # was: the restart redid its step for ever, and no step committed
+    assert outcome.stop_reason == "Completed" and outcome.replicas_finished == [0]
+    (kill, heal) = outcome.failures
+    assert "could not fetch a live peer's state 3 times" in heal["message"], heal
+
+
 def test_a_validation_longer_than_the_silence_limit_is_not_taken_for_hung_groups(trainyard_home, monkeypatch):
     monkeypatch.setenv("TRAINYARD_SILENT_GROUP_SECONDS", "12")  # the least it takes: the process group's 10 s + 2
     job, job_id, folder, plan = make_job(

@@ -149,6 +149,12 @@ def test_sifting_that_leaves_no_row_out_is_warned_of():
         "sifting.beta above 0"
     ]
     assert warned({}) == warned({"beta": 0}) == warned({"prune": {"until": 0.8}}) == warned({"beta": 1}) == []
+    # beside the keep rule, a prune given in part: what it leaves out is named (it meant off before 2026-12-06)
+    job = parse_job(minimal(sifting={"enabled": True, "beta": 1, "prune": {"hardest_fraction": 0.1}}))
+    assert [w for w in ignored_settings(job) if w.startswith("sifting.prune")] == [
+        "sifting.prune: left out, learnt_fraction 0.7, batch_factor 3 are the default pruning's, beside the keep "
+        "rule (beta 1); give them (0 turns that part off) if that is not what you meant"
+    ]
 
 
 def test_smart_sifting_names_pass_a_deployments_parameter_schema_as_they_pass_the_spec():

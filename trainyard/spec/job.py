@@ -21,7 +21,7 @@ from trainyard.spec.sections import (
     Retries,
     Stopping,
 )
-from trainyard.spec.sifting import Sifting
+from trainyard.spec.sifting import DEFAULT_PRUNING, Sifting
 
 
 class TrainingJob(_Model):
@@ -339,6 +339,16 @@ def ignored_settings(job: TrainingJob) -> list[str]:
             ignored.append(
                 f"sifting.{', sifting.'.join(tuned)}: settings of the keep rule, which is off with sifting.beta 0 "
                 "(its default on a file-mode train channel: pruning alone); set sifting.beta above 0 to use them"
+            )
+    if sifting.enabled and sifting.beta and sifting.prune is not None and "prune" in sifting.model_fields_set:
+        # the keep rule and a prune given in part: what it leaves out is the default pruning's (0, 0 and 1 before
+        # 2026-12-06), with the keep rule a combination the benchmark measured below the keep rule alone (stop 27)
+        left = [name for name in DEFAULT_PRUNING if name not in sifting.prune.model_fields_set]
+        if left:
+            values = ", ".join(f"{name} {getattr(sifting.prune, name):g}" for name in left)
+            ignored.append(
+                f"sifting.prune: left out, {values} are the default pruning's, beside the keep rule (beta "
+                f"{sifting.beta:g}); give them (0 turns that part off) if that is not what you meant"
             )
     if not sifting.prefilter_on:
         tuned = _tuned(sifting.prefilter, {"enabled"})

@@ -40,32 +40,34 @@ class BufferSync:
     them equal across groups: each step averages a copy, applied only once the step commits (a step that
     fails may leave the copy half reduced). Integer buffers (``num_batches_tracked``) are left: they count
     this group's forward passes, redone steps included. A model without floating-point buffers (the
-    built-ins) costs nothing.
+    built-ins) costs nothing. The reduction is waited for before the step's vote (``reduce``), so one that
+    failed fails the step rather than leave this group's own values to be applied.
     """
 
     def __init__(self, manager: Manager, model: torch.nn.Module):
         self.manager = manager
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self._flat: torch.Tensor | None = None
-        self._work = None
 
-    def start(self) -> None:
-        """Send this step's buffers to be averaged (after the step's forward passes)."""
+    def reduce(self) -> None:
+        """Average this step's buffers over the quorum (after its forward passes, before its vote: a failure is
+        reported to the manager, and the step does not commit)."""
+        self._flat = None
         if self.buffers:
-            self._flat = torch.cat([b.detach().reshape(-1) for b in self.buffers])
-            self._work = self.manager.allreduce(self._flat)
+            flat = torch.cat([b.detach().reshape(-1) for b in self.buffers])
+            if self.manager.allreduce(flat).wait():
+                self._flat = flat
 
     def apply(self) -> None:
         """Take the quorum's average, once the step has committed."""
-        if self._flat is None or self._work is None:
+        if self._flat is None:
             return
-        self._work.wait()
         offset = 0
         with torch.no_grad():
             for buffer in self.buffers:
                 buffer.copy_(self._flat[offset : offset + buffer.numel()].view_as(buffer))
                 offset += buffer.numel()
-        self._flat = self._work = None
+        self._flat = None
 
 
 def any_group(manager: Manager, mine: bool, device: torch.device) -> bool:

@@ -67,6 +67,7 @@ def _leave_or_die(parent: int):
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
+HEAL_TRIES = 3  # fetches of a peer's state a group tries before it fails (and is restarted, as any failure)
 STOP_CHECK_STEPS = 4  # how often the groups agree on whether the job's stop was asked for (a tiny allreduce)
 DRILL_FILE = "drill.json"  # the drill an attempt played: {at_step, step}
 FUSED_DEVICES = ("cpu", "cuda")  # where the optimizer takes torch's fused kernel (_optimizer)
@@ -192,7 +193,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     # of a step, one that read it just before it was written joined the step's quorum while a peer that saw it
     # left: the first waited for the peer until it was killed. So, once in a quorum, the groups read it every
     # STOP_CHECK_STEPS committed steps and sum what they saw over the quorum (ddp.any_group): all stop there.
-    in_quorum, stop_agreed = False, False
+    in_quorum, stop_agreed, heal_failures = False, False, 0
 
     try:
         while True:
@@ -220,7 +221,14 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 # the process (replica.py): that quorum can wait a minute in torchft, where no handler runs.
                 signal.signal(signal.SIGTERM, _leave_or_die(os.getppid()))
                 leave_on_sigterm = True
-            healing_failed = manager.errored() is not None  # (the fetch from the peer broke: the step is redone)
+            # the fetch from the peer broke (the step is redone and the heal tried again), a few times at most
+            healing_failed = manager.errored() is not None and manager.current_step() <= before
+            heal_failures = heal_failures + 1 if healing_failed else 0
+            if heal_failures >= HEAL_TRIES:
+                raise RuntimeError(
+                    f"replica group {replica} could not fetch a live peer's state {HEAL_TRIES} times: "
+                    f"{manager.errored()}"
+                )
             if (
                 recovery is not None
                 and "source" not in recovery
@@ -262,7 +270,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             (weighted.sum() * (members / max(normaliser, 1))).backward()
             if participating:
                 meter.add_train_step(xb, yb)
-            buffers.start()
+            buffers.reduce()
             stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
