@@ -30,18 +30,18 @@ _TITLE_WORDS = {
 }
 
 
-def field_title(name: str, _info: Any = None) -> str:
+def field_title(name: str) -> str:
     """A field's title in the job's JSON schema (the Prefect UI's form labels): ``country_iso_code`` is
-    "Country ISO code". Every field gets one: without it, the form labelled a section's field by its type."""
+    "Country ISO code"."""
     title = " ".join(_TITLE_WORDS.get(word, word) for word in name.split("_"))
     return title[:1].upper() + title[1:]
 
 
 def titled(schema: dict[str, Any], _model: Any = None) -> None:
-    """A section's ``json_schema_extra``: a title for each of its fields that pydantic leaves without one (a
-    field holding a section: pydantic leaves it the section's, which Prefect's form does not show)."""
+    """A section's ``json_schema_extra``: each of its fields titled by ``field_title``. Pydantic's own titles
+    read "Country Iso Code", and a field holding a section had none: the form labelled it by its type."""
     for name, field in schema.get("properties", {}).items():
-        field.setdefault("title", field_title(name))
+        field["title"] = field_title(name)
 
 
 def constrained(json_type: str, **constraints: Any) -> Callable[[dict[str, Any]], None]:
@@ -59,13 +59,7 @@ def constrained(json_type: str, **constraints: Any) -> Callable[[dict[str, Any]]
 
 class _Model(BaseModel):
     # allow_inf_nan: a beta or learning rate of .inf or .nan passes gt=0 checks, and fails only in training
-    model_config = ConfigDict(
-        extra="forbid",
-        validate_assignment=True,
-        allow_inf_nan=False,
-        field_title_generator=field_title,
-        json_schema_extra=titled,
-    )
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, json_schema_extra=titled)
 
     @field_validator("*", mode="before")
     @classmethod

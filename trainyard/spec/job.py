@@ -324,6 +324,7 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
             )
     elif sifting.beta == 0:
+        keep_rule = {"score", "delay_steps", "loss_history_length", "reuse_loss_epochs"}
         if not sifting.prunes:
             fix = (
                 "a streamed channel cannot prune: set sifting.beta above 0"
@@ -331,9 +332,7 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 else "set sifting.beta above 0, or sifting.prune.learnt_fraction or hardest_fraction above 0"
             )
             ignored.append(f"sifting.enabled: with beta 0 and no pruning, no row is filtered; {fix}")
-        keep_rule = {"score", "delay_steps", "loss_history_length", "reuse_loss_epochs"}
-        if not sifting.prunes:  # pruning's hardest rule keeps it too
-            keep_rule.add("min_class_fraction")
+            keep_rule.add("min_class_fraction")  # (pruning's hardest rule keeps it too)
         tuned = [name for name in _tuned(sifting, set()) if name in keep_rule]
         if tuned:
             ignored.append(

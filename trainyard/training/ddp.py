@@ -37,11 +37,10 @@ class BufferSync:
     torchft's DDP averages gradients only: buffers a forward pass updates drifted apart between groups, each
     from its own batches, so the groups validated different models (and could stop at different epochs) and
     ended with different states. As DDP's ``broadcast_buffers`` keeps them equal within a group, this keeps
-    them equal across groups: each step averages a copy, applied only once the step commits (a step that
-    fails may leave the copy half reduced). Integer buffers (``num_batches_tracked``) are left: they count
-    this group's forward passes, redone steps included. A model without floating-point buffers (the
-    built-ins) costs nothing. The reduction is waited for before the step's vote (``reduce``), so one that
-    failed fails the step rather than leave this group's own values to be applied.
+    them equal across groups: each step a copy is averaged before the step's vote (a reduction that failed
+    fails the step) and applied once the step commits. Integer buffers (``num_batches_tracked``) are left:
+    they count this group's forward passes, redone steps included. A model without floating-point buffers
+    (the built-ins) costs nothing.
     """
 
     def __init__(self, manager: Manager, model: torch.nn.Module):
