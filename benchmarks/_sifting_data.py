@@ -42,6 +42,7 @@ class Setting:
     prefilter: tuple[float, float] | None = None  # (drop_learnt_fraction, drop_unlearnable_fraction)
     reducible: bool = False  # online sifting by reducible loss (RHO-LOSS), from the prefilter's reference losses
     reuse: int = 0  # sifting.reuse_loss_epochs: rank by a remembered loss up to this many epochs old
+    proxy: bool = False  # sifting.score proxy with selection top: the 1 / (1 + beta) highest by a proxy model's loss
     prune: tuple[float, float, float] | None = None  # sifting.prune's (learnt_fraction, hardest_fraction, batch_factor)
     # The schedule's length: None, as many epochs as fit in the baseline's FLOPs; k, k times the baseline's
     # epochs (1: the baseline's job with sifting turned on), its accuracy then at fewer FLOPs than the budget.
@@ -50,7 +51,8 @@ class Setting:
     def label(self) -> str:
         parts = [f"prefilter {self.prefilter[0]:g}/{self.prefilter[1]:g}"] if self.prefilter else []
         if self.beta:
-            parts += [f"online {'reducible ' if self.reducible else ''}beta {self.beta:g}"]
+            score = "reducible " if self.reducible else "proxy top, " if self.proxy else ""
+            parts += [f"online {score}beta {self.beta:g}"]
             parts += [f"losses reused {self.reuse} ep"] if self.reuse else []
         if self.prune:
             parts += [f"pruning {self.prune[0]:g}/{self.prune[1]:g} x{self.prune[2]:g}"]
@@ -63,8 +65,8 @@ class Setting:
 
     @property
     def measured_cost(self) -> bool:
-        """Whether an epoch's cost is known only once run (remembered losses, pruning)."""
-        return bool(self.reuse or self.prune)
+        """Whether an epoch's cost is known only once run (remembered losses, pruning, a proxy's)."""
+        return bool(self.reuse or self.prune or self.proxy)
 
 
 @dataclass
@@ -332,7 +334,8 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, seed: in
             "enabled": setting.beta is not None,
             "beta": 1.0 if setting.beta is None else setting.beta,
             "delay_steps": DELAY_STEPS,
-            "score": "reducible_loss" if setting.reducible else "loss",
+            "score": "reducible_loss" if setting.reducible else "proxy" if setting.proxy else "loss",
+            "selection": "top" if setting.proxy else "keep_rule",
             "reuse_loss_epochs": setting.reuse,
             "prune": dict(
                 zip(("learnt_fraction", "hardest_fraction", "batch_factor"), setting.prune or (0, 0, 1), strict=True)

@@ -60,6 +60,10 @@ SETTINGS = {
     # epochs old: about 1.0x the baseline's FLOPs, as sifting_bound.py's top third by remembered losses
     "keep-2-reuse-2": Setting(2.0, (0.0, 0.0), reuse=2),
     "keep-4-reuse-2": Setting(4.0, (0.0, 0.0), reuse=2),
+    # stop 47: selection via proxy, the top third by a small model's fresh losses (sifting_bound.py: 0.60x on digits,
+    # as the oracle's; never its target on tabular, whose highest losses are its flipped labels)
+    "proxy-top-2": Setting(2.0, proxy=True),
+    "proxy-top-3": Setting(3.0, proxy=True),
 }
 
 

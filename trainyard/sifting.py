@@ -15,6 +15,9 @@ with weights ``p ** beta`` keeps a 99th-percentile loss about 80% of the time in
 beta 1). A fixed number of candidates per step keeps each group's data position tied to the step
 rather than to its own sifting history.
 
+With ``sifting.selection: top`` the ``batch_size`` highest-scored candidates are kept instead (RHO-LOSS's
+rule; selection via proxy's with ``sifting.score: proxy``): no draw, the same counts.
+
 A class balance guard keeps every class present among the candidates at no less than
 ``min_class_fraction`` of its proportional share of the kept batch, rounded up: a class with only a
 few candidates in a group's share keeps at least one. The loss history is part of
@@ -138,9 +141,13 @@ class Sifter:
         self._begin(step)
         weights = self.keep_probability(losses)
         rng = np.random.default_rng([self.seed, step, group])
-        chosen = inclusion_sample(weights, keep, rng)
-        if labels is not None:
+        if self.config.selection == "top":  # the highest scores (a NaN the highest: see _remember), ties at random
+            order = np.lexsort((rng.random(len(losses)), -np.nan_to_num(losses, nan=np.inf)))
+            chosen = order[:keep]
+        else:
+            chosen = inclusion_sample(weights, keep, rng)
             order = np.lexsort((rng.random(len(losses)), -weights))  # most likely kept first, ties at random
+        if labels is not None:
             chosen = self._balance(chosen, order, labels, keep)
         self.probability_sum += float(weights.sum())
         self._remember(losses, labels, chosen)
@@ -169,7 +176,8 @@ class Sifter:
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
         """Swap in each starved class's best candidates for the weakest kept ones of classes with
-        some to spare (``order``: the candidates by keep probability, highest first).
+        some to spare (``order``: the candidates by keep probability, or by score with ``selection: top``,
+        highest first).
 
         Array operations, not a loop over the classes (a 1,000-class batch of 4,096 took half a second
         a step in Python). The swaps are those of taking the starved classes in label order, each its

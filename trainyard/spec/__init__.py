@@ -26,7 +26,7 @@ from trainyard.spec.sections import (
     Stopping,
     TargetMetric,
 )
-from trainyard.spec.sifting import DEFAULT_PRUNING, Prefilter, Pruning, Sifting
+from trainyard.spec.sifting import DEFAULT_PRUNING, Prefilter, Proxy, Pruning, Sifting
 
 __all__ = [
     "BUILTIN_ALGORITHMS",
@@ -42,6 +42,7 @@ __all__ = [
     "Output",
     "Prefilter",
     "PromoteIf",
+    "Proxy",
     "Pruning",
     "Registry",
     "Resources",

@@ -324,7 +324,7 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
             )
     elif sifting.beta == 0:
-        keep_rule = {"score", "delay_steps", "loss_history_length", "reuse_loss_epochs"}
+        keep_rule = {"score", "selection", "proxy", "delay_steps", "loss_history_length", "reuse_loss_epochs"}
         if not sifting.prunes:
             fix = (
                 "a streamed channel cannot prune: set sifting.beta above 0"

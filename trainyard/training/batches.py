@@ -13,6 +13,8 @@ more feature column, cut off before the model sees it.
 With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (two columns, exact to
 2**32 rows), so the group can look up the row's last known loss (``pruning.LossMemory``) and score
 only the candidates whose loss is unknown or too old.
+With ``sifting.score: proxy`` a small model trained alongside (``proxy.ProxyScorer``) scores the
+candidates instead of the job's model, and learns the rows each step trains on.
 With ``sifting.prune`` (``pruning.Pruner``) the rows the keep rule kept (or all the group's rows, with
 beta 0) are pruned by those remembered losses: some sit out the step, the kept learnt ones get a loss
 weight (``StepData.weights``), and the step's normaliser stays the rows dealt (over ``batch_factor``,
@@ -34,6 +36,7 @@ from trainyard.spec import TrainingJob
 from trainyard.status import pruned_fraction, trained_fraction_by_class
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
+from trainyard.training.proxy import ProxyScorer
 from trainyard.training.sampling import Sampler, StreamSampler, member_sizes, step_batch
 
 
@@ -57,6 +60,12 @@ class StepData:
         # try's). train_loss is over the kept rows, the hard ones; this is over what an unsifted job trains on.
         self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
+        self.proxy = None
+        if self.sifter and job.sifting.score == "proxy" and self.sifter.beta > 0:
+            outputs = plan.schema["num_outputs"]
+            self.proxy = ProxyScorer(
+                job.sifting.proxy, job.algorithm.task, hp.seed, np.asarray(x), np.asarray(y), outputs, self.device
+            )
         reuse = job.sifting.loss_reuse_epochs(plan.streamed) if self.sifter else 0
         prune = job.sifting.settled()[1] if job.sifting.prunes else None
         classes = len(plan.schema.get("classes") or []) or plan.schema.get("num_outputs")
@@ -130,7 +139,10 @@ class StepData:
             global_count = global_count * self.batch_size / self._dealt(epoch)
         self._trained = (rows[chosen], epoch) if rows is not None else None
         picked = torch.from_numpy(chosen).to(xb.device)
-        return xb[picked].to(self.device), yb[picked].to(self.device), global_count
+        xb, yb = xb[picked].to(self.device), yb[picked].to(self.device)
+        if self.proxy is not None:  # it learns what the job's model learns (before sifting starts too)
+            self._proxy_flops(self.proxy.train, xb, yb)
+        return xb, yb, global_count
 
     def trained(self, losses: torch.Tensor) -> None:
         """The per-sample losses of the training forward pass over the last batch handed out: with
@@ -140,7 +152,10 @@ class StepData:
             self.memory.remember(rows, losses.detach().float().cpu().numpy(), epoch)
 
     def _losses(self, model, xb: torch.Tensor, yb: torch.Tensor, rows: np.ndarray | None, epoch: int) -> np.ndarray:
-        """Each candidate's loss: a no-grad forward pass over those without a recent enough known loss."""
+        """Each candidate's loss: a no-grad forward pass over those without a recent enough known loss (or
+        the proxy's over all of them: its losses are not remembered, pruning's are the job's model's)."""
+        if self.proxy is not None:
+            return self._proxy_flops(self.proxy.losses, xb, yb)
         scored = np.ones(len(xb), dtype=bool)
         losses = np.empty(len(xb), dtype=np.float64)
         memory = self.memory
@@ -161,6 +176,14 @@ class StepData:
             if rows is not None and memory is not None:
                 memory.remember(rows[scored], losses[scored], epoch)
         return losses
+
+    def _proxy_flops(self, work, xb: torch.Tensor, yb: torch.Tensor):
+        """``work(xb, yb)``, its FLOPs counted as the sifter's scoring: what ranking the candidates cost."""
+        assert self.proxy is not None
+        before = self.proxy.flops
+        result = work(xb, yb)
+        self.meter.scoring += self.proxy.flops - before
+        return result
 
     def epoch_metrics(self) -> dict:
         """The kept fraction since the last call (an epoch's), overall and per class, of the candidates
@@ -226,6 +249,7 @@ class StepData:
         that did not commit added is left out)."""
         state = self.sifter.state_dict(step) if self.sifter else {}
         state |= self.pruner.state_dict() if self.pruner else {}
+        state |= self.proxy.state_dict() if self.proxy else {}  # (with a step that did not commit: not undone)
         return state | (self.memory.state_dict(step) if self.memory else {})
 
     def load_state_dict(self, state: dict) -> None:
@@ -235,6 +259,8 @@ class StepData:
             self.memory.load_state_dict(state)
         if self.pruner and state:
             self.pruner.load_state_dict(state)
+        if self.proxy and state:
+            self.proxy.load_state_dict(state)
 
 
 def _since(now: dict, then: dict, key: str) -> dict[str, int]:

@@ -1,0 +1,143 @@
+"""Selection via proxy (``sifting.score: proxy``, ``training/proxy.py``) and the keep rule's ``selection: top``:
+the proxy ranks the candidates in place of the job's model, learns the rows each step trains on, is counted
+as scoring and travels with a heal; ``top`` keeps exactly the highest-scored."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import rejoined, slow_until
+from tests.unit.jobs import make_job, run
+from trainyard.sifting import Sifter
+from trainyard.spec import Sifting, ignored_settings, parse_job
+from trainyard.spec.sifting import PRUNING_OFF
+
+
+def top_sifter(**settings) -> Sifter:
+    config = Sifting(enabled=True, beta=2.0, selection="top", prune=PRUNING_OFF, **settings)
+    return Sifter(config, seed=0)
+
+
+def test_top_selection_keeps_exactly_the_highest_scores_a_nan_first():
+    sifter = top_sifter(min_class_fraction=0.0)
+    losses = np.array([0.1, 5.0, 0.3, np.nan, 2.0, 0.2, 4.0, 0.0, 1.0])
+    assert sorted(sifter.select(losses, None, 3, step=0, group=0)) == [1, 3, 6]
+    # the same scores again: the same rows, whatever the history now says (no draw)
+    assert sorted(sifter.select(losses, None, 3, step=1, group=0)) == [1, 3, 6]
+    assert (sifter.scored, sifter.kept, sifter.passed_over) == (18, 6, 12)
+
+
+def test_top_selection_still_guards_a_class_from_starving():
+    sifter = top_sifter(min_class_fraction=0.5)
+    losses = np.array([9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    labels = np.array([0] * 6 + [1] * 6)
+    chosen = sifter.select(losses, labels, 4, step=0, group=0)
+    # class 1 holds half the candidates: at least half its share of 4 (1 row), its highest-scored
+    assert list(chosen) == [0, 1, 2, 11]
+
+
+def proxy_step_data(tmp_path, **sifting):
+    """StepData over 512 rows whose label is whether the first feature is positive."""
+    from trainyard import algorithms
+    from trainyard.training.batches import StepData
+    from trainyard.training.flops import FlopMeter
+    from trainyard.training.plan import TrainingPlan
+
+    job = parse_job(
+        {
+            "name": "s",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "hyperparameters": {"batch_size": 32, "hidden_sizes": [4]},
+            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+            "output": {"s3_uri": "s3://bkt/o/"},
+            "sifting": {"enabled": True, "beta": 2.0, "delay_steps": 0, "score": "proxy", "selection": "top"} | sifting,
+        }
+    )
+    x = np.random.default_rng(0).normal(size=(512, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    plan = TrainingPlan("j", job.model_dump(mode="json"), str(tmp_path / "train.npz"), None, {"num_outputs": 2}, 1, "")
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
+    data = StepData(job, plan, torch.from_numpy(x), torch.from_numpy(y), tmp_path, loss_fn, FlopMeter(model, loss_fn))
+    return data, x
+
+
+def test_the_proxy_ranks_in_place_of_the_jobs_model_and_learns_what_it_trains_on(tmp_path):
+    data, x = proxy_step_data(tmp_path, min_class_fraction=0.0)
+    assert data.memory is None  # its losses are fresh every step: none remembered (reuse_loss_epochs 0)
+    every_row = torch.from_numpy(x), torch.from_numpy((x[:, 0] > 0).astype(np.int64))
+    first_loss = data.proxy.losses(*every_row).mean()
+    spent_by_the_test = data.proxy.flops
+    ranked, losses = [], data.proxy.losses
+    data.proxy.losses = lambda xs, ys: ranked.append((xs, losses(xs, ys))) or ranked[-1][1]
+    for epoch in range(6):  # 96 candidates a step, 32 kept: 5 steps an epoch (the short 6th left out)
+        for index in range(5):
+            # the job's model is never asked to score: with the proxy it is not passed at all
+            xb, _, count = data.batch(None, epoch, index, 5 * epoch + index, 1, 0, 1)
+            candidates, scores = ranked[-1]
+            assert len(candidates) == 96 and len(xb) == count == 32
+            top = candidates[np.argsort(-scores, kind="stable")[:32]]  # (no ties among these losses)
+            assert sorted(map(tuple, xb.tolist())) == sorted(map(tuple, top.tolist()))
+    # what the proxy cost is the sifter's scoring: its forwards over 96 candidates and its training on 32
+    assert data.meter.scoring == data.proxy.flops - spent_by_the_test > 0
+    assert data.meter.forward == data.meter.backward == 0  # (the job's own steps are the trainer's to count)
+    # it learnt from the rows it was handed (the hardest third each step)
+    assert losses(*every_row).mean() < 0.7 * first_loss
+
+
+def test_a_group_that_heals_takes_its_peers_proxy(tmp_path):
+    data, x = proxy_step_data(tmp_path)
+    for step in range(10):
+        data.batch(None, step // 5, step % 5, step, 1, 0, 1)
+    healed, _ = proxy_step_data(tmp_path)
+    probe = torch.from_numpy(x[:64]), torch.zeros(64, dtype=torch.int64)
+    assert not np.array_equal(healed.proxy.losses(*probe), data.proxy.losses(*probe))
+    healed.load_state_dict(copy.deepcopy(data.state_dict(10)))  # (over torchft's transport: a copy)
+    assert np.array_equal(healed.proxy.losses(*probe), data.proxy.losses(*probe))
+    # and it goes on as its peer does: the same next batch, the same proxy after it
+    ours, theirs = data.batch(None, 2, 0, 10, 1, 0, 1), healed.batch(None, 2, 0, 10, 1, 0, 1)
+    assert torch.equal(ours[0], theirs[0])
+    assert np.array_equal(healed.proxy.losses(*probe), data.proxy.losses(*probe))
+
+
+def test_proxy_settings_with_the_keep_rule_off_are_named_and_the_proxy_reuses_no_losses():
+    base = {
+        "name": "s",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
+        "output": {"s3_uri": "s3://bkt/o/"},
+    }
+    job = parse_job(base | {"sifting": {"enabled": True, "score": "proxy", "proxy": {"hidden_sizes": [16]}}})
+    (warning,) = [w for w in ignored_settings(job) if "keep rule" in w]
+    assert "sifting.proxy, sifting.score:" in warning and "set sifting.beta above 0" in warning
+    job = parse_job(base | {"sifting": {"enabled": True, "beta": 2, "score": "proxy", "reuse_loss_epochs": 2}})
+    assert job.sifting.loss_reuse_epochs(streamed=False) == 0
+    with pytest.raises(Exception, match="hidden_sizes"):
+        parse_job(base | {"sifting": {"enabled": True, "beta": 2, "score": "proxy", "proxy": {"hidden_sizes": [0]}}})
+
+
+def test_a_job_sifted_by_a_proxy_trains_full_batches_and_heals_a_killed_group_with_it(trainyard_home, tmp_path):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.03}
+        | {"slow_while": str(tmp_path / "slow")},
+        sifting={"enabled": True, "beta": 2.0, "delay_steps": 5, "score": "proxy", "selection": "top"},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]},
+    )
+    # slow steps until the restarted group is back (see test_training's sifting test), then full speed
+    with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
+        outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Completed"
+    assert outcome.steps_per_epoch == 4  # 192 candidates a step over 600 rows: 3 and a short 4th of 24
+    assert outcome.sifting["score"] == "proxy" and outcome.sifting["kept_fraction"] == pytest.approx(1 / 3, abs=0.02)
+    assert outcome.flops["scoring"] > 0  # the proxy's passes and training (an entrypoint's job: the proxy is built in)
+    (recovery,) = outcome.recoveries
+    assert recovery["source"] == "peer"  # the state it healed from, the proxy's with it, came over torchft's transport
+    states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 0), (1, 1))]
+    for key in states[0]:
+        torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)
