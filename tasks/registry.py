@@ -18,7 +18,7 @@ from prefect.runtime import deployment, flow_run
 from tasks._metering import retry_transient, stage_meter
 from trainyard import model_card, plots, registry
 from trainyard.errors import RegistryError
-from trainyard.home import Locked, flocked, home
+from trainyard.home import Locked, flocked
 from trainyard.redaction import redact_text
 from trainyard.registry_errors import RegistryUnavailable
 from trainyard.spec import TrainingJob
@@ -81,7 +81,6 @@ def _prefect_tags() -> dict[str, str]:
     }
 
 
-GATE_LIMIT_PREFIX = "trainyard-gate-"
 GATE_WAIT_SECONDS = 600.0  # a gate takes seconds; a lease of a holder that died runs out in 5 minutes
 
 
@@ -102,8 +101,8 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists
 
-    limit = f"{GATE_LIMIT_PREFIX}{model_name}"
-    lock = home() / "locks" / f"{limit}.lock"
+    limit = f"{registry.GATE_LOCK_PREFIX}{model_name}"
+    lock = registry.gate_lock(model_name)
     with ExitStack() as held:
         try:
             held.enter_context(flocked(lock, wait_seconds=GATE_WAIT_SECONDS))
@@ -115,14 +114,17 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
             raise RegistryError(
                 f"the promotion gate of {model_name!r} stayed held by another job of this machine for "
                 f"{GATE_WAIT_SECONDS:g} s (lock {lock}); the version is registered but not gated: once that job "
-                "has ended, run this job again to gate it, or judge it by hand (trainyard models promote)"
+                f"has ended, run it (`trainyard models gate {model_name} VERSION`, the version `trainyard models "
+                f"list {model_name}` shows without a gate; or run this job again), or judge it by hand (trainyard "
+                "models promote)"
             ) from exc
         except TimeoutError as exc:  # prefect's AcquireConcurrencySlotTimeoutError
             raise RegistryError(
                 f"the promotion gate of {model_name!r} (the Prefect global concurrency limit {limit}) stayed held "
                 f"for {GATE_WAIT_SECONDS:g} s; the version is registered but not gated. If no other job of the "
-                f"model is registering, free it (prefect gcl update {limit} --active-slots 0) and run this job "
-                "again to gate it, or judge it by hand (trainyard models promote)"
+                f"model is registering, free it (prefect gcl update {limit} --active-slots 0) and gate the version "
+                f"(`trainyard models gate {model_name} VERSION`, or run this job again), or judge it by hand "
+                "(trainyard models promote)"
             ) from exc
         except (httpx.HTTPError, ConcurrencySlotAcquisitionError) as exc:  # the latter: httpx's, while waiting
             raise RegistryUnavailable(

@@ -22,7 +22,8 @@ from trainyard.redaction import redact_text
 from trainyard.registry_errors import ModelNotFound
 
 models_app = typer.Typer(
-    help="Registered models: list versions, show one's lineage, approve or reject it, promote it to champion.\n\n"
+    help="Registered models: list versions, show one's lineage, approve or reject it, promote it to champion, "
+    "run the gate of a version that missed it.\n\n"
     "A version is named by its number (3) or an alias (champion, candidate). New versions start as "
     "PendingManualApproval; the promotion gate (registry.promote_if) moves champion automatically, "
     "'promote' moves it by hand.",
@@ -115,6 +116,14 @@ def promote(
         raise typer.Exit(2)
     info = _call(registry_admin.promote, name, str(current["version"]))
     say(out(), f"{name}@champion -> version {info['version']} ({info['approval_status']})")
+
+
+@models_app.command()
+def gate(name: Name, version: Ref) -> None:
+    """Run the promotion gate of a version that missed it (its job failed, or gave up waiting for the gate,
+    after registering it): by its job's registry.promote_if, as the job would have."""
+    info = _call(registry_admin.gate, name, version)
+    say(out(), f"{name} version {info['version']}: {info['gate']}")
 
 
 def _call(fn, *args):

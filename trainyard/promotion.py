@@ -5,6 +5,8 @@ version must exceed (``min_gain``) and an optional carbon ceiling (``max_emissio
 job emitted more never becomes champion, even the first. A version that does not win is pointed at by
 ``candidate``. The decision and its reason are recorded on the version (``trainyard.gate``), which
 also marks the gate as done, so a registration finished after a crash does not judge a version twice.
+A version a person Rejected before its gate ran (``trainyard models reject`` while its job waited for the
+gate, or after the job failed before it) is not judged and takes no alias.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
     gate reads it back: if another gate moved it meanwhile, this version is judged again against that
     one (a few rounds at most; each round leaves the better of the two).
     """
+    if (version.tags or {}).get(APPROVAL_TAG) == REJECTED:  # a person rejected it first (while it waited for the gate)
+        reason = "not judged: the version was Rejected before its gate ran; it takes no alias"
+        client.set_model_version_tag(name, version.version, GATE_TAG, reason)
+        return GateDecision(False, reason)
     metric = rule.metric if rule else None
     ours = _version_metric(client, version, metric)
     emissions = _float((version.tags or {}).get(EMISSIONS_TAG))

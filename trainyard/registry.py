@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from trainyard import model_card, promotion
-from trainyard.home import home
+from trainyard.home import flocked, home
 from trainyard.redaction import redact_spec, redact_text
 from trainyard.registry_errors import RegistryUnavailable, service_errors, translate
 from trainyard.spec import METRICS, TrainingJob
@@ -57,12 +57,18 @@ def tracking_uri() -> str:
 
 
 def ensure_store(uri: str | None = None) -> str:
-    """Create the tracking database once, before concurrent writers could race to migrate it."""
+    """Create the tracking database once, before concurrent writers could race to migrate it. The embedded
+    store is created (or migrated by a newer MLflow) under a lock: two jobs starting at once on a fresh
+    home both ran MLflow's migrations into one SQLite file, one failed, and a store could be left half
+    migrated for every later job."""
     import mlflow
 
     uri = uri or tracking_uri()
+    store = embedded_store()
+    lock = flocked(home() / "locks" / "mlflow-store.lock") if store and uri == f"sqlite:///{store}" else nullcontext()
     try:
-        mlflow.MlflowClient(uri).search_experiments(max_results=1)
+        with lock:
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
     except service_errors() as exc:
         raise translate(exc, "checking the tracking store", uri, registering=False) from exc
     return uri
@@ -97,6 +103,7 @@ def register(
     uri = ensure_store()
     client = mlflow.MlflowClient(uri)
     name = job.model_name
+    version = None
     try:
         version = _one_version_of_job(client, name, job_id)
         if version is None:
@@ -107,7 +114,16 @@ def register(
         _gate_once(client, job, version, one_gate_at_a_time)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except service_errors() as exc:
-        raise translate(exc, f"registering {name!r} for job {job_id}", uri) from exc
+        ungated = (name, str(version.version)) if version is not None else None
+        raise translate(exc, f"registering {name!r} for job {job_id}", uri, ungated=ungated) from exc
+
+
+GATE_LOCK_PREFIX = "trainyard-gate-"  # also the name of the gate's Prefect concurrency limit (tasks/registry.py)
+
+
+def gate_lock(name: str) -> Path:
+    """The lock file that one machine's promotion gates of model ``name`` take one at a time."""
+    return home() / "locks" / f"{GATE_LOCK_PREFIX}{name}.lock"
 
 
 def finish_gate(
@@ -119,6 +135,7 @@ def finish_gate(
 
     uri = ensure_store()
     name = job.model_name
+    version = None
     try:
         client = mlflow.MlflowClient(uri)
         version = _one_version_of_job(client, name, job_id)  # an earlier run may have died before its clean-up
@@ -127,7 +144,8 @@ def finish_gate(
         _gate_once(client, job, version, one_gate_at_a_time)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except service_errors() as exc:
-        raise translate(exc, f"finishing the registration of {name!r} for job {job_id}", uri) from exc
+        ungated = (name, str(version.version)) if version is not None else None
+        raise translate(exc, f"finishing the registration of {name!r} for job {job_id}", uri, ungated=ungated) from exc
 
 
 def _gate_once(client, job: TrainingJob, version, one_gate_at_a_time) -> None:

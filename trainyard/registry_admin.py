@@ -1,11 +1,15 @@
 """What ``trainyard models`` does to registered versions by hand: list them, show one, approve or reject it
-(SageMaker's ``ModelApprovalStatus``), promote it to ``champion``. Registration and the automatic gate are
-``registry`` and ``promotion``."""
+(SageMaker's ``ModelApprovalStatus``), promote it to ``champion``, run the gate of a version whose job
+stopped before it. Registration and the automatic gate are ``registry`` and ``promotion``."""
 
 from __future__ import annotations
 
+import json
+
 from trainyard import model_card, promotion
-from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, embedded_store, model_summary, tracking_uri
+from trainyard.errors import RegistryError
+from trainyard.home import flocked
+from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, embedded_store, gate_lock, model_summary, tracking_uri
 from trainyard.registry_errors import ModelNotFound, service_errors, translate
 
 
@@ -68,6 +72,32 @@ def promote(name: str, ref: str) -> dict:
         client.set_model_version_tag(name, version.version, promotion.GATE_TAG, gate)
 
     return _with_version(name, ref, "promoting", move)
+
+
+def gate(name: str, ref: str) -> dict:
+    """Run the promotion gate of a version that has not been through it (its job failed or gave up waiting
+    for the gate after registering it), by the rule of the job spec it was registered with (its
+    ``trainyard.job_spec`` tag); return its summary. Under the gate's lock of this machine, as a job's gate."""
+    from trainyard.spec import TrainingJob
+
+    def judge(client, version) -> None:
+        tags = version.tags or {}
+        if promotion.GATE_TAG in tags:
+            raise RegistryError(
+                f"{name} version {version.version} has been through the gate: {tags[promotion.GATE_TAG]}"
+            )
+        if model_card.JOB_SPEC_TAG not in tags:
+            raise RegistryError(
+                f"{name} version {version.version} has no {model_card.JOB_SPEC_TAG} tag (not registered by a "
+                "Trainyard job): there is no gate rule to run; promote it by hand (trainyard models promote)"
+            )
+        job = TrainingJob.model_validate(json.loads(tags[model_card.JOB_SPEC_TAG]))
+        with flocked(gate_lock(name)):
+            fresh = client.get_model_version(name, version.version)  # a job's gate may have run meanwhile
+            if promotion.GATE_TAG not in (fresh.tags or {}):
+                promotion.gate(client, job.gate, name, fresh)
+
+    return _with_version(name, ref, "gating", judge)
 
 
 def _with_version(name: str, ref: str, what: str, action) -> dict:

@@ -26,17 +26,21 @@ class ModelNotFound(RegistryError, LookupError):
 
 def service_errors() -> tuple[type[BaseException], ...]:
     """What the MLflow client and its artifact stores raise when a request fails."""
+    from alembic.util.exc import CommandError  # MLflow's migrations of a database store
     from botocore.exceptions import BotoCoreError, ClientError
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError  # a database tracking URI's store: a file it cannot open, say
 
     # ModuleNotFoundError: a tracking URI whose database driver is not installed (postgresql:// without psycopg2)
-    return (MlflowException, OSError, BotoCoreError, ClientError, SQLAlchemyError, ModuleNotFoundError)
+    return (MlflowException, OSError, BotoCoreError, ClientError, SQLAlchemyError, ModuleNotFoundError, CommandError)
 
 
-def translate(exc: BaseException, what: str, uri: str, registering: bool = True) -> RegistryError:
+def translate(
+    exc: BaseException, what: str, uri: str, registering: bool = True, ungated: tuple[str, str] | None = None
+) -> RegistryError:
     """A ``RegistryError`` naming what failed: unavailable (transient), not found, or refused.
-    ``registering``: the failure interrupted a registration (its message says how to finish it)."""
+    ``registering``: the failure interrupted a registration (its message says how to finish it);
+    ``ungated``: ``(name, version)`` where the version was made before it failed, not yet gated."""
     from mlflow.exceptions import MlflowException
 
     uri = redact_text(uri)  # a password in the tracking URI stays out of messages (MLflow's own quote it too)
@@ -55,9 +59,18 @@ def translate(exc: BaseException, what: str, uri: str, registering: bool = True)
         detail = redact_text(exc.message)
     else:
         detail = redact_text(f"{type(exc).__name__}: {exc}")
-    finish = (
-        " No version was left half-made; registering the same job again finishes it without a second version."
-        if registering
-        else ""
-    )
+    if "_alembic_tmp_" in detail or type(exc).__name__ == "CommandError":
+        return RegistryError(
+            f"{what}: the tracking store {uri} was left part-way through a schema migration (a process killed while "
+            "MLflow migrated it, or two that migrated it at once); an embedded store's file: move it aside to start "
+            f"a new one, or restore it from a backup; a database server's: `mlflow db upgrade <uri>` ({detail})"
+        )
+    finish = ""
+    if ungated:
+        finish = (
+            f" Version {ungated[1]} of {ungated[0]!r} is registered and may not be gated yet: `trainyard models gate "
+            f"{ungated[0]} {ungated[1]}` runs its gate (so does registering the same job id again)."
+        )
+    elif registering:
+        finish = " No version was left half-made; registering the same job again finishes it without a second version."
     return RegistryUnavailable(f"{what} failed: MLflow at {uri} is unavailable ({detail}).{finish}")
