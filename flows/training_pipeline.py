@@ -159,6 +159,7 @@ def training_pipeline(
             if primary == "Completed":
                 tags = job_summary.lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
                 files = {"filtered_manifest": report.manifest} if report.manifest else {}
+                files |= stages["staging"].get("lineage_files", {})
                 stages["registry"] = register_model(job, job_id, plan, outcome, tags, files)
                 model = stages["registry"]["model"]
             log.finish(

@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks._metering import retry_transient, stage_meter
 from trainyard import cache, datasets, staging
+from trainyard.home import write_json_atomic
 from trainyard.spec import TrainingJob
 
 
@@ -37,6 +38,12 @@ def stage_inputs(job: TrainingJob, job_dir: str) -> dict:
         )
     record["channels"] = {name: m.summary() for name, m in manifests.items()}
     record["staged"] = staged
+    # each channel's objects, for the registered version's run: its data lineage outlives the job folder
+    record["lineage_files"] = {}
+    for name, manifest in manifests.items():
+        path = Path(job_dir) / "staging" / f"{name}.objects.json"
+        write_json_atomic(path, manifest.lineage())
+        record["lineage_files"][f"{name}_objects"] = str(path)
     moved = sum(m.bytes_downloaded for m in manifests.values())
     logger.info("staged %s: %d rows for training, %d bytes downloaded", list(manifests), staged.rows["train"], moved)
     return record

@@ -22,7 +22,8 @@ class ChampionUnloadable(RegistryError):
 
 
 def load(name: str) -> tuple[torch.nn.Module, str] | None:
-    """The current ``champion`` of ``name`` as a torch module, and ``"<name> v<N>"``; None if there is none.
+    """The current ``champion`` of ``name`` as a torch module, and ``"<name> v<N>"``; None if there is none;
+    ``ChampionUnloadable`` for one that cannot be loaded here or was Rejected.
 
     Used as the prefilter's reference model (``sifting.prefilter.reference: champion``).
     """
@@ -34,6 +35,9 @@ def load(name: str) -> tuple[torch.nn.Module, str] | None:
         version = promotion.alias_version(client, name, promotion.CHAMPION)
         if version is None:
             return None
+        if (version.tags or {}).get(promotion.APPROVAL_TAG) == promotion.REJECTED:
+            # a person judged it unfit: its losses are no better a reference than its predictions
+            raise ChampionUnloadable(f"the champion {name} v{version.version} is Rejected; not used as a reference")
         # A models:/ URI is resolved in MLflow's process-wide store, which is ./mlflow.db in a process
         # that has not set it (not the embedded store); the version the alias named, not the alias again.
         mlflow.set_tracking_uri(uri)

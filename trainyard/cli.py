@@ -281,7 +281,8 @@ def clean(
     from trainyard import housekeeping
 
     if not job_ids:
-        _remove(housekeeping.old_jobs(older_than * 86_400), f"jobs idle for {older_than:g} days or more", dry_run)
+        found = housekeeping.old_jobs(older_than * 86_400)
+        _remove(found, f"jobs idle for {older_than:g} days or more", dry_run, lock=True)
         return
     try:
         # their run locks held until they are gone: a rerun of one cannot start in its folder meanwhile
@@ -292,8 +293,9 @@ def clean(
         raise typer.Exit(2) from None
 
 
-def _remove(found: list, which: str, dry_run: bool) -> None:
-    """Remove the folders of ``found`` (``housekeeping.OldJob``), listing them."""
+def _remove(found: list, which: str, dry_run: bool, lock: bool = False) -> None:
+    """Remove the folders of ``found`` (``housekeeping.OldJob``), listing them; ``lock``: each under its run
+    lock, kept if a run of it has started since it was found."""
     from trainyard import housekeeping
 
     if not found:
@@ -302,12 +304,15 @@ def _remove(found: list, which: str, dry_run: bool) -> None:
     table = Table(title=f"{'would remove' if dry_run else 'removed'}: {which}")
     for column, justify in (("job", "left"), ("idle (days)", "right"), ("MiB", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    removed = []
     for job in found:
-        if not dry_run:
-            housekeeping.remove(job)
+        if not dry_run and not housekeeping.remove(job, lock=lock):
+            say(console, f"kept {job.job_id}: a run of it has started", "yellow")
+            continue
+        removed.append(job)
         table.add_row(job.job_id, f"{job.idle_seconds / 86_400:.1f}", f"{job.size / 2**20:.1f}")
     out().print(table)
-    say(console, f"{len(found)} job(s), {sum(job.size for job in found) / 2**20:.1f} MiB", "green")
+    say(console, f"{len(removed)} job(s), {sum(job.size for job in removed) / 2**20:.1f} MiB", "green")
 
 
 def _cell(value) -> str:

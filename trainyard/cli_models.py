@@ -53,7 +53,8 @@ def list_(
     """List registered versions, newest first: aliases, approval status, final metrics and the gate's decision."""
     rows = _call(registry_admin.list_versions, name)
     if not rows:
-        say(out(), f"no registered models in {redact_text(registry.tracking_uri())}")
+        where = redact_text(registry.tracking_uri())
+        say(out(), f"{name} has no versions in {where}" if name else f"no registered models in {where}")
         return
     table = Table(title=f"registered models ({redact_text(registry.tracking_uri())})")
     for column in ("model", "version", "aliases", "approval", "metrics", "job", "gate"):
@@ -71,7 +72,8 @@ def list_(
 def show(name: Name, version: Ref) -> None:
     """Show one version: its lineage tags (data, code, job spec, compute, carbon, metrics) and model card."""
     info = _call(registry_admin.describe, name, version)
-    table = Table(title=f"{name} version {info['version']} {info['aliases']}: {info['approval_status']}")
+    aliases = f" ({', '.join(info['aliases'])})" if info["aliases"] else ""
+    table = Table(title=f"{name} version {info['version']}{aliases}: {info['approval_status']}")
     table.add_column("tag")
     table.add_column("value", overflow="fold")
     for key, value in sorted(info["tags"].items()):

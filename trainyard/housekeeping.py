@@ -33,7 +33,7 @@ class OldJob:
 
 def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob]:
     """The jobs nothing has written to for ``older_than_seconds``, oldest first; never one still running
-    (its supervisor alive), however long it has been quiet."""
+    (its supervisor alive, or its run lock held), however long it has been quiet."""
     now = time.time() if now is None else now
     found = []
     for folder in sorted(jobs_dir().iterdir()):
@@ -44,9 +44,22 @@ def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob
         for path in folders:
             last, bytes_ = _walk(path)
             newest, size = max(newest, last), size + bytes_
-        if now - newest >= older_than_seconds:
+        if now - newest >= older_than_seconds and not _locked(folder):
             found.append(OldJob(folder.name, folders, now - newest, size))
     return sorted(found, key=lambda job: -job.idle_seconds)
+
+
+def _locked(folder: Path) -> bool:
+    """Whether a run of the job holds its run lock (staging, training or registering: a quiet job folder
+    can be running, its supervisor not yet started or already gone). Looked at after its files' times:
+    taking the lock makes the lock file where missing."""
+    if not (folder / LOCK).exists():
+        return False  # no run has started here since runs took the lock
+    try:
+        with flocked(folder / LOCK, wait_seconds=0):
+            return False
+    except Locked:
+        return True
 
 
 @contextlib.contextmanager
@@ -73,10 +86,18 @@ def named_jobs(job_ids: list[str], now: float | None = None) -> Iterator[list[Ol
         yield found
 
 
-def remove(job: OldJob) -> None:
-    """Delete a job's folders."""
-    for folder in job.folders:
-        shutil.rmtree(folder, ignore_errors=True)
+def remove(job: OldJob, lock: bool = False) -> bool:
+    """Delete a job's folders; with ``lock`` (a job ``old_jobs`` found: its lock not held by the caller), only
+    if no run of it has started since, its run lock held meanwhile. Whether they were removed."""
+    with contextlib.ExitStack() as held:
+        if lock and (job.folders[0] / LOCK).exists():
+            try:
+                held.enter_context(flocked(job.folders[0] / LOCK, wait_seconds=0))
+            except Locked:
+                return False
+        for folder in job.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _walk(folder: Path) -> tuple[float, int]:

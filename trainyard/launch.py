@@ -10,6 +10,7 @@ plain data (ids and addresses); the ``Popen`` objects stay in this process's tab
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -283,8 +284,10 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
     env[PARENT_ENV] = str(os.getpid())  # the group gives up waiting for its plan once this process is gone
     env[LAUNCH_ENV] = handle.launch_id  # and takes only its own launch's plan
     # A CPU group sees no GPU: it cannot take one by accident, and its carbon share counts none.
-    env["CUDA_VISIBLE_DEVICES"] = _local_gpus(handle, replica) if handle.gpus_per_replica > 0 else ""
-    with open(log_path, "ab") as log:
+    env["CUDA_VISIBLE_DEVICES"], locks = _local_gpus(handle, replica) if handle.gpus_per_replica > 0 else ("", [])
+    with open(log_path, "ab") as log, contextlib.ExitStack() as ours:
+        for fd in locks:  # this process's copies, closed once started: the group's own hold its GPUs' locks
+            ours.callback(os.close, fd)
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -302,24 +305,23 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
             stderr=subprocess.STDOUT,
             env=env,
             preexec_fn=die_with_parent(),  # gone with the pipeline process, however it dies
+            pass_fds=locks,  # its GPUs' locks: held by the group, released when it ends
         )
     _PROCESSES[proc.pid] = proc
     return ReplicaProcess(replica=replica, attempt=attempt, pid=proc.pid, log=str(log_path), resumed=resume)
 
 
-def _local_gpus(handle: LaunchHandle, replica: int) -> str:
-    """Pin a local group to GPUs no other live group of the job holds: NCCL refuses two ranks on one
-    GPU. A restarted group gets its slice back unless a newer group took it while it was down."""
+def _local_gpus(handle: LaunchHandle, replica: int) -> tuple[str, list[int]]:
+    """Pin a local group to GPUs no other live group holds, of this job or another on this machine (NCCL
+    refuses two ranks on one GPU): its ``CUDA_VISIBLE_DEVICES`` and the descriptors of its GPUs' locks
+    (``device.reserve_slot``). A restarted group gets its slice back unless another group took it while it
+    was down."""
     from trainyard.training import device  # torch: only jobs that ask for GPUs pay its import here
 
     visible = device.visible_gpus()
-    live = {proc.replica for proc in handle.replicas if proc.replica != replica and _exit_code(proc.pid) is None}
-    held = {r: slot for r, slot in handle.gpu_slots.items() if r in live}
-    if handle.gpu_slots.get(replica) in held.values():
-        del handle.gpu_slots[replica]
-    if replica not in handle.gpu_slots:
-        handle.gpu_slots[replica] = device.free_slot(set(held.values()), handle.gpus_per_replica, visible)
-    return device.slot_devices(handle.gpu_slots[replica], handle.gpus_per_replica, visible)
+    slot, locks = device.reserve_slot(handle.gpus_per_replica, visible, prefer=handle.gpu_slots.get(replica))
+    handle.gpu_slots[replica] = slot
+    return device.slot_devices(slot, handle.gpus_per_replica, visible), locks
 
 
 def _exit_code(pid: int) -> int | None:

@@ -90,6 +90,17 @@ class ChannelManifest:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def lineage(self) -> dict:
+        """What the channel held, object by object, without where this machine cached it: the record a
+        registered version keeps of the data it was trained on (``<channel>.objects.json`` in its run),
+        which ``digest`` is the sha256 of (bucket, key, size, ETag, version)."""
+        keep = ("bucket", "key", "size", "etag", "version_id", "checksum", "verified_by")
+        objects = [{k: getattr(o, k) for k in keep} for o in self.objects]
+        return {"channel": self.name, "uri": self.uri, "format": self.format, "digest": self.digest} | {
+            "bytes": self.bytes,
+            "objects": objects,
+        }
+
     @classmethod
     def from_dict(cls, data: dict) -> ChannelManifest:
         return cls(**{**data, "objects": [StagedObject(**o) for o in data.get("objects", [])]})

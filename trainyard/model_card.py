@@ -9,7 +9,9 @@ description in MLflow and ``model_card.md`` in its run.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,6 +26,7 @@ CODE_VERSION_ENV = "TRAINYARD_CODE_VERSION"
 
 CODE_VERSION_TAG = "trainyard.code_version"
 JOB_SPEC_TAG = "trainyard.job_spec"
+ENTRYPOINT_TAG = "trainyard.entrypoint_sha256"
 METRIC_TAG_PREFIX = "metrics."
 
 
@@ -60,12 +63,28 @@ def code_version() -> str:
         return "unknown"
 
 
+def entrypoint_digest(entrypoint: str) -> str:
+    """``sha256:<hex>`` of the source file of an entrypoint's module (``pkg.models`` of ``pkg.models:build``),
+    as the process registering the model imports it: which version of the user's model code the job ran
+    (Trainyard's own is ``code_version``). Other modules it imports are not covered. ``unknown`` where the
+    module has no source file here (a compiled extension, or not importable)."""
+    try:
+        spec = importlib.util.find_spec(entrypoint.split(":")[0])
+        origin = Path(spec.origin) if spec and spec.origin else None
+        return f"sha256:{hashlib.sha256(origin.read_bytes()).hexdigest()}" if origin and origin.is_file() else "unknown"
+    except (ImportError, ValueError, OSError):
+        return "unknown"
+
+
 def lineage_tags(job: TrainingJob, final_metrics: dict[str, float]) -> dict[str, str]:
-    """The engine's share of a version's lineage: code version, job spec, final metrics."""
+    """The engine's share of a version's lineage: code version (and an entrypoint's source digest), job spec,
+    final metrics."""
     tags = {
         CODE_VERSION_TAG: code_version(),
         JOB_SPEC_TAG: json.dumps(redact_spec(job.model_dump(mode="json")), sort_keys=True, separators=(",", ":")),
     }
+    if job.algorithm.entrypoint:
+        tags[ENTRYPOINT_TAG] = entrypoint_digest(job.algorithm.entrypoint)
     tags |= {f"{METRIC_TAG_PREFIX}{k}": f"{v:.6g}" for k, v in final_metrics.items()}
     return tags
 

@@ -65,7 +65,8 @@ def promote(name: str, ref: str) -> dict:
     """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
 
     def move(client, version) -> None:
-        promotion.make_champion(client, name, version)
+        with flocked(gate_lock(name)):  # not between a job's gate reading the champion and moving it
+            promotion.make_champion(client, name, version)
         gate = (version.tags or {}).get(promotion.GATE_TAG)
         if not (gate or "").startswith(BY_HAND):  # the gate's own decision is kept beside it, for the record
             gate = BY_HAND + (f" (the gate had said: {gate})" if gate else "")

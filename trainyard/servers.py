@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
@@ -61,20 +62,42 @@ def free_port() -> int:
 
 
 def wait_until_answering(url: str, proc: subprocess.Popen, timeout_seconds: float) -> str | None:
-    """Poll ``url`` until the server behind it answers (any HTTP status counts); ``None`` when it does,
-    else what went wrong: the process exited, or it did not answer in time."""
+    """Poll ``url`` until the server ``proc`` started answers (any HTTP status counts); ``None`` when it
+    does, else what went wrong: the process exited, or it did not answer in time. An answer counts only
+    once ``proc`` (or a child of it) listens on the URL's port: the free port it was given can be taken
+    by another job's server first, which then answered for it (two jobs' lighthouses, two demos' S3)
+    while ``proc`` failed to bind and exited."""
     deadline = time.monotonic() + timeout_seconds
+    port = urllib.parse.urlsplit(url).port
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"exited at start (code {proc.returncode})"
         try:
             urllib.request.urlopen(url, timeout=1).close()
-            return None
+            answered = True
         except urllib.error.HTTPError:
-            return None  # refused (an unsigned request, an unknown path), but answering
+            answered = True  # refused (an unsigned request, an unknown path), but answering
         except OSError:
-            time.sleep(0.05)
+            answered = False
+        if answered and port is not None and listens_on(proc.pid, port) is not False:
+            return None
+        time.sleep(0.05)
     return f"did not answer on {url} within {timeout_seconds} s"
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` or one of its children holds a listening TCP socket on ``port``; None where
+    that cannot be seen (no such process, or not allowed to look)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        for each in (process, *process.children(recursive=True)):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in each.net_connections()):
+                return True
+        return False
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
 
 
 def stop_process(proc: subprocess.Popen | None, timeout_seconds: float = 10.0) -> None:

@@ -82,10 +82,20 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     predicted = np.asarray(meta["classes"])[np.asarray(logits).argmax(axis=1)]
     assert (predicted == rows[meta["label"]]).mean() == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-6)
     artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(model["run_id"])}
-    assert {"summary.json", "training_curves.png"} <= artifacts
-    # the data lineage: the staged manifest's digest (of the objects it lists), in the summary and on the run
+    assert {"summary.json", "training_curves.png", "train.objects.json", "validation.objects.json"} <= artifacts
+    # the data lineage: the staged manifest's digest (of the objects it lists), in the summary and on the run,
+    # and its objects in the run (a job folder cleaned away leaves them there), without this machine's paths
     staged = listing.ChannelManifest.from_dict(json.loads((job_dir(job_id) / "staging" / "train.json").read_text()))
     assert staged.digest == listing.lineage_digest(staged.objects)
+    kept = json.loads(
+        Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=model["run_id"], artifact_path="train.objects.json", tracking_uri=mlflow_uri
+            )
+        ).read_text()
+    )
+    assert kept["digest"] == staged.digest and [o["key"] for o in kept["objects"]] == [o.key for o in staged.objects]
+    assert "path" not in kept["objects"][0] and kept["objects"][0]["etag"] == staged.objects[0].etag
     tags = mlflow.MlflowClient(mlflow_uri).get_run(model["run_id"]).data.tags
     assert tags["data.train.manifest_digest"] == staged.digest
     assert summary["data"]["channels"]["train"]["manifest_digest"] == staged.digest

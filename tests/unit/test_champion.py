@@ -118,3 +118,14 @@ def test_a_champion_this_torch_cannot_load_is_a_fallback_not_a_crash(tracking, t
     with pytest.raises(RegistryError, match=r"could not be loaded here \((?!MlflowException)"):
         load_champion("reg-test")
     assert "could not be loaded here" in _champion(job).label
+
+
+def test_a_rejected_champion_is_not_the_prefilters_reference(tracking, tmp_path):
+    from trainyard import registry_admin
+    from trainyard.champion import ChampionUnloadable
+
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    registry_admin.set_approval("reg-test", "1", "Rejected")  # a person judged it unfit: its losses too
+    with pytest.raises(ChampionUnloadable, match="the champion reg-test v1 is Rejected; not used as a reference"):
+        load_champion("reg-test")

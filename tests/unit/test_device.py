@@ -75,38 +75,57 @@ def test_local_gpu_groups_must_fit_the_machine_without_sharing():
         device.check_fits(3, 2, ["0", "1", "2", "3"])
 
 
-def test_each_live_local_group_gets_its_own_gpus(monkeypatch):
+def test_each_live_local_group_gets_its_own_gpus_across_the_jobs_of_the_machine(monkeypatch, tmp_path):
+    """A group holds its GPUs' locks (``device.reserve_slot``) for as long as its process lives: a group
+    restarted gets its slice back, a group that left frees it, and two jobs' launchers, which each counted
+    only their own groups, no longer give theirs the same GPUs while others sit idle."""
+    import subprocess
+    import sys
+
     from trainyard import launch
 
-    started = []
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    started, processes = [], {}
+    real_popen = subprocess.Popen
 
-    class FakePopen:  # records each group's environment instead of starting it
-        def __init__(self, cmd, env, **kwargs):
-            self.pid = 1000 + len(started)
+    class Group:  # a process that lives until killed, holding what the launcher passed it (its GPUs' locks)
+        def __init__(self, cmd, env, pass_fds=(), **kwargs):
+            sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+            self.proc = real_popen(sleeper, pass_fds=pass_fds)
+            self.pid = self.proc.pid
+            processes[self.pid] = self.proc
             started.append(env["CUDA_VISIBLE_DEVICES"])
 
-    alive: set[int] = set()
-    monkeypatch.setattr(launch.subprocess, "Popen", FakePopen)
-    monkeypatch.setattr(launch, "_exit_code", lambda pid: None if pid in alive else 0)
-    monkeypatch.setattr(device, "visible_gpus", lambda: ["0", "1", "2", "3"])
+    monkeypatch.setattr(launch.subprocess, "Popen", Group)
+    monkeypatch.setattr(device, "visible_gpus", lambda: ["0", "1", "2", "3", "4", "5"])
 
-    def start(replica: int, attempt: int = 0) -> None:
-        proc = launch._start_process(handle, replica, attempt, resume=False)
-        handle.replicas.append(proc)
-        alive.add(proc.pid)
+    def start(handle, replica: int, attempt: int = 0) -> int:
+        return launch._start_process(handle, replica, attempt, resume=False).pid
 
-    with TemporaryDirectory() as folder:
-        handle = launch.LaunchHandle("j", folder, "local", "", 0, 1, gpus_per_replica=2)
-        start(0)
-        start(1)
-        assert started == ["0,1", "2,3"]
-        with pytest.raises(TrainingError, match="no free GPUs for another local replica group"):
-            start(2)  # the machine is full: a scale-up beyond it fails, naming why
-        alive.discard(1000)  # group 0 crashes and is restarted: it gets its GPUs back
-        start(0, attempt=1)
-        alive.discard(1001)  # group 1 leaves (a scale-down); a new group takes its GPUs
-        start(3)
-        assert started[-2:] == ["0,1", "2,3"]
+    def end(pid: int) -> None:
+        processes[pid].kill()
+        processes[pid].wait()
+
+    try:
+        with TemporaryDirectory() as one, TemporaryDirectory() as other:
+            job = launch.LaunchHandle("j", one, "local", "", 0, 1, gpus_per_replica=2)
+            first, second = start(job, 0), start(job, 1)
+            another_job = launch.LaunchHandle("k", other, "local", "", 0, 1, gpus_per_replica=2)
+            theirs = start(another_job, 0)
+            assert started == ["0,1", "2,3", "4,5"]  # the other job's group: the GPUs left, not 0 and 1 again
+            with pytest.raises(TrainingError, match="held by a live group of this job or of another job"):
+                start(job, 2)  # the machine is full: a scale-up beyond it fails, naming why
+            end(first)  # group 0 crashes and is restarted: it gets its GPUs back
+            start(job, 0, attempt=1)
+            end(second)  # group 1 leaves (a scale-down); a new group takes its GPUs
+            start(job, 3)
+            end(theirs)  # the other job ends: its GPUs are free for this one
+            start(job, 4)
+            assert started[-3:] == ["0,1", "2,3", "4,5"]
+    finally:
+        for proc in processes.values():
+            proc.kill()
+            proc.wait()
 
 
 def test_a_local_cpu_group_sees_no_gpu(monkeypatch):

@@ -93,3 +93,24 @@ def test_jobs_named_are_removed_whatever_their_age_and_never_a_running_one(train
     assert removed.exit_code == 0 and "1 job(s), 2.0 MiB" in removed.output, removed.output  # named twice: once
     assert sorted(p.name for p in jobs_dir().iterdir()) == ["live-20261201-000000-eeeeee"]
     assert not (home() / "prefect" / "recent-20261201-000000-bbbbbb").exists()
+
+
+def test_an_idle_job_whose_run_holds_its_lock_is_neither_listed_nor_removed_by_age(trainyard_home):
+    """A quiet folder can be a running job's (staging a large channel, waiting for workers): its run lock says so."""
+    from trainyard.job_folder import LOCK, RunLock
+
+    make_job("quiet-20260101-000000-aaaaaa", days_idle=40)
+    make_job("old-20260101-000000-bbbbbb", days_idle=40)
+    folder = jobs_dir() / "quiet-20260101-000000-aaaaaa"
+    then = time.time() - 40 * 86_400
+    with RunLock(folder):
+        os.utime(folder / LOCK, (then, then))
+        os.utime(folder, (then, then))
+        listed = CliRunner().invoke(app, ["clean", "--older-than", "30", "--dry-run"])
+        assert listed.exit_code == 0 and "quiet-20260101" not in listed.output and "old-20260101" in listed.output
+    # found idle, then a run of it starts before the removal: it is kept, and said so
+    (found,) = [job for job in housekeeping.old_jobs(30 * 86_400) if job.job_id.startswith("quiet")]
+    with RunLock(folder):
+        assert not housekeeping.remove(found, lock=True)
+    assert folder.exists()
+    assert housekeeping.remove(found, lock=True) and not folder.exists()

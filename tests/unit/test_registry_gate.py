@@ -139,3 +139,19 @@ def test_a_store_left_half_migrated_is_named_with_what_to_do_not_reported_as_a_b
     message = str(translate(exc, "checking the tracking store", "sqlite:////home/x/mlflow.db", registering=False))
     assert "left part-way through a schema migration" in message and "move it aside" in message
     assert "unavailable" not in message  # (not a service to wait for: retrying finds it the same)
+
+
+def test_an_entrypoints_source_is_in_the_lineage_by_its_digest():
+    import hashlib
+    from pathlib import Path
+
+    from tests.unit.specs import minimal
+    from trainyard.spec import parse_job
+
+    job = parse_job(minimal(algorithm={"entrypoint": "tests.unit.jobs:slow_build"}))
+    source = Path(__file__).parent / "jobs.py"
+    tags = model_card.lineage_tags(job, {})
+    assert tags[model_card.ENTRYPOINT_TAG] == f"sha256:{hashlib.sha256(source.read_bytes()).hexdigest()}"
+    assert model_card.entrypoint_digest("no_such_package.models:build") == "unknown"
+    built_in = parse_job(minimal())
+    assert model_card.ENTRYPOINT_TAG not in model_card.lineage_tags(built_in, {})  # its code is Trainyard's own

@@ -373,3 +373,15 @@ def test_a_value_of_none_of_a_fields_types_is_one_problem_naming_them():
         "sifting.prune.hardest_min_loss: give a number or 'chance' (got 'foo')",
         "stopping.target_metric: a section: give its fields as a mapping, e.g. {field: value} (got 0.95)",
     ]
+
+
+def test_an_entrypoint_hyperparameter_mlflow_cannot_record_is_refused_before_training():
+    """``dropout(p)`` trained a whole job, which then failed at registration (MLflow refused ``hp.dropout(p)``)."""
+    entrypoint = {"entrypoint": "pkg.models:build"}
+    (problem,) = problems(minimal(algorithm=entrypoint, hyperparameters={"dropout(p)": 0.1, "lr/decay": 0.5}))
+    assert problem.startswith("hyperparameters: 'dropout(p)': MLflow records hyperparameters as params")
+    assert problem.endswith("rename it (e.g. 'dropout_p_')")
+    for bad in ("a/../b", "x" * 248, "a//b", "a/"):
+        assert problems(minimal(algorithm=entrypoint, hyperparameters={bad: 1})), bad
+    job = parse_job(minimal(algorithm=entrypoint, hyperparameters={"layer.0/width": 8, "warm up: steps": 2}))
+    assert job.hyperparameters.model_extra == {"layer.0/width": 8, "warm up: steps": 2}

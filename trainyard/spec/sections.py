@@ -4,6 +4,7 @@ elastic training, stopping, carbon accounting, registration and retries."""
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 from typing import Any, Literal
 
@@ -86,6 +87,24 @@ class Hyperparameters(_Model):
     @classmethod
     def _positive_widths(cls, v: list[int]) -> list[int]:
         return _check_widths(v)
+
+    @model_validator(mode="after")
+    def _mlflow_param_names(self) -> Hyperparameters:
+        """An entrypoint's own keys become MLflow params (``hp.<key>``): one MLflow refuses failed the job at
+        registration, after all its training."""
+        for key in self.model_extra or {}:
+            name = f"hp.{key}"
+            if not _PARAM_NAME.match(name) or len(name) > 250 or posixpath.normpath(name) != name:
+                fixed = re.sub(r"\.\.+", ".", re.sub(r"[^\w.\- :]", "_", key))[:200]  # (no slash: no path)
+                raise ValueError(
+                    f"{key!r}: MLflow records hyperparameters as params (hp.{key}), whose names may hold only "
+                    f"letters, digits, _ . - : / and spaces, no '..' or '//', 250 characters at most; rename it "
+                    f"(e.g. {fixed!r})"
+                )
+        return self
+
+
+_PARAM_NAME = re.compile(r"^[/\w.\- :]*$")  # MLflow's rule (mlflow.utils.validation), colons but on Windows
 
 
 # The work-pool job variables every Trainyard pool template declares (infra/apply.py builds the templates

@@ -3,12 +3,15 @@
 A group is one process. Its launcher pins the group's GPUs with ``CUDA_VISIBLE_DEVICES``, so the
 group trains on the first one it sees, ``cuda:0``: the GPU pool's worker on a GPU pool, and for local
 groups the launch stage, which gives each live group its own slice of this machine's GPUs (NCCL
-refuses two ranks on one GPU) and a local CPU group none. More GPUs a group (torchrun inside it) is not built yet.
+refuses two ranks on one GPU; ``reserve_slot``, over every job on the machine) and a local CPU group
+none. More GPUs a group (torchrun inside it) is not built yet.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 from datetime import timedelta
 
 import torch
@@ -58,14 +61,35 @@ def check_fits(replicas: int, gpus_per_replica: int, visible: list[str]) -> None
         )
 
 
-def free_slot(taken: set[int], gpus_per_replica: int, visible: list[str]) -> int:
-    """The lowest slice of ``gpus_per_replica`` visible GPUs that no live group holds."""
-    for slot in range(len(visible) // gpus_per_replica):
-        if slot not in taken:
-            return slot
+def reserve_slot(gpus_per_replica: int, visible: list[str], prefer: int | None = None) -> tuple[int, list[int]]:
+    """``(slot, lock descriptors)``: the lowest slice of ``gpus_per_replica`` visible GPUs (``prefer`` first) that
+    no live local group holds, of this job or of another on this machine (sharing its ``TRAINYARD_HOME``).
+
+    Each GPU has a lock file (``<home>/locks/gpu-<name>.lock``); a slice is reserved by locking its GPUs' files
+    and passing the descriptors to the group's process (``Popen(pass_fds=...)``), whose lock it then is, gone
+    with the process however it ends. The caller closes its own copies once the group has started. Two jobs'
+    launchers each counted only their own groups, and gave them the same GPUs while others sat idle."""
+    from trainyard.home import home
+
+    folder = home() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    slots = list(range(len(visible) // gpus_per_replica))
+    for slot in sorted(slots, key=lambda s: s != prefer):
+        fds: list[int] = []
+        try:
+            for name in visible[slot * gpus_per_replica : (slot + 1) * gpus_per_replica]:
+                lock = folder / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"  # (a MIG name has slashes)
+                fds.append(os.open(lock, os.O_RDWR | os.O_CREAT))
+                fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return slot, fds
+        except BlockingIOError:
+            for fd in fds:
+                os.close(fd)
     raise TrainingError(
-        f"no free GPUs for another local replica group: {len(taken)} groups hold {gpus_per_replica} each of this "
-        f"machine's {len(visible)}; scale to fewer groups, or run them on a GPU work pool"
+        f"no free GPUs for another local replica group: every slice of {gpus_per_replica} of this machine's "
+        f"{len(visible)} GPUs ({','.join(visible)}) is held by a live group of this job or of another job on this "
+        f"machine (their locks: {folder}/gpu-*.lock); scale to fewer groups, wait for the other job, or run the "
+        "groups on a GPU work pool"
     )
 
 
