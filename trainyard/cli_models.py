@@ -88,18 +88,24 @@ def show(name: Name, version: Ref) -> None:
             console.print(info["card"], markup=False, highlight=False)
 
 
+Reason = Annotated[
+    str | None, typer.Option("--reason", help="Why (the approval_status.reason tag; SageMaker's ApprovalDescription).")
+]
+
+
 @models_app.command()
-def approve(name: Name, version: Ref) -> None:
-    """Mark a version Approved (approval_status tag, SageMaker's value)."""
-    info = _call(registry_admin.set_approval, name, version, "Approved")
+def approve(name: Name, version: Ref, reason: Reason = None) -> None:
+    """Mark a version Approved (approval_status tag, SageMaker's value; who and when as approval_status.by and .at)."""
+    info = _call(registry_admin.set_approval, name, version, "Approved", reason)
     say(out(), f"{name} version {info['version']}: Approved")
 
 
 @models_app.command()
-def reject(name: Name, version: Ref) -> None:
+def reject(name: Name, version: Ref, reason: Reason = None) -> None:
     """Mark a version Rejected. A rejected champion stays champion until another version replaces it: one
-    promoted by hand, or, under a registry.promote_if gate, the next version the gate passes."""
-    info = _call(registry_admin.set_approval, name, version, "Rejected")
+    promoted by hand, or, under a registry.promote_if gate, the next version the gate passes. A version
+    rejected before its gate ran is not judged by it."""
+    info = _call(registry_admin.set_approval, name, version, "Rejected", reason)
     say(out(), f"{name} version {info['version']}: Rejected")
     if "champion" in info["aliases"]:
         say(err, f"note: version {info['version']} is still the champion; promote another version", "yellow")

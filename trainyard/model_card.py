@@ -171,8 +171,8 @@ def render(name: str, job_id: str, tags: dict[str, str], io: dict | None = None)
     shown = {"data.", METRIC_TAG_PREFIX, "compute.flops_total", "carbon.energy_kwh", "carbon.emissions_kg"}
     # the approval and the gate's decision change by hand after the card is written (approve, reject, promote,
     # gate): the version's tags say them; a card kept them as they were, beside tags that said otherwise
-    changing = {JOB_SPEC_TAG, "approval_status", "trainyard.gate"}
-    rest = {k: v for k, v in tags.items() if not k.startswith(tuple(shown)) and k not in changing}
+    changing = ("approval_status", "trainyard.gate")  # (and approval_status.by, .at, .reason)
+    rest = {k: v for k, v in tags.items() if not k.startswith((*shown, *changing)) and k != JOB_SPEC_TAG}
     lines += ["", "## Lineage", "", "| tag | value |", "| --- | --- |"]
     lines += [f"| {k} | `{v}` |" for k, v in sorted(rest.items())]
     if JOB_SPEC_TAG in tags:

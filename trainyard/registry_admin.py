@@ -4,7 +4,10 @@ stopped before it. Registration and the automatic gate are ``registry`` and ``pr
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+from datetime import UTC, datetime
 
 from trainyard import model_card, promotion
 from trainyard.errors import RegistryError
@@ -46,16 +49,31 @@ def describe(name: str, ref: str) -> dict:
     return _with_version(name, ref, "reading", lambda client, v: None)
 
 
-def set_approval(name: str, ref: str, status: str) -> dict:
-    """Set a version's ``approval_status`` (SageMaker's values); return its summary."""
+def set_approval(name: str, ref: str, status: str, reason: str | None = None) -> dict:
+    """Set a version's ``approval_status`` (SageMaker's values), with who set it and when (and why, where
+    given: SageMaker's ApprovalDescription) as ``approval_status.by``, ``.at`` and ``.reason``; return its summary."""
     if status not in APPROVAL_STATUSES:
         raise ValueError(f"approval status must be one of {APPROVAL_STATUSES}, not {status!r}")
-    return _with_version(
-        name,
-        ref,
-        f"setting {APPROVAL_TAG} of",
-        lambda c, v: c.set_model_version_tag(name, v.version, APPROVAL_TAG, status),
-    )
+    record = {
+        APPROVAL_TAG: status,
+        f"{APPROVAL_TAG}.by": _who(),
+        f"{APPROVAL_TAG}.at": datetime.now(UTC).isoformat(timespec="seconds"),
+        f"{APPROVAL_TAG}.reason": reason or "",  # (an earlier decision's reason does not stay beside this one)
+    }
+
+    def judge(client, version) -> None:
+        for key, value in record.items():
+            client.set_model_version_tag(name, version.version, key, value)
+
+    return _with_version(name, ref, f"setting {APPROVAL_TAG} of", judge)
+
+
+def _who() -> str:
+    """The person (this machine's user) who approves, rejects or promotes by hand."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for the uid (a container's arbitrary user)
+        return f"uid {os.getuid()}"
 
 
 BY_HAND = "champion: promoted by hand"

@@ -88,12 +88,19 @@ def test_a_version_without_a_job_spec_has_no_gate_to_run(tracking, tmp_path):
 def test_the_card_leaves_the_approval_and_the_gate_to_the_versions_tags(tracking, tmp_path):
     job, model, x = trained()
     register(job, model, x, "a", 0.80, tmp_path)
-    registry_admin.set_approval("reg-test", "1", "Approved")
+    result = CliRunner().invoke(app, ["models", "approve", "reg-test", "1", "--reason", "passed the bias review"])
+    assert result.exit_code == 0, result.output
     info = registry_admin.describe("reg-test", "1")
     assert info["tags"]["approval_status"] == "Approved"
+    # who, when and why, as SageMaker keeps ModifiedBy, the time and ApprovalDescription
+    assert info["tags"]["approval_status.reason"] == "passed the bias review" and info["tags"]["approval_status.by"]
+    assert info["tags"]["approval_status.at"].endswith("+00:00")
+    registry_admin.set_approval("reg-test", "1", "Rejected")  # a later decision without a reason: none shown
+    assert registry_admin.describe("reg-test", "1")["tags"]["approval_status.reason"] == ""
     # the card was written at registration: it does not say PendingManualApproval beside an Approved tag
-    assert "approval_status" not in info["card"] and "trainyard.gate" not in info["card"]
-    assert "## Lineage" in info["card"] and "trainyard.job_id" in info["card"]
+    card = registry_admin.describe("reg-test", "1")["card"]
+    assert "approval_status" not in card and "trainyard.gate" not in card
+    assert "## Lineage" in card and "trainyard.job_id" in card
 
 
 def test_the_embedded_store_is_created_under_a_lock(trainyard_home, monkeypatch):
