@@ -114,8 +114,7 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
             raise RegistryError(
                 f"the promotion gate of {model_name!r} stayed held by another job of this machine for "
                 f"{GATE_WAIT_SECONDS:g} s (lock {lock}); the version is registered but not gated: once that job "
-                f"has ended, run it (`trainyard models gate {model_name} VERSION`, the version `trainyard models "
-                f"list {model_name}` shows without a gate; or run this job again), or judge it by hand (trainyard "
+                "has ended, gate it (trainyard models gate, or run this job again), or judge it by hand (trainyard "
                 "models promote)"
             ) from exc
         except TimeoutError as exc:  # prefect's AcquireConcurrencySlotTimeoutError
@@ -123,8 +122,7 @@ def one_gate_at_a_time(model_name: str) -> Iterator[None]:
                 f"the promotion gate of {model_name!r} (the Prefect global concurrency limit {limit}) stayed held "
                 f"for {GATE_WAIT_SECONDS:g} s; the version is registered but not gated. If no other job of the "
                 f"model is registering, free it (prefect gcl update {limit} --active-slots 0) and gate the version "
-                f"(`trainyard models gate {model_name} VERSION`, or run this job again), or judge it by hand "
-                "(trainyard models promote)"
+                "(trainyard models gate, or run this job again), or judge it by hand (trainyard models promote)"
             ) from exc
         except (httpx.HTTPError, ConcurrencySlotAcquisitionError) as exc:  # the latter: httpx's, while waiting
             raise RegistryUnavailable(

@@ -96,7 +96,12 @@ def remove(job: OldJob, lock: bool = False) -> bool:
             except Locked:
                 return False
         for folder in job.folders:
-            shutil.rmtree(folder, ignore_errors=True)
+            # moved aside first, under the lock: a run of the id starting meanwhile makes a folder of its own,
+            # not one this is still deleting (its lock file included)
+            doomed = folder.with_name(f".removing-{folder.name}-{os.getpid()}")
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(folder, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
     return True
 
 

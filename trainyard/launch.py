@@ -285,9 +285,10 @@ def _start_process(handle: LaunchHandle, replica: int, attempt: int, resume: boo
     env[LAUNCH_ENV] = handle.launch_id  # and takes only its own launch's plan
     # A CPU group sees no GPU: it cannot take one by accident, and its carbon share counts none.
     env["CUDA_VISIBLE_DEVICES"], locks = _local_gpus(handle, replica) if handle.gpus_per_replica > 0 else ("", [])
-    with open(log_path, "ab") as log, contextlib.ExitStack() as ours:
-        for fd in locks:  # this process's copies, closed once started: the group's own hold its GPUs' locks
+    with contextlib.ExitStack() as ours:
+        for fd in locks:  # this process's copies, closed once started (or not): the group's own hold its GPUs' locks
             ours.callback(os.close, fd)
+        log = ours.enter_context(open(log_path, "ab"))
         proc = subprocess.Popen(
             [
                 sys.executable,

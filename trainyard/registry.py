@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from trainyard import model_card, promotion
+from trainyard.errors import RegistryError
 from trainyard.home import flocked, home
 from trainyard.redaction import redact_spec, redact_text
 from trainyard.registry_errors import RegistryUnavailable, service_errors, translate
@@ -152,10 +153,19 @@ def _gate_once(client, job: TrainingJob, version, one_gate_at_a_time) -> None:
     """The promotion gate for ``version``, unless it has run (an earlier attempt may have stopped before it)."""
     if promotion.GATE_TAG in (version.tags or {}):
         return
-    with one_gate_at_a_time(job.model_name):
-        fresh = client.get_model_version(job.model_name, version.version)  # another attempt's gate may have run
-        if promotion.GATE_TAG not in (fresh.tags or {}):
-            promotion.gate(client, job.gate, job.model_name, fresh)
+    entered = False
+    try:
+        with one_gate_at_a_time(job.model_name):
+            entered = True
+            fresh = client.get_model_version(job.model_name, version.version)  # another attempt's gate may have run
+            if promotion.GATE_TAG not in (fresh.tags or {}):
+                promotion.gate(client, job.gate, job.model_name, fresh)
+    except RegistryError as exc:
+        if entered:
+            raise
+        # the gate could not be had (held too long, or its API unreachable): which version waits, and the command
+        name, number = job.model_name, version.version
+        raise type(exc)(f"{exc}; it is version {number}: `trainyard models gate {name} {number}` gates it") from exc
 
 
 def job_version(name: str, job_id: str) -> int | None:

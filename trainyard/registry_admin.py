@@ -4,14 +4,16 @@ stopped before it. Registration and the automatic gate are ``registry`` and ``pr
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from trainyard import model_card, promotion
-from trainyard.errors import RegistryError
-from trainyard.home import flocked
+from trainyard.errors import RegistryError, TrainyardError
+from trainyard.home import Locked, flocked
 from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, embedded_store, gate_lock, model_summary, tracking_uri
 from trainyard.registry_errors import ModelNotFound, service_errors, translate
 
@@ -54,11 +56,11 @@ def set_approval(name: str, ref: str, status: str, reason: str | None = None) ->
     given: SageMaker's ApprovalDescription) as ``approval_status.by``, ``.at`` and ``.reason``; return its summary."""
     if status not in APPROVAL_STATUSES:
         raise ValueError(f"approval status must be one of {APPROVAL_STATUSES}, not {status!r}")
-    record = {
-        APPROVAL_TAG: status,
+    record = {  # the status last: one written beside an earlier decision's who, when and why would be misread
         f"{APPROVAL_TAG}.by": _who(),
         f"{APPROVAL_TAG}.at": datetime.now(UTC).isoformat(timespec="seconds"),
         f"{APPROVAL_TAG}.reason": reason or "",  # (an earlier decision's reason does not stay beside this one)
+        APPROVAL_TAG: status,
     }
 
     def judge(client, version) -> None:
@@ -69,7 +71,7 @@ def set_approval(name: str, ref: str, status: str, reason: str | None = None) ->
 
 
 def _who() -> str:
-    """The person (this machine's user) who approves, rejects or promotes by hand."""
+    """The person (this machine's user) who approves or rejects a version."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no name for the uid (a container's arbitrary user)
@@ -83,7 +85,7 @@ def promote(name: str, ref: str) -> dict:
     """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
 
     def move(client, version) -> None:
-        with flocked(gate_lock(name)):  # not between a job's gate reading the champion and moving it
+        with _gate_held(name):  # not between a job's gate reading the champion and moving it
             promotion.make_champion(client, name, version)
         gate = (version.tags or {}).get(promotion.GATE_TAG)
         if not (gate or "").startswith(BY_HAND):  # the gate's own decision is kept beside it, for the record
@@ -110,13 +112,37 @@ def gate(name: str, ref: str) -> dict:
                 f"{name} version {version.version} has no {model_card.JOB_SPEC_TAG} tag (not registered by a "
                 "Trainyard job): there is no gate rule to run; promote it by hand (trainyard models promote)"
             )
-        job = TrainingJob.model_validate(json.loads(tags[model_card.JOB_SPEC_TAG]))
-        with flocked(gate_lock(name)):
+        try:
+            job = TrainingJob.model_validate(json.loads(tags[model_card.JOB_SPEC_TAG]))
+        except (ValueError, TrainyardError) as exc:  # (pydantic's ValidationError and json's are ValueErrors)
+            raise RegistryError(
+                f"{name} version {version.version}: its {model_card.JOB_SPEC_TAG} no longer validates as a job spec "
+                f"here ({str(exc).splitlines()[0]}); judge it by hand (trainyard models promote)"
+            ) from None
+        with _gate_held(name):
             fresh = client.get_model_version(name, version.version)  # a job's gate may have run meanwhile
             if promotion.GATE_TAG not in (fresh.tags or {}):
                 promotion.gate(client, job.gate, name, fresh)
 
     return _with_version(name, ref, "gating", judge)
+
+
+GATE_WAIT_SECONDS = 60.0  # a person waits at most this long for a job's gate of the same model name
+
+
+@contextlib.contextmanager
+def _gate_held(name: str) -> Iterator[None]:
+    """The machine's gate lock of model ``name`` (a job's gate holds it for seconds), or a ``RegistryError``
+    saying who has it. One machine's: a job on another machine of a shared Prefect API takes the API's
+    concurrency limit too, which these commands (no Prefect) do not."""
+    try:
+        with flocked(gate_lock(name), wait_seconds=GATE_WAIT_SECONDS):
+            yield
+    except Locked:
+        raise RegistryError(
+            f"the promotion gate of {name!r} stayed held by a job of this machine for {GATE_WAIT_SECONDS:g} s "
+            f"(lock {gate_lock(name)}); try again once it has registered"
+        ) from None
 
 
 def _with_version(name: str, ref: str, what: str, action) -> dict:

@@ -79,7 +79,7 @@ def wait_until_answering(url: str, proc: subprocess.Popen, timeout_seconds: floa
             answered = True  # refused (an unsigned request, an unknown path), but answering
         except OSError:
             answered = False
-        if answered and port is not None and listens_on(proc.pid, port) is not False:
+        if answered and (port is None or listens_on(proc.pid, port) is not False):
             return None
         time.sleep(0.05)
     return f"did not answer on {url} within {timeout_seconds} s"
@@ -92,12 +92,19 @@ def listens_on(pid: int, port: int) -> bool | None:
 
     try:
         process = psutil.Process(pid)
-        for each in (process, *process.children(recursive=True)):
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in each.net_connections()):
-                return True
-        return False
+        family = [process, *process.children(recursive=True)]
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+    for each in family:
+        try:
+            sockets = each.net_connections()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue  # a child gone meanwhile holds nothing
+        except psutil.AccessDenied:
+            return None
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in sockets):
+            return True
+    return False
 
 
 def stop_process(proc: subprocess.Popen | None, timeout_seconds: float = 10.0) -> None:

@@ -77,7 +77,8 @@ def failure_reason(stop_reason: str, history: list[dict]) -> str:
 def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None) -> dict:
     """The summary's ``compute`` section from a training outcome (FLOPs measured, not estimated).
 
-    ``flops_scoring_forward`` is the online sifter's no-grad passes; ``flops_prefilter`` the offline
+    ``flops_scoring_forward`` is what ranking the candidates cost: the online sifter's no-grad passes (with
+    ``sifting.score: proxy``, the proxy's passes and its training); ``flops_prefilter`` the offline
     prefilter's (its reference models' training and scoring, or the champion's forward pass).
     ``samples_seen`` counts the candidates drawn: trained, ranked by the sifter and passed over, or left
     out unscored before sifting started. Without an outcome (a training stage that gave up or was

@@ -281,3 +281,37 @@ def test_a_cpu_jobs_groups_on_a_gpu_machine_count_no_gpu_energy(trainyard_home):
         energy = json.loads((folder / f"replicas/{r}/attempt-0/energy.json").read_text())
         assert energy["gpu_energy_kwh"] == 0 and "gpu" not in energy["measurement_mode"], energy
         assert energy["energy_kwh"] > 0
+
+
+def test_a_restart_whose_gpus_another_job_took_is_deferred_not_the_jobs_end(trainyard_home, tmp_path, monkeypatch):
+    """While a crashed group waited out its backoff, another job's group could lock its GPUs: the restart then
+    raised, uncaught, and ended the whole job with its other groups alive."""
+    from tests.conftest import rejoined, slow_until
+    from tests.unit.jobs import make_job, run
+    from trainyard import launch
+    from trainyard.training import supervisor
+
+    real, refused = launch.start_replica, []
+
+    def taken_once(handle, replica, attempt, resume=False):
+        if attempt > 0 and not refused:
+            refused.append(replica)
+            raise TrainingError("no free GPUs for another local replica group: held by another job (a test's)")
+        return real(handle, replica, attempt, resume=resume)
+
+    monkeypatch.setattr(launch, "start_replica", taken_once)
+    monkeypatch.setattr(supervisor, "RESTART_DEFERRED_SECONDS", 1.0)
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
+        hyperparameters={"epochs": 20, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.05}
+        | {"slow_while": str(tmp_path / "slow")},
+        elastic={"fault_injection": [{"replica": 1, "at_step": 20, "kind": "kill"}]},
+    )
+    events: list = []
+    with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
+        outcome, _ = run(job, job_id, folder, plan, events)
+    assert outcome.stop_reason == "Completed" and refused == [1]
+    assert ("replica.restart_deferred", 1) in events and ("replica.restarted", 1) in events
+    (recovery,) = outcome.recoveries
+    assert recovery["replica"] == 1 and recovery["source"] == "peer"

@@ -5,6 +5,7 @@ as scoring and travels with a heal; ``top`` keeps exactly the highest-scored."""
 from __future__ import annotations
 
 import copy
+import io
 
 import numpy as np
 import pytest
@@ -78,6 +79,7 @@ def test_the_proxy_ranks_in_place_of_the_jobs_model_and_learns_what_it_trains_on
         for index in range(5):
             # the job's model is never asked to score: with the proxy it is not passed at all
             xb, _, count = data.batch(None, epoch, index, 5 * epoch + index, 1, 0, 1)
+            data.committed()
             candidates, scores = ranked[-1]
             assert len(candidates) == 96 and len(xb) == count == 32
             top = candidates[np.argsort(-scores, kind="stable")[:32]]  # (no ties among these losses)
@@ -93,15 +95,37 @@ def test_a_group_that_heals_takes_its_peers_proxy(tmp_path):
     data, x = proxy_step_data(tmp_path)
     for step in range(10):
         data.batch(None, step // 5, step % 5, step, 1, 0, 1)
+        data.committed()
     healed, _ = proxy_step_data(tmp_path)
     probe = torch.from_numpy(x[:64]), torch.zeros(64, dtype=torch.int64)
     assert not np.array_equal(healed.proxy.losses(*probe), data.proxy.losses(*probe))
-    healed.load_state_dict(copy.deepcopy(data.state_dict(10)))  # (over torchft's transport: a copy)
+    # as torchft's transport carries it: saved, and loaded with weights_only
+    sent = io.BytesIO()
+    torch.save(data.state_dict(10), sent)
+    sent.seek(0)
+    healed.load_state_dict(torch.load(sent, weights_only=True))
     assert np.array_equal(healed.proxy.losses(*probe), data.proxy.losses(*probe))
     # and it goes on as its peer does: the same next batch, the same proxy after it
     ours, theirs = data.batch(None, 2, 0, 10, 1, 0, 1), healed.batch(None, 2, 0, 10, 1, 0, 1)
+    data.committed()
+    healed.committed()
     assert torch.equal(ours[0], theirs[0])
     assert np.array_equal(healed.proxy.losses(*probe), data.proxy.losses(*probe))
+
+
+def test_a_redone_step_picks_as_its_first_try_did_and_the_proxy_learns_it_once(tmp_path):
+    """torchft redoes a step that did not commit: the proxy must not have learnt its first try's rows."""
+    data, _ = proxy_step_data(tmp_path)
+    for step in range(4):
+        data.batch(None, 0, step, step, 1, 0, 1)
+        data.committed()
+    before = copy.deepcopy(data.proxy.model.state_dict())
+    first_try = data.batch(None, 0, 4, 4, 1, 0, 1)  # ...and the step does not commit
+    redo = data.batch(None, 0, 4, 4, 1, 0, 1)
+    assert torch.equal(first_try[0], redo[0])
+    assert all(torch.equal(before[k], v) for k, v in data.proxy.model.state_dict().items())
+    data.committed()  # the redo commits: now it has learnt them, once
+    assert not all(torch.equal(before[k], v) for k, v in data.proxy.model.state_dict().items())
 
 
 def test_proxy_settings_with_the_keep_rule_off_are_named_and_the_proxy_reuses_no_losses():
@@ -116,6 +140,14 @@ def test_proxy_settings_with_the_keep_rule_off_are_named_and_the_proxy_reuses_no
     assert "sifting.proxy, sifting.score:" in warning and "set sifting.beta above 0" in warning
     job = parse_job(base | {"sifting": {"enabled": True, "beta": 2, "score": "proxy", "reuse_loss_epochs": 2}})
     assert job.sifting.loss_reuse_epochs(streamed=False) == 0
+    assert ignored_settings(job) == ["sifting.reuse_loss_epochs: the proxy scores every candidate afresh (score proxy)"]
+    job = parse_job(base | {"sifting": {"enabled": True, "beta": 2, "proxy": {"learning_rate": 0.1}}})
+    assert ignored_settings(job) == ["sifting.proxy: the proxy model of sifting.score proxy; the score is loss"]
+    regression = base | {"algorithm": {"builtin": "linear-regression"}}
+    job = parse_job(
+        regression | {"sifting": {"enabled": True, "beta": 2, "score": "proxy", "proxy": {"hidden_sizes": [8]}}}
+    )
+    assert [w.split(":")[0] for w in ignored_settings(job)] == ["sifting.proxy.hidden_sizes", "sifting.score"]
     with pytest.raises(Exception, match="hidden_sizes"):
         parse_job(base | {"sifting": {"enabled": True, "beta": 2, "score": "proxy", "proxy": {"hidden_sizes": [0]}}})
 
@@ -124,12 +156,13 @@ def test_a_job_sifted_by_a_proxy_trains_full_batches_and_heals_a_killed_group_wi
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.03}
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.1}
         | {"slow_while": str(tmp_path / "slow")},
         sifting={"enabled": True, "beta": 2.0, "delay_steps": 5, "score": "proxy", "selection": "top"},
         elastic={"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]},
     )
-    # slow steps until the restarted group is back (see test_training's sifting test), then full speed
+    # slow steps until the restarted group is back (see test_training's sifting test), then full speed: one forward
+    # of the job's model a step (the proxy scores), so 100 ms, and the 130 steps after the kill give the restart 13 s
     with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
         outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
@@ -137,7 +170,9 @@ def test_a_job_sifted_by_a_proxy_trains_full_batches_and_heals_a_killed_group_wi
     assert outcome.sifting["score"] == "proxy" and outcome.sifting["kept_fraction"] == pytest.approx(1 / 3, abs=0.02)
     assert outcome.flops["scoring"] > 0  # the proxy's passes and training (an entrypoint's job: the proxy is built in)
     (recovery,) = outcome.recoveries
-    assert recovery["source"] == "peer"  # the state it healed from, the proxy's with it, came over torchft's transport
+    assert (
+        recovery["source"] == "peer"
+    )  # (the proxy's part of that state: test_a_group_that_heals_takes_its_peers_proxy)
     states = [torch.load(folder / f"replicas/{r}/attempt-{a}/model.pt", weights_only=True) for r, a in ((0, 0), (1, 1))]
     for key in states[0]:
         torch.testing.assert_close(states[0][key], states[1][key], rtol=0, atol=0)

@@ -162,3 +162,21 @@ def test_an_entrypoints_source_is_in_the_lineage_by_its_digest():
     assert model_card.entrypoint_digest("no_such_package.models:build") == "unknown"
     built_in = parse_job(minimal())
     assert model_card.ENTRYPOINT_TAG not in model_card.lineage_tags(built_in, {})  # its code is Trainyard's own
+
+
+def test_a_gate_that_could_not_be_had_names_the_version_and_its_command(tracking, tmp_path):
+    from contextlib import contextmanager
+
+    from trainyard.errors import RegistryError
+
+    @contextmanager
+    def held_elsewhere(name):
+        raise RegistryError(f"the promotion gate of {name!r} stayed held by another job of this machine")
+        yield
+
+    job, model, x = trained()
+    history = [{"epoch": 1, "train_loss": 0.5, "val_accuracy": 0.9}]
+    with pytest.raises(RegistryError) as failed:
+        registry.register(model, job, "job-held", x[:5], history, {}, {}, {}, held_elsewhere)
+    assert str(failed.value).endswith("; it is version 1: `trainyard models gate reg-test 1` gates it")
+    assert registry_admin.gate("reg-test", "1")["aliases"] == ["champion"]  # what it says to do, done

@@ -339,6 +339,7 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.{', sifting.'.join(tuned)}: settings of the keep rule, which is off with sifting.beta 0 "
                 "(its default on a file-mode train channel: pruning alone); set sifting.beta above 0 to use them"
             )
+    ignored += sifting.ignored_proxy_settings(job.algorithm.builtin, job.algorithm.task == "regression")
     if sifting.enabled and sifting.beta and sifting.prune is not None and "prune" in sifting.model_fields_set:
         # the keep rule and a prune given in part: what it leaves out is the default pruning's (0, 0 and 1 before
         # 2026-12-06), with the keep rule a combination the benchmark measured below the keep rule alone (stop 27)

@@ -98,8 +98,8 @@ class Hyperparameters(_Model):
                 fixed = re.sub(r"\.\.+", ".", re.sub(r"[^\w.\- :]", "_", key))[:200]  # (no slash: no path)
                 raise ValueError(
                     f"{key!r}: MLflow records hyperparameters as params (hp.{key}), whose names may hold only "
-                    f"letters, digits, _ . - : / and spaces, no '..' or '//', 250 characters at most; rename it "
-                    f"(e.g. {fixed!r})"
+                    "letters, digits, _ . - : / and spaces, no '..', '//' or trailing '/', 250 characters at most; "
+                    f"rename it (e.g. {fixed!r})"
                 )
         return self
 

@@ -321,6 +321,29 @@ class Sifting(_Model):
             return 0 if streamed else 1
         return self.reuse_loss_epochs
 
+    def ignored_proxy_settings(self, builtin: str | None, regression: bool) -> list[str]:
+        """Proxy settings (``score: proxy``) that do not do what they seem to, worded as warnings (the job's
+        ``ignored_settings``); none with sifting or the keep rule off (said there)."""
+        if not self.enabled or not self.beta:
+            return []
+        if self.score != "proxy":
+            return ["sifting.proxy: the proxy model of sifting.score proxy; the score is " + self.score] * (
+                "proxy" in self.model_fields_set
+            )
+        said = []
+        if self.reuse_loss_epochs:
+            said.append("sifting.reuse_loss_epochs: the proxy scores every candidate afresh (score proxy)")
+        if regression and "hidden_sizes" in self.proxy.model_fields_set:
+            said.append(
+                "sifting.proxy.hidden_sizes: a regression job's proxy is a linear regression (no hidden layers)"
+            )
+        if builtin == "linear-regression":
+            said.append(
+                "sifting.score: proxy: the job's model is a linear regression, as its proxy would be: ranking by the "
+                "proxy costs more than by the job's own loss and ranks no better; use score loss"
+            )
+        return said
+
     @property
     def by_reducible_loss(self) -> bool:
         """Whether the groups rank by reducible loss (RHO-LOSS): they need the prefilter's reference losses.

@@ -14,7 +14,7 @@ With ``sifting.reuse_loss_epochs`` each row's index rides along the same way (tw
 2**32 rows), so the group can look up the row's last known loss (``pruning.LossMemory``) and score
 only the candidates whose loss is unknown or too old.
 With ``sifting.score: proxy`` a small model trained alongside (``proxy.ProxyScorer``) scores the
-candidates instead of the job's model, and learns the rows each step trains on.
+candidates instead of the job's model, and learns the rows each step trains on once the step commits.
 With ``sifting.prune`` (``pruning.Pruner``) the rows the keep rule kept (or all the group's rows, with
 beta 0) are pruned by those remembered losses: some sit out the step, the kept learnt ones get a loss
 weight (``StepData.weights``), and the step's normaliser stays the rows dealt (over ``batch_factor``,
@@ -61,6 +61,7 @@ class StepData:
         self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
         self.proxy = None
+        self._proxy_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # the last batch, for the proxy
         if self.sifter and job.sifting.score == "proxy" and self.sifter.beta > 0:
             outputs = plan.schema["num_outputs"]
             self.proxy = ProxyScorer(
@@ -140,9 +141,16 @@ class StepData:
         self._trained = (rows[chosen], epoch) if rows is not None else None
         picked = torch.from_numpy(chosen).to(xb.device)
         xb, yb = xb[picked].to(self.device), yb[picked].to(self.device)
-        if self.proxy is not None:  # it learns what the job's model learns (before sifting starts too)
-            self._proxy_flops(self.proxy.train, xb, yb)
+        self._proxy_rows = (xb, yb) if self.proxy is not None else None  # learnt once the step commits (committed)
         return xb, yb, global_count
+
+    def committed(self) -> None:
+        """The step whose batch was handed out last has committed: with ``sifting.score: proxy`` the proxy
+        learns its rows now (before sifting starts too), not when they were dealt, so a step torchft redoes
+        ranks and picks as its first try did, and a healing group gets a proxy of committed steps only."""
+        if self.proxy is not None and self._proxy_rows is not None:
+            self._proxy_flops(self.proxy.train, *self._proxy_rows)
+            self._proxy_rows = None
 
     def trained(self, losses: torch.Tensor) -> None:
         """The per-sample losses of the training forward pass over the last batch handed out: with
@@ -249,7 +257,7 @@ class StepData:
         that did not commit added is left out)."""
         state = self.sifter.state_dict(step) if self.sifter else {}
         state |= self.pruner.state_dict() if self.pruner else {}
-        state |= self.proxy.state_dict() if self.proxy else {}  # (with a step that did not commit: not undone)
+        state |= self.proxy.state_dict() if self.proxy else {}  # (of committed steps: see committed)
         return state | (self.memory.state_dict(step) if self.memory else {})
 
     def load_state_dict(self, state: dict) -> None:

@@ -82,9 +82,11 @@ def reserve_slot(gpus_per_replica: int, visible: list[str], prefer: int | None =
                 fds.append(os.open(lock, os.O_RDWR | os.O_CREAT))
                 fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
             return slot, fds
-        except BlockingIOError:
+        except BaseException as exc:  # none kept open: a lock left held would keep that GPU busy for every job
             for fd in fds:
                 os.close(fd)
+            if not isinstance(exc, BlockingIOError):
+                raise
     raise TrainingError(
         f"no free GPUs for another local replica group: every slice of {gpus_per_replica} of this machine's "
         f"{len(visible)} GPUs ({','.join(visible)}) is held by a live group of this job or of another job on this "

@@ -48,6 +48,7 @@ SILENT_GROUP_SECONDS = 120.0
 SILENT_GROUP_SECONDS_ENV = "TRAINYARD_SILENT_GROUP_SECONDS"
 # Seconds to wait between a group's crash and its restart, doubled per attempt (elastic retries).
 RETRY_BACKOFF_SECONDS = 0.5
+RESTART_DEFERRED_SECONDS = 10.0  # a restart whose GPUs another job holds is tried again this often
 
 
 @dataclass(slots=True)
@@ -215,8 +216,13 @@ def _supervise(
             if ending:  # finished or stopped while it waited: nothing to come back to
                 del waiting[replica]
             elif time.monotonic() >= when:
+                try:
+                    restarted = launch.start_replica(handle, replica, failed.attempt + 1, resume=resume)
+                except TrainingError as exc:  # its GPUs taken meanwhile by another job's group: tried again later
+                    waiting[replica] = (time.monotonic() + RESTART_DEFERRED_SECONDS, failed, resume)
+                    emit("replica.restart_deferred", {"replica": replica, "reason": str(exc)})
+                    continue
                 del waiting[replica]
-                restarted = launch.start_replica(handle, replica, failed.attempt + 1, resume=resume)
                 handle.replicas.append(restarted)
                 emit(
                     "replica.restarted",

@@ -274,6 +274,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
             if not manager.should_commit():
                 continue  # a participant failed: nothing is applied and the step is redone
+            data.committed()  # (sifting.score proxy: the proxy learns the step's rows only once it counts)
             stop_agreed = stopping
             buffers.apply()
             index, spe = step - cursor["start_step"], data.steps_per_epoch(cursor["slots"], cursor["epoch"])
