@@ -9,6 +9,7 @@ a user's mistake (a ``TrainyardError``) is logged as its message, without a trac
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 from uuid import UUID, uuid4
@@ -87,6 +88,7 @@ def training_pipeline(
         logger.warning("%s", setting)
     stages: dict[str, dict] = {}
     handle, outcome, model, carbon_section = None, None, None, None
+    registering = False  # the registry stage began: a version of the job may exist whatever ended it
     error: BaseException | None = None  # a TrainyardError (the user's to fix) or a bug's, raised at the end
     failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary
     terminated: TerminationSignal | None = None
@@ -108,6 +110,7 @@ def training_pipeline(
                 return earlier
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
+                outputs.remove_model(job, job_id)  # one killed mid-upload left model.json alone: not this run's
             _count_earlier_runs(stages, job_dir, run, logger)
             outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
             if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
@@ -160,6 +163,7 @@ def training_pipeline(
                 tags = job_summary.lineage_tags(job_id, stages, outcome, carbon_section, model_uri)
                 files = {"filtered_manifest": report.manifest} if report.manifest else {}
                 files |= stages["staging"].get("lineage_files", {})
+                registering = True
                 stages["registry"] = register_model(job, job_id, plan, outcome, tags, files)
                 model = stages["registry"]["model"]
             log.finish(
@@ -197,6 +201,8 @@ def training_pipeline(
         finally:
             if handle is not None:
                 launch.shutdown(handle)
+        if registering and model is None:  # ended inside its registration (a signal, an outage): a version made?
+            model = _version_left(job, job_id, log, logger)
         summary = job_summary.summary(job, job_id, log, stages, outcome, model, failed_groups)
         write_json_atomic(job_dir / "summary.json", summary)
         job_summary.publish(job, job_id, summary, model, logger)
@@ -231,6 +237,21 @@ def _check_settings() -> None:
     advertised_host()  # TRAINYARD_HOST
 
 
+def _version_left(job: TrainingJob, job_id: str, log, logger) -> dict | None:
+    """The version a job that ended inside its registration left, said in its summary (``model``) and its
+    failure reason, with how to finish it: its summary said no model beside a registered, ungated version."""
+    try:
+        model = registry.registered(job, job_id)
+    except TrainyardError as exc:  # the registry's outage that ended the job, say: its message names the version
+        logger.warning("could not look up the version of job %s: %s", job_id, exc)
+        return None
+    if model is not None and not model["gate"]:
+        name, number = model["name"], model["version"]
+        said = f"{name} v{number} is registered and not gated: `trainyard models gate {name} {number}`"
+        log.failure_reason = f"{log.failure_reason}; {said} (or a rerun of job {job_id}) gates it"
+    return model
+
+
 def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) -> dict | State | None:
     """What a rerun of a job id that an earlier run registered returns (a retry of a run killed after its
     registration): that run's summary, published again, and nothing trained. Training again would upload
@@ -251,7 +272,18 @@ def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) ->
             job.model_name,
             version,
         )
-        job_summary.publish(job, job_id, summary, summary["model"], logger)
+        summary["model"] = model  # as it stands now (an earlier run stopped before its gate: gated above)
+        if summary["status"] != "Completed":  # it ended inside its registration (a signal, an outage): now finished
+            now = datetime.now(UTC).isoformat(timespec="milliseconds")
+            done = {
+                "status": "Completed",
+                "start_time": now,
+                "end_time": now,
+                "message": f"registered: {model['gate']}",
+            }
+            summary["secondary_status_transitions"].append(done)
+            summary |= {"status": "Completed", "failure_reason": None}
+        job_summary.publish(job, job_id, summary, model, logger)
         write_json_atomic(written, summary)
         return summary
     ended = (  # the earlier run's end: killed before its summary, or failed after the version (its gate, say)

@@ -25,6 +25,12 @@ class LiveRun:
         self.client = MlflowClient(uri)
         # the job's experiment, where registration puts the version's run (job.name, as registry.py does)
         experiment = _experiment(self.client, job.name, uri)
+        # an earlier run of the job id killed outright (SIGKILL, OOM) left its live run RUNNING for good
+        earlier = self.client.search_runs(
+            [experiment], filter_string=f"tags.`{LIVE_JOB_TAG}` = '{job_id}' and attributes.status = 'RUNNING'"
+        )
+        for stale in earlier:
+            self.client.set_terminated(stale.info.run_id, "KILLED")
         run = self.client.create_run(experiment, run_name=f"{job_id}-live", tags={LIVE_JOB_TAG: job_id})
         self.run_id = run.info.run_id
 

@@ -125,3 +125,18 @@ def test_a_job_stopped_before_its_first_step_uploads_no_model_and_leaves_no_earl
     listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=f"output/{job_id}/model/").get("Contents", [])
     assert listed == []  # its initial parameters are no model, and the earlier run's is not taken for this one's
     assert "uploading" not in summary["timings"]
+
+
+def test_a_rerun_after_a_run_killed_mid_upload_leaves_no_half_model_of_it(prefect_api, s3_server, bucket, mlflow_uri):
+    """A pipeline killed outright between the model's two uploads left model.json alone in S3, and a rerun that
+    then failed before its own upload left it there as this job's."""
+    spec = job_dict(upload_dataset(bucket, rows=400), name="killed-upload")
+    spec["inputs"]["train"]["s3_uri"] = f"s3://{bucket}/no-such-prefix/"  # the rerun fails at staging
+    job_id = f"killed-upload-{np.random.default_rng().integers(1e9)}"
+    s3.client().put_object(Bucket=bucket, Key=f"output/{job_id}/model/model.json", Body=b"{}")  # the killed run's
+    (job_dir(job_id)).mkdir(parents=True, exist_ok=True)
+    (job_dir(job_id) / "plan.json").write_text("{}")  # ...and what it left in its folder
+    with pytest.raises(JobFailed, match="no objects under"):
+        training_pipeline(parse_job(spec), job_id=job_id)
+    listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=f"output/{job_id}/model/").get("Contents", [])
+    assert listed == []

@@ -180,3 +180,18 @@ def test_a_gate_that_could_not_be_had_names_the_version_and_its_command(tracking
         registry.register(model, job, "job-held", x[:5], history, {}, {}, {}, held_elsewhere)
     assert str(failed.value).endswith("; it is version 1: `trainyard models gate reg-test 1` gates it")
     assert registry_admin.gate("reg-test", "1")["aliases"] == ["champion"]  # what it says to do, done
+
+
+def test_a_live_run_an_earlier_run_of_the_job_id_left_running_is_closed_by_the_rerun(tracking):
+    """A pipeline killed outright (SIGKILL) mid-training left ``<job id>-live`` RUNNING for good, and its rerun
+    added a second one beside it."""
+    from trainyard.live_metrics import LiveRun
+
+    job, _, _ = trained()
+    killed = LiveRun(job, "job-k")  # ...and the process dies: never closed
+    other = LiveRun(job, "job-other")  # another job's, running: not this job's to close
+    rerun = LiveRun(job, "job-k")
+    client = mlflow.MlflowClient(tracking)
+    assert client.get_run(killed.run_id).info.status == "KILLED"
+    assert client.get_run(other.run_id).info.status == "RUNNING"
+    assert client.get_run(rerun.run_id).info.status == "RUNNING"
