@@ -55,6 +55,9 @@ def test_a_heal_whose_transfer_breaks_is_tried_again_not_taken_for_no_peer(train
             "learning_rate": 0.01,
             "heal_breaks_once": str(marker),
             "slow_while": slow,
+            # slow: 285 steps of 50 ms after the kill give the restart 14 s to come back (10 ms: under 3 s, which a
+            # loaded 2-core machine's restart once took longer than, and the job ended before it healed)
+            "step_sleep": 0.05,
         }
         job, job_id, folder, plan = make_job(
             trainyard_home,
@@ -74,11 +77,11 @@ def test_a_heal_whose_transfer_breaks_is_tried_again_not_taken_for_no_peer(train
 def test_a_heal_that_keeps_breaking_fails_the_group_after_a_few_tries_and_the_job_goes_on(trainyard_home, tmp_path):
     marker = tmp_path / "heal-breaks"
     marker.touch()
-    hp = {"epochs": 30, "batch_size": 64, "learning_rate": 0.01, "heal_breaks_once": str(marker)}
+    hp = {"epochs": 25, "batch_size": 64, "learning_rate": 0.01, "heal_breaks_once": str(marker)}
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:flaky_heal_build"},
-        hyperparameters=hp | {"heal_always_breaks": True, "step_sleep": 0.02},
+        hyperparameters=hp | {"heal_always_breaks": True, "step_sleep": 0.05},  # 12 s for the restart's three tries
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
         retries={"max_attempts": 2},
     )
