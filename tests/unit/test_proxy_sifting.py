@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import rejoined, slow_until
 from tests.unit.jobs import make_job, run
+from tests.unit.specs import minimal
 from trainyard.sifting import Sifter
 from trainyard.spec import Sifting, ignored_settings, parse_job
 from trainyard.spec.sifting import PRUNING_OFF
@@ -48,16 +49,8 @@ def proxy_step_data(tmp_path, **sifting):
     from trainyard.training.flops import FlopMeter
     from trainyard.training.plan import TrainingPlan
 
-    job = parse_job(
-        {
-            "name": "s",
-            "algorithm": {"builtin": "mlp-classifier"},
-            "hyperparameters": {"batch_size": 32, "hidden_sizes": [4]},
-            "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
-            "output": {"s3_uri": "s3://bkt/o/"},
-            "sifting": {"enabled": True, "beta": 2.0, "delay_steps": 0, "score": "proxy", "selection": "top"} | sifting,
-        }
-    )
+    proxy_top = {"enabled": True, "beta": 2.0, "delay_steps": 0, "score": "proxy", "selection": "top"}
+    job = parse_job(minimal(hyperparameters={"batch_size": 32, "hidden_sizes": [4]}, sifting=proxy_top | sifting))
     x = np.random.default_rng(0).normal(size=(512, 3)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     np.savez(tmp_path / "train.npz", x=x, y=y)
@@ -129,12 +122,7 @@ def test_a_redone_step_picks_as_its_first_try_did_and_the_proxy_learns_it_once(t
 
 
 def test_proxy_settings_with_the_keep_rule_off_are_named_and_the_proxy_reuses_no_losses():
-    base = {
-        "name": "s",
-        "algorithm": {"builtin": "mlp-classifier"},
-        "inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}},
-        "output": {"s3_uri": "s3://bkt/o/"},
-    }
+    base = minimal()
     job = parse_job(base | {"sifting": {"enabled": True, "score": "proxy", "proxy": {"hidden_sizes": [16]}}})
     (warning,) = [w for w in ignored_settings(job) if "keep rule" in w]
     assert "sifting.proxy, sifting.score:" in warning and "set sifting.beta above 0" in warning
