@@ -327,8 +327,9 @@ class Sifting(_Model):
         if not self.enabled or not self.beta:
             return []
         if self.score != "proxy":
-            return ["sifting.proxy: the proxy model of sifting.score proxy; the score is " + self.score] * (
-                "proxy" in self.model_fields_set
+            given = "proxy" in self.model_fields_set
+            return (
+                [f"sifting.proxy: the proxy model of sifting.score proxy; the score is {self.score}"] if given else []
             )
         said = []
         if self.reuse_loss_epochs:

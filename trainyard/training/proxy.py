@@ -8,8 +8,8 @@ of the job's model over them (on digits' 64 features with the built-in classifie
 beta 2: its forward a thirty-sixth, with its training a twenty-first), where scoring with the job's
 model costs a whole one: the ranking is fresh every step at about the price of a remembered loss.
 ``benchmarks/sifting_bound.py`` (stop 47) measured it on digits as good as an oracle that scores with
-the job's model for free. It cannot tell a wrong label from a hard row, so on
-noisy data it trains on the noise (that benchmark's tabular set).
+the job's model for free. It cannot tell a wrong label from a hard row, so on noisy data it trains on
+the noise (that benchmark's tabular set).
 
 Its FLOPs, forward, backward and all, are counted as the sifter's scoring (``FlopMeter.scoring``, the
 summary's ``flops_scoring_forward``): what ranking the candidates cost. It learns a step's rows once
