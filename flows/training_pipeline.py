@@ -248,7 +248,9 @@ def _version_left(job: TrainingJob, job_id: str, log, logger) -> dict | None:
     if model is not None and not model["gate"]:
         name, number = model["name"], model["version"]
         said = f"{name} v{number} is registered and not gated: `trainyard models gate {name} {number}`"
-        log.failure_reason = f"{log.failure_reason}; {said} (or a rerun of job {job_id}) gates it"
+        log.failure_reason = (
+            f"{log.failure_reason or 'ended in its registration'}; {said} (or a rerun of job {job_id}) gates it"
+        )
     return model
 
 

@@ -96,10 +96,8 @@ class ChannelManifest:
         which ``digest`` is the sha256 of (bucket, key, size, ETag, version)."""
         keep = ("bucket", "key", "size", "etag", "version_id", "checksum", "verified_by")
         objects = [{k: getattr(o, k) for k in keep} for o in self.objects]
-        return {"channel": self.name, "uri": self.uri, "format": self.format, "digest": self.digest} | {
-            "bytes": self.bytes,
-            "objects": objects,
-        }
+        channel = {"channel": self.name, "uri": self.uri, "format": self.format, "digest": self.digest}
+        return channel | {"bytes": self.bytes, "objects": objects}
 
     @classmethod
     def from_dict(cls, data: dict) -> ChannelManifest:
