@@ -43,6 +43,7 @@ from trainyard import (
     registry,
     sifting,
     status,
+    tracking_store,
 )
 from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
@@ -98,7 +99,7 @@ def training_pipeline(
     with lock, journal(job_dir, run):
         try:
             _check_settings()  # a bad TRAINYARD_* value fails the job here, not after staging has downloaded it all
-            registry.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
+            tracking_store.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
             earlier = _registered_earlier(job, job_id, job_dir, logger)
             if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
                 if isinstance(earlier, dict):  # its outcome (the earlier run's) ends this run's transitions too

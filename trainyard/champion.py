@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from trainyard import promotion, registry
+from trainyard import promotion, tracking_store
 from trainyard.errors import RegistryError
 from trainyard.redaction import redact_text
 from trainyard.registry_errors import service_errors, translate
@@ -29,7 +29,7 @@ def load(name: str) -> tuple[torch.nn.Module, str] | None:
     """
     import mlflow
 
-    uri = registry.ensure_store()
+    uri = tracking_store.ensure_store()
     client = mlflow.MlflowClient(uri)
     try:
         version = promotion.alias_version(client, name, promotion.CHAMPION)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
-from trainyard import registry, registry_admin
+from trainyard import registry_admin, tracking_store
 from trainyard.cli_text import out, say
 from trainyard.errors import TrainyardError
 from trainyard.redaction import redact_text
@@ -53,10 +53,10 @@ def list_(
     """List registered versions, newest first: aliases, approval status, final metrics and the gate's decision."""
     rows = _call(registry_admin.list_versions, name)
     if not rows:
-        where = redact_text(registry.tracking_uri())
+        where = redact_text(tracking_store.tracking_uri())
         say(out(), f"{name} has no versions in {where}" if name else f"no registered models in {where}")
         return
-    table = Table(title=f"registered models ({redact_text(registry.tracking_uri())})")
+    table = Table(title=f"registered models ({redact_text(tracking_store.tracking_uri())})")
     for column in ("model", "version", "aliases", "approval", "metrics", "job", "gate"):
         # a narrow terminal wraps a job id or an approval status rather than cut it short with an ellipsis
         table.add_column(column, justify="right" if column == "version" else "left", overflow="fold")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 
-from trainyard.registry import _experiment, tracking_uri
+from trainyard.registry import _experiment
 from trainyard.spec import TrainingJob
+from trainyard.tracking_store import tracking_uri
 
 LIVE_JOB_TAG = "trainyard.live_job_id"
 

@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from trainyard import model_card, promotion
 from trainyard.errors import RegistryError, TrainyardError
 from trainyard.home import Locked, flocked
-from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, embedded_store, gate_lock, model_summary, tracking_uri
+from trainyard.registry import APPROVAL_STATUSES, APPROVAL_TAG, gate_lock, model_summary
 from trainyard.registry_errors import ModelNotFound, service_errors, translate
+from trainyard.tracking_store import embedded_store, tracking_uri
 
 
 def list_versions(name: str | None = None) -> list[dict]:

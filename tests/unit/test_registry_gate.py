@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.unit.models import register, trained
-from trainyard import model_card, promotion, registry, registry_admin
+from trainyard import model_card, promotion, registry, registry_admin, tracking_store
 from trainyard.cli import app
 from trainyard.home import Locked, flocked
 
@@ -121,11 +121,11 @@ def test_the_embedded_store_is_created_under_a_lock(trainyard_home, monkeypatch)
             return super().search_experiments(*args, **kwargs)
 
     monkeypatch.setattr(mlflow, "MlflowClient", Probe)
-    registry.ensure_store()
-    assert held == [True] and registry.embedded_store().exists()
+    tracking_store.ensure_store()
+    assert held == [True] and tracking_store.embedded_store().exists()
     # a store elsewhere (MLFLOW_TRACKING_URI) is not this home's to lock: a server migrates its own
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{trainyard_home / 'fresh-home' / 'other.db'}")
-    registry.ensure_store()
+    tracking_store.ensure_store()
     assert held == [True, False]
 
 
