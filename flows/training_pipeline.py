@@ -242,7 +242,7 @@ def _version_left(job: TrainingJob, job_id: str, log, logger) -> dict | None:
     """The version a job that ended inside its registration left, said in its summary (``model``) and its
     failure reason, with how to finish it: its summary said no model beside a registered, ungated version."""
     try:
-        model = registry.registered(job, job_id)
+        model = registry.registered(job.model_name, job_id)
     except TrainyardError as exc:  # the registry's outage that ended the job, say: its message names the version
         logger.warning("could not look up the version of job %s: %s", job_id, exc)
         return None

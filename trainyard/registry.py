@@ -115,20 +115,6 @@ def finish_gate(
         raise translate(exc, f"finishing the registration of {name!r} for job {job_id}", uri, ungated=ungated) from exc
 
 
-def registered(job: TrainingJob, job_id: str) -> dict | None:
-    """The ``model`` summary of the version job ``job_id`` registered, as it stands (gated or not), or None: what
-    a job that ended inside its registration (a signal, an outage) left, for its summary to say."""
-    import mlflow
-
-    uri = tracking_uri()
-    try:
-        client = mlflow.MlflowClient(uri)
-        version = _one_version_of_job(client, job.model_name, job_id)
-        return None if version is None else model_summary(client, job.model_name, version, uri)
-    except service_errors() as exc:
-        raise translate(exc, f"looking up the version of job {job_id}", uri, registering=False) from exc
-
-
 def _gate_once(client, job: TrainingJob, version, one_gate_at_a_time) -> None:
     """The promotion gate for ``version``, unless it has run (an earlier attempt may have stopped before it)."""
     if promotion.GATE_TAG in (version.tags or {}):
@@ -148,16 +134,19 @@ def _gate_once(client, job: TrainingJob, version, one_gate_at_a_time) -> None:
         raise type(exc)(f"{exc}; it is version {number}: `trainyard models gate {name} {number}` gates it") from exc
 
 
-def job_version(name: str, job_id: str) -> int | None:
-    """The version of ``name`` that job ``job_id`` registered, None if it has none (yet)."""
+def registered(name: str, job_id: str) -> dict | None:
+    """The ``model`` summary of the version of ``name`` that job ``job_id`` registered, as it stands (gated or
+    not), or None: it registered none (yet). What a job that ended inside its registration (a signal, an
+    outage) left, for its summary to say."""
     import mlflow
 
-    uri = ensure_store()
+    uri = tracking_uri()
     try:
-        version = _version_of_job(mlflow.MlflowClient(uri), name, job_id)
+        client = mlflow.MlflowClient(uri)
+        version = _version_of_job(client, name, job_id)
+        return None if version is None else model_summary(client, name, version, uri)
     except service_errors() as exc:
         raise translate(exc, f"looking up the version of job {job_id}", uri, registering=False) from exc
-    return None if version is None else int(version.version)
 
 
 def log_summary(run_id: str, summary: dict) -> None:

@@ -49,7 +49,7 @@ def _stopped_with_its_model(job_id: str, thread: threading.Thread, bucket: str, 
     head = s3.client().head_object(Bucket=bucket, Key=f"output/{job_id}/model/model.pt")
     assert head["ContentLength"] > 0  # what it learnt, uploaded
     assert summary["model"] is None  # and not registered
-    assert registry.job_version(summary["job_name"], job_id) is None
+    assert registry.registered(summary["job_name"], job_id) is None
     return summary
 
 
