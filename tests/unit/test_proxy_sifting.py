@@ -66,22 +66,61 @@ def test_the_proxy_ranks_in_place_of_the_jobs_model_and_learns_what_it_trains_on
     every_row = torch.from_numpy(x), torch.from_numpy((x[:, 0] > 0).astype(np.int64))
     first_loss = data.proxy.losses(*every_row).mean()
     spent_by_the_test = data.proxy.flops
-    ranked, losses = [], data.proxy.losses
-    data.proxy.losses = lambda xs, ys: ranked.append((xs, losses(xs, ys))) or ranked[-1][1]
+    ranked, losses, score = [], data.proxy.losses, data.proxy.score
+    data.proxy.score = lambda xs, ys: ranked.append((xs, *score(xs, ys))) or ranked[-1][1:]
     for epoch in range(6):  # 96 candidates a step, 32 kept: 5 steps an epoch (the short 6th left out)
         for index in range(5):
             # the job's model is never asked to score: with the proxy it is not passed at all
             xb, _, count = data.batch(None, epoch, index, 5 * epoch + index, 1, 0, 1)
             data.committed()
-            candidates, scores = ranked[-1]
+            candidates, scores, _ = ranked[-1]
             assert len(candidates) == 96 and len(xb) == count == 32
             top = candidates[np.argsort(-scores, kind="stable")[:32]]  # (no ties among these losses)
             assert sorted(map(tuple, xb.tolist())) == sorted(map(tuple, top.tolist()))
-    # what the proxy cost is the sifter's scoring: its forwards over 96 candidates and its training on 32
+    # what the proxy cost is the sifter's scoring: its forwards over 96 candidates and its backward passes over the
+    # 32 it learnt from (their forward was the scoring's)
     assert data.meter.scoring == data.proxy.flops - spent_by_the_test > 0
+    assert data.proxy.meter.forward == 0 and data.proxy.meter.backward > 0
     assert data.meter.forward == data.meter.backward == 0  # (the job's own steps are the trainer's to count)
     # it learnt from the rows it was handed (the hardest third each step)
     assert losses(*every_row).mean() < 0.7 * first_loss
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_the_proxys_own_gradients_are_autograds(task):
+    """The proxy learns from its scoring pass with gradients written out by hand (ProxyScorer._backward)."""
+    from trainyard.spec import Proxy
+    from trainyard.training.proxy import ProxyScorer
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(3.0, 2.0, size=(40, 5)).astype(np.float32)
+    y = (x[:, 0] > 3).astype(np.int64) if task == "classification" else (10 * x[:, 1] + 4).astype(np.float32)
+    proxy = ProxyScorer(Proxy(hidden_sizes=[6, 4]), task, 0, x, y, 2 if task == "classification" else 1, "cpu")
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    rows = torch.tensor([0, 3, 4, 9, 17, 30])
+    proxy.model.zero_grad()
+    proxy.loss_fn(proxy.model(xt[rows]), yt[rows]).mean().backward()
+    expected = {name: p.grad.clone() for name, p in proxy.model.named_parameters()}
+    _, done = proxy.score(xt, yt)
+    proxy._backward(done, rows)
+    assert len(expected) == (6 if task == "classification" else 2)
+    for name, p in proxy.model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-5, atol=1e-6), name
+
+
+def test_a_scoring_pass_from_before_a_heal_is_run_again_before_the_proxy_learns_from_it(tmp_path):
+    data, x = proxy_step_data(tmp_path)
+    peer, _ = proxy_step_data(tmp_path)
+    for step in range(5):
+        peer.batch(None, 0, step, step, 1, 0, 1)
+        peer.committed()
+    xb, yb, _ = data.batch(None, 0, 0, 0, 1, 0, 1)  # scored with the fresh proxy's weights...
+    data.load_state_dict(peer.state_dict(5))  # ...which a heal then replaced before the step committed
+    learnt = copy.deepcopy(data.proxy)
+    learnt.train(xb, yb)  # what learning these rows from the weights it has now gives
+    data.committed()
+    for mine, theirs in zip(data.proxy.model.parameters(), learnt.model.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
 
 
 def test_a_group_that_heals_takes_its_peers_proxy(tmp_path):

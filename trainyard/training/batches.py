@@ -36,7 +36,7 @@ from trainyard.spec import TrainingJob
 from trainyard.status import pruned_fraction, trained_fraction_by_class
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
-from trainyard.training.proxy import ProxyScorer
+from trainyard.training.proxy import Pass, ProxyScorer
 from trainyard.training.sampling import Sampler, StreamSampler, member_sizes, step_batch
 
 
@@ -61,7 +61,9 @@ class StepData:
         self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
         self.proxy = None
-        self._proxy_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # the last batch, for the proxy
+        # what the proxy learns at the step's commit: the rows trained of the last scoring pass, or rows unscored
+        self._proxy_rows: tuple[Pass, torch.Tensor] | tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pass: Pass | None = None  # the proxy's scoring pass over this step's candidates
         if self.sifter and job.sifting.score == "proxy" and self.sifter.beta > 0:
             outputs = plan.schema["num_outputs"]
             self.proxy = ProxyScorer(
@@ -106,6 +108,7 @@ class StepData:
         ``sifting.prune.batch_factor`` deals more rows, those over the factor (about ``batch_size``)."""
         xb, yb, global_count = step_batch(self.sampler, epoch, index, slots, rank, members)
         reference = rows = None
+        self._pass = None
         if self._side:
             xb, side = xb[:, : -self._side], xb[:, -self._side :]
             reference = side[:, 0].numpy().astype(np.float64) if self.reducible else None
@@ -141,7 +144,9 @@ class StepData:
         self._trained = (rows[chosen], epoch) if rows is not None else None
         picked = torch.from_numpy(chosen).to(xb.device)
         xb, yb = xb[picked].to(self.device), yb[picked].to(self.device)
-        self._proxy_rows = (xb, yb) if self.proxy is not None else None  # learnt once the step commits (committed)
+        if self.proxy is not None:  # learnt once the step commits (committed)
+            self._proxy_rows = (self._pass, picked) if self._pass is not None else (xb, yb)
+        self._pass = None
         return xb, yb, global_count
 
     def committed(self) -> None:
@@ -149,7 +154,11 @@ class StepData:
         learns its rows now (before sifting starts too), not when they were dealt, so a step torchft redoes
         ranks and picks as its first try did, and a healing group gets a proxy of committed steps only."""
         if self.proxy is not None and self._proxy_rows is not None:
-            self._proxy_flops(self.proxy.train, *self._proxy_rows)
+            first, rows = self._proxy_rows
+            if isinstance(first, Pass):
+                self._proxy_flops(self.proxy.learn, first, rows)
+            else:
+                self._proxy_flops(self.proxy.train, first, rows)
             self._proxy_rows = None
 
     def trained(self, losses: torch.Tensor) -> None:
@@ -163,7 +172,8 @@ class StepData:
         """Each candidate's loss: a no-grad forward pass over those without a recent enough known loss (or
         the proxy's over all of them: its losses are not remembered, pruning's are the job's model's)."""
         if self.proxy is not None:
-            return self._proxy_flops(self.proxy.losses, xb, yb)
+            losses, self._pass = self._proxy_flops(self.proxy.score, xb, yb)
+            return losses
         scored = np.ones(len(xb), dtype=bool)
         losses = np.empty(len(xb), dtype=np.float64)
         memory = self.memory
@@ -185,11 +195,11 @@ class StepData:
                 memory.remember(rows[scored], losses[scored], epoch)
         return losses
 
-    def _proxy_flops(self, work, xb: torch.Tensor, yb: torch.Tensor):
-        """``work(xb, yb)``, its FLOPs counted as the sifter's scoring: what ranking the candidates cost."""
+    def _proxy_flops(self, work, *args):
+        """``work(*args)``, its FLOPs counted as the sifter's scoring: what ranking the candidates cost."""
         assert self.proxy is not None
         before = self.proxy.flops
-        result = work(xb, yb)
+        result = work(*args)
         self.meter.scoring += self.proxy.flops - before
         return result
 

@@ -36,8 +36,9 @@ class FlopMeter:
         self.evaluation = 0
         self.scoring = 0
 
-    def add_train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Record one training forward and backward pass over batch ``x``."""
+    def add_train_step(self, x: torch.Tensor, y: torch.Tensor, forward: bool = True) -> None:
+        """Record one training forward and backward pass over batch ``x``; the backward alone with
+        ``forward`` False (a pass whose forward was counted already, as scoring)."""
 
         def measure() -> tuple[int, int]:
             xs, ys = x.cpu(), y.cpu()  # the probe stays on the CPU; the count does not depend on the device
@@ -49,7 +50,7 @@ class FlopMeter:
             return fwd.get_total_flops(), bwd.get_total_flops()
 
         f, b = self._train_cost(x.shape[0], measure)
-        self.forward += f
+        self.forward += f if forward else 0
         self.backward += b
 
     def add_evaluation(self, x: torch.Tensor) -> None:
