@@ -31,6 +31,16 @@ def filter_samples(job: TrainingJob, staged: StagedData, job_id: str) -> dict:
             )
     if job.sifting.prefilter_on and staged.streamed:
         logger.info("prefilter skipped: a streamed train channel is not read whole before training")
+    if report.label_noise:
+        noise = report.label_noise
+        measured = "not measured (too few rows)" if noise["above_chance"] is None else f"{noise['above_chance']:.1%}"
+        logger.info(
+            "label noise: rows a held-out reference finds less likely than chance %s (noisy above %.0f%%): online "
+            "sifting uses %s",
+            measured,
+            100 * noise["noisy_share"],
+            noise["online_rule"],
+        )
     if report.reference:
         logger.info("prefilter losses from %s", report.reference)
     logger.info(

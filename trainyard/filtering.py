@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainyard import label_noise
 from trainyard.datasets import StagedData
 from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
@@ -62,13 +63,19 @@ class FilterReport:
     """Where the filtered manifest was uploaded with the job's outputs, once it was."""
     kept_for_balance: int = 0
     """Rows the loss-based drops would have taken, kept so that no class falls below the guard's floor."""
+    label_noise: dict | None = None
+    """What was measured of the labels to pick online sifting's rule (``Sifting.adaptive``), and what was chosen."""
+    sifting: Sifting | None = None
+    """The sifting config training uses when it was picked here (``label_noise``), else None (the job's)."""
 
     @property
     def kept_fraction(self) -> float:
         return self.kept / self.total if self.total else 1.0
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "train_layout"} | {"kept_fraction": self.kept_fraction}
+        return {k: v for k, v in asdict(self).items() if k not in ("train_layout", "sifting")} | {
+            "kept_fraction": self.kept_fraction
+        }
 
 
 @dataclass(slots=True)
@@ -108,17 +115,27 @@ def filter_samples(
     algorithm: Algorithm | None = None,
     hyperparameters: Hyperparameters | None = None,
 ) -> FilterReport:
-    """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row.
+    """Prefilter the training set (when ``sifting.prefilter.enabled``); otherwise keep every row. With
+    ``sifting.adaptive``, first pick online sifting's rule from the labels (``label_noise``): the report's
+    ``sifting`` is then the config training uses.
 
     With an entrypoint ``algorithm``, rows are scored with its own loss (``job_loss``), the loss its
     training and sifting use, so that reducible loss subtracts like from like."""
     total = staged.rows["train"]
     report = FilterReport(train_data=staged.train_data, total=total, kept=total, sifting_enabled=sifting.enabled)
-    if not sifting.prefilter_on or staged.streamed:
+    adapting = sifting.adaptive and not staged.streamed
+    if not (sifting.prefilter_on or adapting) or staged.streamed:
         return report  # a streamed channel is never read whole before training: nothing to prefilter
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
     num_outputs = staged.schema.get("num_outputs", 1)
+    distinct = ~duplicates(x, y)
+    if adapting:
+        noise = label_noise.estimate(x, y, distinct, sifting.prefilter, num_outputs, sifting.noisy_share)
+        sifting = report.sifting = sifting.adapted(noise.noisy)
+        report.label_noise, report.scoring_flops = noise.to_dict(), noise.flops
+        if not sifting.prefilter_on:
+            return report
     loss_fn = None
     if algorithm is not None and algorithm.entrypoint and needs_reference(sifting):
         loss_fn = job_loss(algorithm, hyperparameters or Hyperparameters(), x, y, num_outputs)
@@ -132,6 +149,7 @@ def filter_samples(
         with_losses=sifting.by_reducible_loss,
         min_class_fraction=sifting.prefilter.min_class_fraction,
         loss_fn=loss_fn,
+        distinct=distinct,
     )
     keep = result.keep
     arrays = {"x": x[keep], "y": y[keep]}
@@ -141,7 +159,7 @@ def filter_samples(
     path = Path(staged.train_data).with_name("train.filtered.npz")
     np.savez(path, **arrays)
     report.train_data, report.kept, report.dropped = str(path), int(keep.sum()), result.dropped
-    report.scoring_flops, report.reference = result.flops, result.reference
+    report.scoring_flops, report.reference = report.scoring_flops + result.flops, result.reference
     report.kept_for_balance = result.kept_for_balance
     report.train_layout = filtered_layout(staged.train_layout, keep)
     report.manifest = str(path.with_name("train.filtered.manifest.json"))
@@ -189,13 +207,15 @@ def prefilter(
     with_losses: bool = False,
     min_class_fraction: float = 0.0,
     loss_fn: JobLoss | None = None,
+    distinct: np.ndarray | None = None,
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
     reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
     guard of the loss-based drops (classification; ``Prefilter.min_class_fraction``): no class keeps less
     than this fraction of its proportional share of the kept rows. ``loss_fn``: the job's per-row loss
-    (``job_loss``), scoring the reference's outputs; by default the built-in algorithm's for ``task``."""
-    keep = ~duplicates(x, y)
+    (``job_loss``), scoring the reference's outputs; by default the built-in algorithm's for ``task``.
+    ``distinct``: the rows that are not exact duplicates, when the caller has them (``~duplicates(x, y)``)."""
+    keep = ~duplicates(x, y) if distinct is None else distinct.copy()
     dropped = {"duplicate": int((~keep).sum())}
     reasons = np.where(keep, 0, REASONS.index("duplicate")).astype(np.int8)
     if not config.drop_learnt_fraction and not config.drop_unlearnable_fraction and not with_losses:

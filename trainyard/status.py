@@ -144,6 +144,10 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
     section = {
         "enabled": job.sifting.enabled,
         "beta": job.sifting.beta,
+        # what ranked the candidates and how they were picked (with sifting.enabled alone, as the labels called for:
+        # the prefilter report's label_noise)
+        "score": job.sifting.score,
+        "selection": job.sifting.selection,
         "kept_fraction": online["kept_fraction"] if online else (report.kept_fraction if report else None),
         "online": online,
         "prefilter": report.to_dict() if report else None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from trainyard.spec.base import POSITIVE_WIDTHS, SEED_MAX, _check_widths, _Model, titled
 
@@ -172,6 +172,9 @@ DEFAULT_PRUNING = {
 }
 # No row left out: sifting.prune left unset beside the keep rule, or on a streamed channel.
 PRUNING_OFF = {"learnt_fraction": 0.0, "hardest_fraction": 0.0, "batch_factor": 1.0}
+# sifting.enabled alone on a clean train channel (Sifting.adapted): the proxy's top third (benchmarks/sifting_arms.py,
+# stops 47-48: on digits 0.55-0.59x the baseline's FLOPs to its accuracy, where pruning x3 read 1.01x)
+CLEAN_CHANNEL = {"beta": 2.0, "score": "proxy", "selection": "top"}
 
 
 def _smart_sifting_names(schema: dict[str, Any]) -> None:
@@ -191,6 +194,7 @@ class Sifting(_Model):
     """Online sifting in every replica group's training loop (smart sifting's keep rule)."""
 
     model_config = ConfigDict(json_schema_extra=_smart_sifting_names)  # merged with _Model's
+    _adaptive: bool = PrivateAttr(default=False)  # set by resolved: see adaptive
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
@@ -250,6 +254,18 @@ class Sifting(_Model):
         "(0 for regression), batch_factor 3 (the best combination Trainyard's benchmark found); otherwise off. "
         "Given, the settings it leaves out take those values.",
     )
+    noisy_share: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="With sifting on and beta, score, selection, prune and reuse_loss_epochs all unset (a classifier, "
+        "a file-mode train channel), the filtering stage picks the rule from the data: two small reference models, "
+        "each scoring the half of the rows it did not see (sifting.prefilter's reference settings), and if more than "
+        "this share of the rows get a loss above chance (a label the reference finds less likely than a uniform guess: "
+        "label noise, or rows too hard to learn) the channel is noisy and sifting prunes (sifting.prune's defaults); "
+        "otherwise it keeps the top third of each step's candidates by a proxy model's loss (beta 2, score proxy, "
+        "selection top). The summary's filtering report says what was measured and chosen.",
+    )
     min_class_fraction: float = Field(
         default=0.5,
         ge=0,
@@ -284,10 +300,31 @@ class Sifting(_Model):
         if regression and "hardest_fraction" not in prune.model_fields_set:
             prune = Pruning(**prune.model_dump(exclude_unset=True), hardest_fraction=0.0)
         resolved = self.model_copy(update={"beta": beta, "prune": prune})
+        unset = self.beta is None and self.prune is None and self.reuse_loss_epochs is None
+        resolved._adaptive = unset and self.score == "loss" and self.selection == "keep_rule"
+        resolved._adaptive &= not streamed and not regression
+        resolved._adaptive |= self._adaptive  # resolved again (a flow validates its job parameter once more)
         # still the fields the user set: a spec sent as written (flows.client.submit) leaves these defaults to
         # the code that runs it, and the warnings about settings given (``ignored_settings``) see the user's
         object.__setattr__(resolved, "__pydantic_fields_set__", set(self.model_fields_set))
         return resolved
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the filtering stage picks the online rule from the data (``noisy_share``): a config that
+        ``resolved`` returned for a classifier on a file-mode channel (a streamed one is not read whole before
+        training; a regression job's labels have no chance level to tell noise by), sifting on with beta,
+        prune and reuse_loss_epochs unset and score and selection at their defaults (a form sends those)."""
+        return self.enabled and self._adaptive
+
+    def adapted(self, noisy: bool) -> Sifting:
+        """This config (``resolved``, with ``adaptive`` true) for a train channel found noisy or clean: as it
+        is (pruning) for a noisy one, the proxy's top third (``CLEAN_CHANNEL``) for a clean one."""
+        if noisy:
+            return self
+        clean = self.model_copy(update=CLEAN_CHANNEL | {"prune": Pruning(**PRUNING_OFF)})
+        clean._adaptive = False  # chosen: not to be adapted again
+        return clean
 
     def settled(self) -> tuple[float, Pruning]:
         """``(beta, prune)`` of a config that ``resolved`` returned (a job's, with sifting on), where neither

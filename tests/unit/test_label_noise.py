@@ -1,0 +1,102 @@
+"""sifting.enabled alone on a classifier's file-mode channel: the filtering stage measures how noisy the labels
+look (``label_noise``) and picks online sifting's rule, pruning for a noisy channel and the proxy's top third
+for a clean one (``Sifting.adaptive``, ``Sifting.adapted``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.unit.specs import minimal
+from trainyard import filtering, label_noise
+from trainyard.datasets import StagedData
+from trainyard.spec import Prefilter, Sifting, parse_job
+from trainyard.spec.sifting import DEFAULT_PRUNING
+
+
+def blobs(flipped: float, rows: int = 1500, seed: int = 0):
+    """Three well separated classes, ``flipped`` of the labels moved to another class, and 100 exact duplicates."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, rows)
+    x = (rng.normal(size=(rows, 6)) + 6.0 * np.eye(3, 6)[y]).astype(np.float32)
+    wrong = rng.random(rows) < flipped
+    y[wrong] = (y[wrong] + rng.integers(1, 3, wrong.sum())) % 3
+    twice = rng.choice(rows, 100, replace=False)
+    return np.concatenate([x, x[twice]]), np.concatenate([y, y[twice]]).astype(np.int64)
+
+
+def staged_blobs(tmp_path, flipped: float) -> StagedData:
+    x, y = blobs(flipped)
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    return StagedData(str(tmp_path / "train.npz"), None, {"num_outputs": 3}, {"train": len(x)}, [])
+
+
+STREAMED = {"s3_uri": "s3://bkt/t/", "label": "y", "mode": "stream"}
+
+
+def sifting_of(spec: dict, **job) -> Sifting:
+    return parse_job(minimal(sifting=spec, **job)).sifting
+
+
+@pytest.mark.parametrize("flipped", [0.0, 0.05, 0.2])
+def test_the_share_above_chance_rises_with_the_labels_flipped(flipped):
+    x, y = blobs(flipped)
+    distinct = ~filtering.duplicates(x, y)
+    measured = label_noise.estimate(x, y, distinct, Prefilter(), 3, 0.1)
+    assert measured.rows == int(distinct.sum()) == 1500 and measured.flops > 0
+    # a wrong label is found less likely than chance; a clean row of these classes almost never
+    assert flipped * 0.8 <= measured.above_chance <= flipped + 0.03
+    assert measured.noisy == (flipped > 0.1)
+
+
+def test_too_few_rows_to_measure_count_as_noisy():
+    x, y = blobs(0.0)
+    measured = label_noise.estimate(x[:4], y[:4], np.ones(4, dtype=bool), Prefilter(), 3, 0.1)
+    assert measured.above_chance is None and measured.noisy and measured.flops == 0
+
+
+def test_sifting_enabled_alone_on_a_clean_channel_takes_the_proxys_top_third(tmp_path):
+    sifting = sifting_of({"enabled": True})
+    assert sifting.adaptive and sifting.beta == 0 and sifting.prune.learnt_fraction > 0  # pruning until measured
+    report = filtering.filter_samples(staged_blobs(tmp_path, 0.0), sifting, "classification")
+    chosen = report.sifting
+    assert (chosen.beta, chosen.score, chosen.selection, chosen.prunes) == (2.0, "proxy", "top", False)
+    assert not chosen.adaptive  # picked once
+    assert report.label_noise["noisy"] is False and report.label_noise["above_chance"] < 0.1
+    assert report.label_noise["rows"] == 1500 and report.scoring_flops == report.label_noise["flops"] > 0
+    # the keep rule's own default applies with it: exact duplicates out, no reference model trained again
+    assert report.dropped == {"duplicate": 100} and report.kept == 1500
+    assert "sifting" not in report.to_dict() and report.to_dict()["label_noise"] == report.label_noise
+
+
+def test_sifting_enabled_alone_on_a_noisy_channel_prunes(tmp_path):
+    sifting = sifting_of({"enabled": True})
+    report = filtering.filter_samples(staged_blobs(tmp_path, 0.2), sifting, "classification")
+    assert report.sifting is sifting and report.label_noise["noisy"] is True
+    assert {k: getattr(report.sifting.prune, k) for k in DEFAULT_PRUNING} == DEFAULT_PRUNING
+    assert report.dropped == {} and report.kept == 1600 and report.train_data.endswith("train.npz")
+
+
+@pytest.mark.parametrize(
+    "spec, job",
+    [
+        ({"enabled": True, "beta": 0}, {}),  # pruning asked for
+        ({"enabled": True, "score": "proxy", "beta": 2}, {}),
+        ({"enabled": True, "prune": {"until": 0.8}}, {}),
+        ({"enabled": True, "reuse_loss_epochs": 0}, {}),
+        ({"enabled": True, "selection": "top"}, {}),
+        ({"enabled": False}, {}),
+        ({"enabled": True}, {"algorithm": {"builtin": "linear-regression"}}),  # no chance level to tell noise by
+    ],
+)
+def test_a_rule_given_or_a_regression_job_is_not_adapted(tmp_path, spec, job):
+    sifting = sifting_of(spec, **job)
+    assert not sifting.adaptive
+    report = filtering.filter_samples(staged_blobs(tmp_path, 0.0), sifting, "classification")
+    assert report.sifting is None and report.label_noise is None
+
+
+def test_a_forms_empty_fields_and_defaults_still_leave_the_rule_to_the_data():
+    # the Prefect UI's form sends the fields it shows: an empty beta, score and selection at their defaults
+    assert sifting_of({"enabled": True, "beta_value": None, "score": "loss", "selection": "keep_rule"}).adaptive
+    assert not sifting_of({"enabled": True}, inputs={"train": STREAMED}).adaptive
