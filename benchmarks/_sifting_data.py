@@ -22,6 +22,7 @@ import json
 import math
 import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -43,6 +44,9 @@ class Setting:
     reducible: bool = False  # online sifting by reducible loss (RHO-LOSS), from the prefilter's reference losses
     reuse: int = 0  # sifting.reuse_loss_epochs: rank by a remembered loss up to this many epochs old
     proxy: bool = False  # sifting.score proxy with selection top: the 1 / (1 + beta) highest by a proxy model's loss
+    # sifting.enabled alone (stop 48): the filtering stage picks the rule from the labels (trainyard/label_noise.py);
+    # the run is of what it picked (``adapted``), its filtering stage's work timed and counted as a prefilter's
+    auto: bool = False
     prune: tuple[float, float, float] | None = None  # sifting.prune's (learnt_fraction, hardest_fraction, batch_factor)
     # The schedule's length: None, as many epochs as fit in the baseline's FLOPs; k, k times the baseline's
     # epochs (1: the baseline's job with sifting turned on), its accuracy then at fewer FLOPs than the budget.
@@ -56,7 +60,8 @@ class Setting:
             parts += [f"losses reused {self.reuse} ep"] if self.reuse else []
         if self.prune:
             parts += [f"pruning {self.prune[0]:g}/{self.prune[1]:g} x{self.prune[2]:g}"]
-        label = " + ".join(parts) or "no filtering"
+        label = " + ".join(parts) or ("the labels' pick" if self.auto else "no filtering")
+        label = f"sifting.enabled alone: {label}" if self.auto else label
         return label + (f" ({self.epochs:g}x epochs)" if self.epochs else "")
 
     def length(self, base_epochs: int, budget: float) -> dict:
@@ -226,6 +231,35 @@ def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float
     return Prefiltered(done.keep, done.dropped, done.flops, time.perf_counter() - started, done.losses)
 
 
+@functools.cache
+def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
+    """What ``sifting.enabled: true`` alone picks for this dataset and seed, and its filtering stage's work, run as
+    the engine runs it (``filtering.filter_samples``: the labels measured, then exact duplicates out for the proxy's
+    top third, whose keep rule prefilters by default), timed here on its second run (the first pays this process's
+    first calls into torch, which a pipeline's filtering stage has made before)."""
+    from trainyard import filtering
+    from trainyard.datasets import StagedData
+    from trainyard.spec import parse_job
+
+    data = load(name, seed, quick)
+    job = parse_job(_spec(data, Setting(), 0.003, 1, seed) | {"sifting": {"enabled": True}})
+    with tempfile.TemporaryDirectory() as folder:
+        np.savez(f"{folder}/train.npz", x=data.x_train, y=data.y_train)
+        rows = {"train": len(data.x_train)}
+        staged = StagedData(f"{folder}/train.npz", None, {"num_outputs": data.num_classes}, rows, [])
+        for _ in range(2):
+            started = time.perf_counter()
+            report = filtering.filter_samples(staged, job.sifting, "classification")
+            wall = time.perf_counter() - started
+    assert report.sifting is not None and report.label_noise is not None  # (adaptive: it picked)
+    keep = ~filtering.duplicates(data.x_train, data.y_train) if report.dropped else np.ones(len(data.x_train), bool)
+    assert int(keep.sum()) == report.kept and set(report.dropped) <= {"duplicate"}
+    proxy = report.sifting.score == "proxy"
+    chosen = Setting(2.0, proxy=True, auto=True) if proxy else Setting(0.0, None, prune=(0.7, 0.1, 3.0), auto=True)
+    dropped = report.dropped | {"label_noise_above_chance": report.label_noise["above_chance"]}
+    return chosen, Prefiltered(keep, dropped, report.scoring_flops, wall, None)
+
+
 def baseline_budget(name: str, seed: int, quick: bool, epochs: int) -> int:
     """Training FLOPs of ``epochs`` epochs without filtering."""
     data = load(name, seed, quick)
@@ -248,7 +282,10 @@ def train(
     same data and split with another initialisation and batch order."""
     data = load(name, seed, quick)
     cost = PerSample(data)
-    pre = prefiltered(name, seed, quick, setting.prefilter, setting.reducible) if setting.prefilter else None
+    if setting.auto:  # the run is of what the filtering stage picked from the labels
+        setting, pre = adapted(name, seed, quick)
+    else:
+        pre = prefiltered(name, seed, quick, setting.prefilter, setting.reducible) if setting.prefilter else None
     x, y = (data.x_train[pre.keep], data.y_train[pre.keep]) if pre else (data.x_train, data.y_train)
     reference = pre.losses[pre.keep].astype(np.float32) if setting.reducible else None
     pre_flops, pre_wall = (pre.flops, pre.wall_seconds) if pre else (0, 0.0)
@@ -312,15 +349,10 @@ def _refit_epochs(history: list[dict], epochs: int, budget: float) -> int:
     return max(epochs, 1 + int((budget * (1 + 1e-9) - first) // max(later, 1)))
 
 
-def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, seed: int, reference):
-    """One Trainyard job without Prefect, one replica group: ``(outcome, commit times)``."""
-    from trainyard.home import job_dir, new_job_id
-    from trainyard.spec import parse_job
-    from trainyard.training import supervisor
-    from trainyard.training.plan import TrainingPlan
-
+def _spec(data: Dataset, setting: Setting, lr: float, epochs: int, seed: int) -> dict:
+    """The job spec of one run."""
     hp = {"epochs": epochs, "batch_size": data.batch_size, "learning_rate": lr, "lr_schedule": "cosine"}
-    spec = {
+    return {
         "name": "sifting-bench",
         "algorithm": {"builtin": "mlp-classifier"},
         "hyperparameters": hp | {"hidden_sizes": data.hidden_sizes, "seed": seed},
@@ -342,6 +374,16 @@ def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, seed: in
             ),
         },
     }
+
+
+def _job(data: Dataset, x, y, setting: Setting, lr: float, epochs: int, seed: int, reference):
+    """One Trainyard job without Prefect, one replica group: ``(outcome, commit times)``."""
+    from trainyard.home import job_dir, new_job_id
+    from trainyard.spec import parse_job
+    from trainyard.training import supervisor
+    from trainyard.training.plan import TrainingPlan
+
+    spec = _spec(data, setting, lr, epochs, seed)
     job = parse_job(spec)
     job_id = new_job_id(job.name)
     folder = job_dir(job_id)
