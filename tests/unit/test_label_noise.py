@@ -100,3 +100,14 @@ def test_a_forms_empty_fields_and_defaults_still_leave_the_rule_to_the_data():
     # the Prefect UI's form sends the fields it shows: an empty beta, score and selection at their defaults
     assert sifting_of({"enabled": True, "beta_value": None, "score": "loss", "selection": "keep_rule"}).adaptive
     assert not sifting_of({"enabled": True}, inputs={"train": STREAMED}).adaptive
+
+
+def test_the_keep_rules_settings_serve_the_clean_pick_and_a_given_rules_noisy_share_is_named():
+    from trainyard.spec import ignored_settings
+
+    alone = parse_job(minimal(sifting={"enabled": True, "delay_steps": 3, "proxy": {"hidden_sizes": [16]}}))
+    assert alone.sifting.adaptive and ignored_settings(alone) == []  # they apply if the labels read clean
+    given = parse_job(minimal(sifting={"enabled": True, "beta": 0, "delay_steps": 3, "noisy_share": 0.2}))
+    warned = ignored_settings(given)
+    assert any(w.startswith("sifting.delay_steps: settings of the keep rule") for w in warned)
+    assert any(w.startswith("sifting.noisy_share: the labels pick online sifting's rule only") for w in warned)

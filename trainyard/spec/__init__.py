@@ -5,13 +5,15 @@ form; every field carries a description. A bad spec is rejected here, before any
 with one line per problem naming the field and the fix (``load_job`` raises ``SpecError``).
 
 The sections live in modules of their own: ``data`` (channels and outputs), ``sifting``, ``sections``
-(the rest), ``job`` (the whole spec and its checks across sections) and ``parsing`` (YAML, ``--set``
-overrides and the error lines); ``base`` holds what they share. Import from ``trainyard.spec``.
+(the rest), ``job`` (the whole spec and its checks across sections), ``ignored`` (the settings it would
+ignore: warnings) and ``parsing`` (YAML, ``--set`` overrides and the error lines); ``base`` holds what
+they share. Import from ``trainyard.spec``.
 """
 
 from trainyard.spec.base import BUILTIN_ALGORITHMS, METRICS
 from trainyard.spec.data import Channel, Inputs, Output
-from trainyard.spec.job import TrainingJob, ignored_settings
+from trainyard.spec.ignored import ignored_settings
+from trainyard.spec.job import TrainingJob
 from trainyard.spec.parsing import apply_overrides, load_job, parse_job, problems_of
 from trainyard.spec.sections import (
     Algorithm,
