@@ -44,8 +44,8 @@ class Setting:
     reducible: bool = False  # online sifting by reducible loss (RHO-LOSS), from the prefilter's reference losses
     reuse: int = 0  # sifting.reuse_loss_epochs: rank by a remembered loss up to this many epochs old
     proxy: bool = False  # sifting.score proxy with selection top: the 1 / (1 + beta) highest by a proxy model's loss
-    # sifting.enabled alone (stop 48): the filtering stage picks the rule from the labels (trainyard/label_noise.py);
-    # the run is of what it picked (``adapted``), its filtering stage's work timed and counted as a prefilter's
+    # sifting.noisy_share 0.1, the rule left unset (stop 48): the filtering stage picks it from the labels
+    # (trainyard/label_noise.py); the run is of what it picked (``adapted``), that stage's work timed and counted
     auto: bool = False
     prune: tuple[float, float, float] | None = None  # sifting.prune's (learnt_fraction, hardest_fraction, batch_factor)
     # The schedule's length: None, as many epochs as fit in the baseline's FLOPs; k, k times the baseline's
@@ -61,7 +61,7 @@ class Setting:
         if self.prune:
             parts += [f"pruning {self.prune[0]:g}/{self.prune[1]:g} x{self.prune[2]:g}"]
         label = " + ".join(parts) or ("the labels' pick" if self.auto else "no filtering")
-        label = f"sifting.enabled alone: {label}" if self.auto else label
+        label = f"noisy_share 0.1: {label}" if self.auto else label
         return label + (f" ({self.epochs:g}x epochs)" if self.epochs else "")
 
     def length(self, base_epochs: int, budget: float) -> dict:
@@ -233,16 +233,16 @@ def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float
 
 @functools.cache
 def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
-    """What ``sifting.enabled: true`` alone picks for this dataset and seed, and its filtering stage's work, run as
-    the engine runs it (``filtering.filter_samples``: the labels measured, then exact duplicates out for the proxy's
-    top third, whose keep rule prefilters by default), timed here on its second run (the first pays this process's
-    first calls into torch, which a pipeline's filtering stage has made before)."""
+    """What ``sifting: {enabled: true, noisy_share: 0.1}`` picks for this dataset and seed, and its filtering
+    stage's work, run as the engine runs it (``filtering.filter_samples``: the labels measured, then exact duplicates
+    out for the proxy's top third, whose keep rule prefilters by default), timed here on its second run (the first
+    pays this process's first calls into torch, which a pipeline's filtering stage has made before)."""
     from trainyard import filtering
     from trainyard.datasets import StagedData
     from trainyard.spec import parse_job
 
     data = load(name, seed, quick)
-    job = parse_job(_spec(data, Setting(), 0.003, 1, seed) | {"sifting": {"enabled": True}})
+    job = parse_job(_spec(data, Setting(), 0.003, 1, seed) | {"sifting": {"enabled": True, "noisy_share": 0.1}})
     with tempfile.TemporaryDirectory() as folder:
         np.savez(f"{folder}/train.npz", x=data.x_train, y=data.y_train)
         rows = {"train": len(data.x_train)}

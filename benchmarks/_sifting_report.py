@@ -172,10 +172,8 @@ def fmt_x(v: float | None) -> str:
 
 
 # What `sifting.enabled: true` with nothing else set turns on for a classifier's file-mode channel
-# (trainyard/spec/sifting.py): since stop 48 the labels' pick (trainyard/label_noise.py), whose noisy branch is
-# DEFAULT_PRUNING (the default before)
-DEFAULT = Setting(auto=True)
-PRUNING = Setting(
+# (trainyard/spec/sifting.py)
+DEFAULT = Setting(
     0.0, None, prune=tuple(DEFAULT_PRUNING[k] for k in ("learnt_fraction", "hardest_fraction", "batch_factor"))
 )
 
@@ -192,11 +190,11 @@ def print_best(setting: Setting, named: bool = False) -> None:
         print("  It is the default of `sifting.enabled: true` (trainyard/spec/sifting.py); as settings:")
     else:
         print(
-            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}: {PRUNING.label()} on a noisy "
-            "channel, the proxy's top third on a clean one; trainyard/spec/sifting.py); to turn it on:"
+            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec/sifting.py's "
+            "DEFAULT_PRUNING); to turn it on:"
         )
     if setting.auto:  # the filtering stage picks from the labels: pruning x3 (noisy) or the proxy's top third (clean)
-        print("  sifting:\n    enabled: true")
+        print("  sifting:\n    enabled: true\n    noisy_share: 0.1")
         return
     print("  sifting:")
     print(f"    enabled: {str(setting.beta is not None).lower()}")  # beta 0: pruning alone, no keep rule

@@ -64,8 +64,8 @@ SETTINGS = {
     # as the oracle's; never its target on tabular, whose highest losses are its flipped labels)
     "proxy-top-2": Setting(2.0, proxy=True),
     "proxy-top-3": Setting(3.0, proxy=True),
-    # stop 48: sifting.enabled alone, the filtering stage's pick from the labels (noisy: prune-x3, clean: proxy-top-2),
-    # its work (the labels measured, duplicates out) counted and timed
+    # stop 48: sifting.noisy_share 0.1, the filtering stage's pick from the labels (noisy: prune-x3, clean:
+    # proxy-top-2), its work (the labels measured, duplicates out) counted and timed
     "auto": Setting(auto=True),
 }
 

@@ -131,6 +131,7 @@ def filter_samples(
     num_outputs = staged.schema.get("num_outputs", 1)
     distinct = ~duplicates(x, y)
     if adapting:
+        assert sifting.noisy_share is not None  # (adaptive: it is set)
         noise = label_noise.estimate(x, y, distinct, sifting.prefilter, num_outputs, sifting.noisy_share)
         sifting = report.sifting = sifting.adapted(noise.noisy)
         report.label_noise, report.scoring_flops = noise.to_dict(), noise.flops

@@ -1,10 +1,10 @@
 """How noisy a classifier's training labels look, for the filtering stage to pick online sifting's rule.
 
-``sifting.enabled: true`` with the online rule left unset (``Sifting.adaptive``) trains on the rows
-that teach the model most, and which those are depends on the labels: on a clean channel, the rows a
-small proxy model finds hardest (``sifting.score: proxy``, the top third of each step's candidates);
-on a noisy one those are its wrong labels, and pruning (InfoBatch's rule, the hardest rows left out
-once the model has fitted the clean ones) is what gains (``benchmarks/sifting_arms.py``, stop 48).
+With ``sifting.noisy_share`` set and the online rule left unset (``Sifting.adaptive``), sifting trains on
+the rows that teach the model most, and which those are depends on the labels: on a clean channel, the
+rows a small proxy model finds hardest (``sifting.score: proxy``, the top third of each step's
+candidates); on a noisy one those are its wrong labels, and pruning (InfoBatch's rule, the hardest rows
+left out once the model has fitted the clean ones) is what gains (``benchmarks/README.md``, stops 47-48).
 
 The measure is the prefilter's cross-fitting (``reference_losses.held_out_losses``, its reference
 settings): two small reference models, each trained briefly on half of the distinct rows, score the

@@ -77,10 +77,10 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
     assert uploaded == filtered and all(o["etag"] and o["id"].startswith("s3://") for o in filtered["objects"])
 
 
-def test_sifting_enabled_alone_trains_with_the_rule_the_labels_called_for(prefect_api, s3_server, bucket, mlflow_uri):
+def test_a_job_trains_with_the_rule_its_labels_called_for(prefect_api, s3_server, bucket, mlflow_uri):
     uris = upload_dataset(bucket, rows=800)
     # noisy_share 1: any share of rows above chance reads as clean, so the proxy's top third, not the pruning
-    # default the spec resolved to, must be what the groups trained with
+    # the spec resolved to, must be what the groups trained with
     summary, _ = run_pipeline(job_dict(uris, sifting={"enabled": True, "noisy_share": 1.0, "delay_steps": 2}))
     assert summary["status"] == "Completed", summary.get("failure_reason")
     section, compute = summary["sifting"], summary["compute"]

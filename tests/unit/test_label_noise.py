@@ -1,6 +1,6 @@
-"""sifting.enabled alone on a classifier's file-mode channel: the filtering stage measures how noisy the labels
-look (``label_noise``) and picks online sifting's rule, pruning for a noisy channel and the proxy's top third
-for a clean one (``Sifting.adaptive``, ``Sifting.adapted``)."""
+"""sifting.noisy_share on a classifier's file-mode channel, the rule left unset: the filtering stage measures how
+noisy the labels look (``label_noise``) and picks online sifting's rule, pruning for a noisy channel and the
+proxy's top third for a clean one (``Sifting.adaptive``, ``Sifting.adapted``)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,11 @@ def test_too_few_rows_to_measure_count_as_noisy():
     assert measured.above_chance is None and measured.noisy and measured.flops == 0
 
 
-def test_sifting_enabled_alone_on_a_clean_channel_takes_the_proxys_top_third(tmp_path):
-    sifting = sifting_of({"enabled": True})
+PICK = {"enabled": True, "noisy_share": 0.1}
+
+
+def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_third(tmp_path):
+    sifting = sifting_of(PICK)
     assert sifting.adaptive and sifting.beta == 0 and sifting.prune.learnt_fraction > 0  # pruning until measured
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.0), sifting, "classification")
     chosen = report.sifting
@@ -69,8 +72,8 @@ def test_sifting_enabled_alone_on_a_clean_channel_takes_the_proxys_top_third(tmp
     assert "sifting" not in report.to_dict() and report.to_dict()["label_noise"] == report.label_noise
 
 
-def test_sifting_enabled_alone_on_a_noisy_channel_prunes(tmp_path):
-    sifting = sifting_of({"enabled": True})
+def test_the_labels_pick_on_a_noisy_channel_is_pruning(tmp_path):
+    sifting = sifting_of(PICK)
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.2), sifting, "classification")
     assert report.sifting is sifting and report.label_noise["noisy"] is True
     assert {k: getattr(report.sifting.prune, k) for k in DEFAULT_PRUNING} == DEFAULT_PRUNING
@@ -80,32 +83,33 @@ def test_sifting_enabled_alone_on_a_noisy_channel_prunes(tmp_path):
 @pytest.mark.parametrize(
     "spec, job",
     [
-        ({"enabled": True, "beta": 0}, {}),  # pruning asked for
-        ({"enabled": True, "score": "proxy", "beta": 2}, {}),
-        ({"enabled": True, "prune": {"until": 0.8}}, {}),
-        ({"enabled": True, "reuse_loss_epochs": 0}, {}),
-        ({"enabled": True, "selection": "top"}, {}),
-        ({"enabled": False}, {}),
-        ({"enabled": True}, {"algorithm": {"builtin": "linear-regression"}}),  # no chance level to tell noise by
+        ({"enabled": True}, {}),  # the default: pruning, nothing measured
+        (PICK | {"beta": 0}, {}),  # pruning asked for
+        (PICK | {"score": "proxy", "beta": 2}, {}),
+        (PICK | {"prune": {"until": 0.8}}, {}),
+        (PICK | {"reuse_loss_epochs": 0}, {}),
+        (PICK | {"selection": "top"}, {}),
+        (PICK | {"enabled": False}, {}),
+        (PICK, {"algorithm": {"builtin": "linear-regression"}}),  # no chance level to tell noise by
     ],
 )
-def test_a_rule_given_or_a_regression_job_is_not_adapted(tmp_path, spec, job):
+def test_without_noisy_share_or_with_a_rule_given_nothing_is_measured(tmp_path, spec, job):
     sifting = sifting_of(spec, **job)
     assert not sifting.adaptive
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.0), sifting, "classification")
     assert report.sifting is None and report.label_noise is None
 
 
-def test_a_forms_empty_fields_and_defaults_still_leave_the_rule_to_the_data():
+def test_a_forms_empty_fields_and_defaults_still_leave_the_rule_to_the_labels():
     # the Prefect UI's form sends the fields it shows: an empty beta, score and selection at their defaults
-    assert sifting_of({"enabled": True, "beta_value": None, "score": "loss", "selection": "keep_rule"}).adaptive
-    assert not sifting_of({"enabled": True}, inputs={"train": STREAMED}).adaptive
+    assert sifting_of(PICK | {"beta_value": None, "score": "loss", "selection": "keep_rule"}).adaptive
+    assert not sifting_of(PICK, inputs={"train": STREAMED}).adaptive
 
 
 def test_the_keep_rules_settings_serve_the_clean_pick_and_a_given_rules_noisy_share_is_named():
     from trainyard.spec import ignored_settings
 
-    alone = parse_job(minimal(sifting={"enabled": True, "delay_steps": 3, "proxy": {"hidden_sizes": [16]}}))
+    alone = parse_job(minimal(sifting=PICK | {"delay_steps": 3, "proxy": {"hidden_sizes": [16]}}))
     assert alone.sifting.adaptive and ignored_settings(alone) == []  # they apply if the labels read clean
     given = parse_job(minimal(sifting={"enabled": True, "beta": 0, "delay_steps": 3, "noisy_share": 0.2}))
     warned = ignored_settings(given)

@@ -75,10 +75,12 @@ def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
     # reducible-loss scoring with no keep rule to rank by it is ignored (with a warning), and no prefilter comes of it
     ignored = parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss"})).sifting
     assert ignored.beta == 0 and not ignored.by_reducible_loss and not ignored.prefilter_on
-    # what a deployment receives (the spec dumped whole) resolves to the same settings, but states pruning: the
-    # rule is no longer the filtering stage's to pick from the labels (flows.client.submit sends the spec as written)
-    again = parse_job(job.model_dump(mode="json")).sifting
-    assert again.model_dump() == sifting.model_dump() and sifting.adaptive and not again.adaptive
+    # what a deployment receives (the spec dumped whole) resolves to the same
+    assert parse_job(job.model_dump(mode="json")).sifting == sifting
+    assert not sifting.adaptive  # the labels pick the rule only with sifting.noisy_share (stop 48: not the default)
+    # a spec dumped whole states pruning: the rule is no longer the labels' to pick (client.submit sends it as written)
+    picked = parse_job(minimal(sifting={"enabled": True, "noisy_share": 0.1})).sifting
+    assert picked.adaptive and not parse_job(minimal(sifting=picked.model_dump(mode="json"))).sifting.adaptive
     # a streamed channel cannot prune: smart sifting's keep rule at beta 1, every candidate scored, no error
     streamed = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "mode": "stream", "format": "parquet"}}
     sifting = parse_job(minimal(inputs=streamed, sifting={"enabled": True})).sifting

@@ -11,7 +11,7 @@ from trainyard import grid_data
 from trainyard.redaction import SECRET_NAME
 from trainyard.spec.job import TrainingJob
 from trainyard.spec.sections import Hyperparameters
-from trainyard.spec.sifting import DEFAULT_PRUNING, Sifting
+from trainyard.spec.sifting import DEFAULT_PRUNING
 
 
 def ignored_settings(job: TrainingJob) -> list[str]:
@@ -54,9 +54,8 @@ def ignored_settings(job: TrainingJob) -> list[str]:
             ignored.append(
                 f"sifting.{', sifting.'.join(tuned)}: online sifting is off; set sifting.enabled: true to use them"
             )
-    elif (
-        sifting.beta == 0 and not sifting.adaptive
-    ):  # (adaptive: the keep rule's settings serve a clean channel's pick)
+    # (adaptive: the keep rule's settings serve a clean channel's pick)
+    elif sifting.beta == 0 and not sifting.adaptive:
         keep_rule = {"score", "selection", "proxy", "delay_steps", "loss_history_length", "reuse_loss_epochs"}
         if not sifting.prunes:
             fix = (
@@ -72,10 +71,10 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.{', sifting.'.join(tuned)}: settings of the keep rule, which is off with sifting.beta 0 "
                 "(its default on a file-mode train channel: pruning alone); set sifting.beta above 0 to use them"
             )
-    if sifting.enabled and not sifting.adaptive and sifting.noisy_share != Sifting.model_fields["noisy_share"].default:
+    if sifting.enabled and not sifting.adaptive and sifting.noisy_share is not None:
         ignored.append(
-            "sifting.noisy_share: the labels pick online sifting's rule only with sifting.enabled alone (beta, score, "
-            "selection, prune and reuse_loss_epochs unset, a classifier on a file-mode train channel); here it is given"
+            "sifting.noisy_share: the labels pick online sifting's rule only when it is left unset (beta, score, "
+            "selection, prune and reuse_loss_epochs), for a classifier on a file-mode train channel; here it is given"
         )
     ignored += sifting.ignored_proxy_settings(job.algorithm.builtin, job.algorithm.task == "regression")
     if sifting.enabled and sifting.beta and sifting.prune is not None and "prune" in sifting.model_fields_set:

@@ -172,8 +172,8 @@ DEFAULT_PRUNING = {
 }
 # No row left out: sifting.prune left unset beside the keep rule, or on a streamed channel.
 PRUNING_OFF = {"learnt_fraction": 0.0, "hardest_fraction": 0.0, "batch_factor": 1.0}
-# sifting.enabled alone on a clean train channel (Sifting.adapted): the proxy's top third (benchmarks/sifting_arms.py,
-# stops 47-48: on digits 0.55-0.59x the baseline's FLOPs to its accuracy, where pruning x3 read 1.01x)
+# sifting.noisy_share's pick for a clean train channel (Sifting.adapted): the proxy's top third (sifting_arms.py, stops
+# 47-48: on digits 0.55-0.59x the baseline's FLOPs to its accuracy filling its budget, where pruning x3 read 1.01x)
 CLEAN_CHANNEL = {"beta": 2.0, "score": "proxy", "selection": "top"}
 
 
@@ -198,6 +198,8 @@ class Sifting(_Model):
 
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
+    # With noisy_share set and these left unset, a classifier's file-mode channel gets what its labels call for
+    # (label_noise.py; stop 48): pruning if noisy, the proxy's top third if clean.
     # Left unset, beta and prune are the combination benchmarks/sifting.py found best (pruning alone, batch_factor 3:
     # stops 28 to 33 by the most targets met on four tuning seeds; stops 35-36 with the finalists on their own schedules
     # over eight; stop 34's one-round search had picked the keep rule with the hardest rows left out, which then met
@@ -211,7 +213,8 @@ class Sifting(_Model):
         description="Keep probability = loss percentile ** beta (smart sifting's beta_value). 0 turns the keep rule "
         "off (nothing is scored; every row dealt trains), e.g. to use only sifting.prune. Default: 0 for a file-mode "
         "train channel (pruning alone, with sifting.prune's default: the best combination Trainyard's benchmark "
-        "found), 1 for a streamed one.",
+        "found), 1 for a streamed one; with noisy_share set, a classifier's file-mode channel whose labels the "
+        "filtering stage finds clean gets 2 with score proxy and selection top instead.",
     )
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
     delay_steps: int = Field(
@@ -254,17 +257,22 @@ class Sifting(_Model):
         "(0 for regression), batch_factor 3 (the best combination Trainyard's benchmark found); otherwise off. "
         "Given, the settings it leaves out take those values.",
     )
-    noisy_share: float = Field(
-        default=0.1,
+    # Off by default: benchmarks/sifting.py (stop 48) measured the labels' pick as the default and it read no better on
+    # the reported seeds than pruning alone (digits' proxy on the schedule its tuning picked: 1.00x FLOPs, 1.58x wall,
+    # -0.9 points, where pruning x3 read 1.01x, 0.93x and +0.0; tabular the same, as it prunes there): benchmarks/README
+    noisy_share: float | None = Field(
+        default=None,
         ge=0,
         le=1,
-        description="With sifting on and beta, score, selection, prune and reuse_loss_epochs all unset (a classifier, "
-        "a file-mode train channel), the filtering stage picks the rule from the data: two small reference models, "
-        "each scoring the half of the rows it did not see (sifting.prefilter's reference settings), and if more than "
-        "this share of the rows get a loss above chance (a label the reference finds less likely than a uniform guess: "
-        "label noise, or rows too hard to learn) the channel is noisy and sifting prunes (sifting.prune's defaults); "
-        "otherwise it keeps the top third of each step's candidates by a proxy model's loss (beta 2, score proxy, "
-        "selection top). The summary's filtering report says what was measured and chosen.",
+        description="Let the labels pick online sifting's rule (with beta, score, selection, prune and "
+        "reuse_loss_epochs unset, a classifier on a file-mode train channel): the filtering stage trains two small "
+        "reference models (sifting.prefilter's reference settings), each scoring the half of the rows it did not see, "
+        "and if more than this share of the rows get a loss above chance (a label the reference finds less likely "
+        "than a uniform guess: label noise, or rows too hard to learn) the channel is noisy and sifting prunes "
+        "(sifting.prune's defaults); otherwise it keeps the top third of each step's candidates by a proxy model's "
+        "loss (beta 2, score proxy, selection top), which gains when the job runs more epochs than it would "
+        "unfiltered. E.g. 0.1. Unset: no measuring, the rule is the default (pruning). The summary's filtering report "
+        "says what was measured and chosen.",
     )
     min_class_fraction: float = Field(
         default=0.5,
@@ -302,7 +310,7 @@ class Sifting(_Model):
         resolved = self.model_copy(update={"beta": beta, "prune": prune})
         unset = self.beta is None and self.prune is None and self.reuse_loss_epochs is None
         resolved._adaptive = unset and self.score == "loss" and self.selection == "keep_rule"
-        resolved._adaptive &= not streamed and not regression
+        resolved._adaptive &= not streamed and not regression and self.noisy_share is not None
         resolved._adaptive |= self._adaptive  # resolved again (a flow validates its job parameter once more)
         # still the fields the user set: a spec sent as written (flows.client.submit) leaves these defaults to
         # the code that runs it, and the warnings about settings given (``ignored_settings``) see the user's
@@ -311,9 +319,9 @@ class Sifting(_Model):
 
     @property
     def adaptive(self) -> bool:
-        """Whether the filtering stage picks the online rule from the data (``noisy_share``): a config that
-        ``resolved`` returned for a classifier on a file-mode channel (a streamed one is not read whole before
-        training; a regression job's labels have no chance level to tell noise by), sifting on with beta,
+        """Whether the filtering stage picks the online rule from the labels: ``noisy_share`` set, in a config
+        that ``resolved`` returned for a classifier on a file-mode channel (a streamed one is not read whole
+        before training; a regression job's labels have no chance level to tell noise by), sifting on with beta,
         prune and reuse_loss_epochs unset and score and selection at their defaults (a form sends those)."""
         return self.enabled and self._adaptive
 
