@@ -128,7 +128,7 @@ def training_pipeline(
             handle = stages["launch"]["handle"]
             stages["filtering"] = filter_samples(job, staged, job_id)
             report = stages["filtering"]["report"]
-            if report.sifting is not None:  # sifting.enabled alone: the online rule the labels called for
+            if report.sifting is not None:  # sifting.noisy_share: the online rule the labels called for
                 job = job.model_copy(update={"sifting": report.sifting})
             if report.dropped:  # after the stage is recorded: its compute is in the summary if this refuses
                 sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")

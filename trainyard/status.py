@@ -144,7 +144,7 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
     section = {
         "enabled": job.sifting.enabled,
         "beta": job.sifting.beta,
-        # what ranked the candidates and how they were picked (with sifting.enabled alone, as the labels called for:
+        # what ranked the candidates and how they were picked (with sifting.noisy_share, as the labels called for:
         # the prefilter report's label_noise)
         "score": job.sifting.score,
         "selection": job.sifting.selection,
