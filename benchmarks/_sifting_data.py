@@ -24,7 +24,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from _sifting_datasets import Dataset, load
@@ -256,8 +256,7 @@ def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
     assert int(keep.sum()) == report.kept and set(report.dropped) <= {"duplicate"}
     proxy = report.sifting.score == "proxy"
     chosen = Setting(2.0, proxy=True, auto=True) if proxy else Setting(0.0, None, prune=(0.7, 0.1, 3.0), auto=True)
-    dropped = report.dropped | {"label_noise_above_chance": report.label_noise["above_chance"]}
-    return chosen, Prefiltered(keep, dropped, report.scoring_flops, wall, None)
+    return chosen, Prefiltered(keep, report.dropped, report.scoring_flops, wall, None)
 
 
 def baseline_budget(name: str, seed: int, quick: bool, epochs: int) -> int:
@@ -282,8 +281,9 @@ def train(
     same data and split with another initialisation and batch order."""
     data = load(name, seed, quick)
     cost = PerSample(data)
-    if setting.auto:  # the run is of what the filtering stage picked from the labels
-        setting, pre = adapted(name, seed, quick)
+    if setting.auto:  # the run is of what the filtering stage picked from the labels, on this arm's schedule
+        chosen, pre = adapted(name, seed, quick)
+        setting = replace(chosen, epochs=setting.epochs)
     else:
         pre = prefiltered(name, seed, quick, setting.prefilter, setting.reducible) if setting.prefilter else None
     x, y = (data.x_train[pre.keep], data.y_train[pre.keep]) if pre else (data.x_train, data.y_train)

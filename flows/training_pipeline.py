@@ -130,7 +130,7 @@ def training_pipeline(
             report = stages["filtering"]["report"]
             if report.sifting is not None:  # sifting.noisy_share: the online rule the labels called for
                 job = job.model_copy(update={"sifting": report.sifting})
-            if report.dropped:  # after the stage is recorded: its compute is in the summary if this refuses
+            if report.dropped or report.sifting is not None:  # after the stage is recorded (its compute counts)
                 sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
             plan = TrainingPlan(
                 job_id=job_id,

@@ -35,10 +35,10 @@ def filter_samples(job: TrainingJob, staged: StagedData, job_id: str) -> dict:
         noise = report.label_noise
         measured = "not measured (too few rows)" if noise["above_chance"] is None else f"{noise['above_chance']:.1%}"
         logger.info(
-            "label noise: rows a held-out reference finds less likely than chance %s (noisy above %.0f%%): online "
+            "label noise: rows a held-out reference finds less likely than chance %s (noisy above %g): online "
             "sifting uses %s",
             measured,
-            100 * noise["noisy_share"],
+            noise["noisy_share"],
             noise["online_rule"],
         )
     if report.reference:

@@ -75,7 +75,8 @@ def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_third(tmp_path):
 def test_the_labels_pick_on_a_noisy_channel_is_pruning(tmp_path):
     sifting = sifting_of(PICK)
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.2), sifting, "classification")
-    assert report.sifting is sifting and report.label_noise["noisy"] is True
+    assert report.label_noise["noisy"] is True and not report.sifting.adaptive  # picked: not measured again
+    assert report.sifting.model_dump() == sifting.model_dump()
     assert {k: getattr(report.sifting.prune, k) for k in DEFAULT_PRUNING} == DEFAULT_PRUNING
     assert report.dropped == {} and report.kept == 1600 and report.train_data.endswith("train.npz")
 
@@ -111,7 +112,15 @@ def test_the_keep_rules_settings_serve_the_clean_pick_and_a_given_rules_noisy_sh
 
     alone = parse_job(minimal(sifting=PICK | {"delay_steps": 3, "proxy": {"hidden_sizes": [16]}}))
     assert alone.sifting.adaptive and ignored_settings(alone) == []  # they apply if the labels read clean
+    # and the prefilter's reference settings are the measure's
+    measured = parse_job(minimal(sifting=PICK | {"prefilter": {"reference_epochs": 5, "seed": 3}}))
+    assert ignored_settings(measured) == []
+    regression = parse_job(minimal(sifting=PICK, algorithm={"builtin": "linear-regression"}))
+    assert ignored_settings(regression) == [
+        "sifting.noisy_share: nothing is measured, as a regression job's labels have no chance level to tell noise "
+        "by; the rule is sifting's default or yours"
+    ]
     given = parse_job(minimal(sifting={"enabled": True, "beta": 0, "delay_steps": 3, "noisy_share": 0.2}))
     warned = ignored_settings(given)
     assert any(w.startswith("sifting.delay_steps: settings of the keep rule") for w in warned)
-    assert any(w.startswith("sifting.noisy_share: the labels pick online sifting's rule only") for w in warned)
+    assert any(w.startswith("sifting.noisy_share: nothing is measured, as the rule is given") for w in warned)

@@ -72,10 +72,14 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 "(its default on a file-mode train channel: pruning alone); set sifting.beta above 0 to use them"
             )
     if sifting.enabled and not sifting.adaptive and sifting.noisy_share is not None:
-        ignored.append(
-            "sifting.noisy_share: the labels pick online sifting's rule only when it is left unset (beta, score, "
-            "selection, prune and reuse_loss_epochs), for a classifier on a file-mode train channel; here it is given"
+        why = (
+            "a regression job's labels have no chance level to tell noise by"
+            if job.algorithm.task == "regression"
+            else "a streamed train channel is not read whole before training"
+            if job.inputs.train.mode == "stream"
+            else "the rule is given (beta, score, selection, prune or reuse_loss_epochs)"
         )
+        ignored.append(f"sifting.noisy_share: nothing is measured, as {why}; the rule is sifting's default or yours")
     ignored += sifting.ignored_proxy_settings(job.algorithm.builtin, job.algorithm.task == "regression")
     if sifting.enabled and sifting.beta and sifting.prune is not None and "prune" in sifting.model_fields_set:
         # the keep rule and a prune given in part: what it leaves out is the default pruning's (0, 0 and 1 before
@@ -88,7 +92,9 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"{sifting.beta:g}); give them (0 turns that part off) if that is not what you meant"
             )
     if not sifting.prefilter_on:
-        tuned = _tuned(sifting.prefilter, {"enabled"})
+        # (noisy_share's measure trains reference models by the prefilter's reference settings and seed)
+        measuring = {"reference_epochs", "reference_hidden_sizes", "reference_learning_rate", "seed"}
+        tuned = _tuned(sifting.prefilter, {"enabled"} | (measuring if sifting.adaptive else set()))
         if tuned:
             switch = (
                 "sifting.prefilter.enabled"

@@ -311,7 +311,8 @@ class Sifting(_Model):
         unset = self.beta is None and self.prune is None and self.reuse_loss_epochs is None
         resolved._adaptive = unset and self.score == "loss" and self.selection == "keep_rule"
         resolved._adaptive &= not streamed and not regression and self.noisy_share is not None
-        resolved._adaptive |= self._adaptive  # resolved again (a flow validates its job parameter once more)
+        # resolved again (TrainingJob's validators run again on an assignment, validate_assignment): still adaptive
+        resolved._adaptive |= self._adaptive
         # still the fields the user set: a spec sent as written (flows.client.submit) leaves these defaults to
         # the code that runs it, and the warnings about settings given (``ignored_settings``) see the user's
         object.__setattr__(resolved, "__pydantic_fields_set__", set(self.model_fields_set))
@@ -328,11 +329,11 @@ class Sifting(_Model):
     def adapted(self, noisy: bool) -> Sifting:
         """This config (``resolved``, with ``adaptive`` true) for a train channel found noisy or clean: as it
         is (pruning) for a noisy one, the proxy's top third (``CLEAN_CHANNEL``) for a clean one."""
-        if noisy:
-            return self
-        clean = self.model_copy(update=CLEAN_CHANNEL | {"prune": Pruning(**PRUNING_OFF)})
-        clean._adaptive = False  # chosen: not to be adapted again
-        return clean
+        chosen = (
+            self.model_copy() if noisy else self.model_copy(update=CLEAN_CHANNEL | {"prune": Pruning(**PRUNING_OFF)})
+        )
+        chosen._adaptive = False  # picked: not to be measured again
+        return chosen
 
     def settled(self) -> tuple[float, Pruning]:
         """``(beta, prune)`` of a config that ``resolved`` returned (a job's, with sifting on), where neither

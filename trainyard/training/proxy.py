@@ -5,17 +5,18 @@ layer of 32 by default; a linear regression for a regression job) ranks each ste
 loss, and trains on the rows the step trains on, so its ranking follows what the job's model has
 been taught. Its forward over the candidates and its training cost a small share of one forward pass
 of the job's model over them (on digits' 64 features with the built-in classifier of 256 and 256, and
-beta 2: its forward a thirty-sixth, with its training a twenty-first), where scoring with the job's
+beta 2: its forward a thirty-sixth, with its training a twenty-sixth), where scoring with the job's
 model costs a whole one: the ranking is fresh every step at about the price of a remembered loss.
 ``benchmarks/sifting_bound.py`` (stop 47) measured it on digits as good as an oracle that scores with
 the job's model for free. It cannot tell a wrong label from a hard row, so on noisy data it trains on
 the noise (that benchmark's tabular set).
 
-Its FLOPs, forward, backward and all, are counted as the sifter's scoring (``FlopMeter.scoring``, the
-summary's ``flops_scoring_forward``): what ranking the candidates cost. It learns a step's rows once
-the step commits (``StepData.committed``). Its state (weights and optimizer) travels with the group's
-torchft state, so a healed group ranks as its peer does; the proxy is each group's own, trained on
-that group's rows.
+Its FLOPs (its forward over the candidates, and its backward over the rows it learns: their forward
+is the scoring's) are counted as the sifter's scoring (``FlopMeter.scoring``, the summary's
+``flops_scoring_forward``): what ranking the candidates cost. It learns a step's rows once the step
+commits (``StepData.committed``). Its state (weights and optimizer) travels with the group's torchft
+state, so a healed group ranks as its peer does; the proxy is each group's own, trained on that
+group's rows.
 """
 
 from __future__ import annotations
