@@ -86,8 +86,11 @@ def test_the_proxy_ranks_in_place_of_the_jobs_model_and_learns_what_it_trains_on
     assert losses(*every_row).mean() < 0.7 * first_loss
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
 @pytest.mark.parametrize("task", ["classification", "regression"])
-def test_the_proxys_own_gradients_are_autograds(task):
+def test_the_proxys_own_gradients_are_autograds(task, device):
     """The proxy learns from its scoring pass with gradients written out by hand (ProxyScorer._backward)."""
     from trainyard.spec import Proxy
     from trainyard.training.proxy import ProxyScorer
@@ -95,9 +98,9 @@ def test_the_proxys_own_gradients_are_autograds(task):
     rng = np.random.default_rng(1)
     x = rng.normal(3.0, 2.0, size=(40, 5)).astype(np.float32)
     y = (x[:, 0] > 3).astype(np.int64) if task == "classification" else (10 * x[:, 1] + 4).astype(np.float32)
-    proxy = ProxyScorer(Proxy(hidden_sizes=[6, 4]), task, 0, x, y, 2 if task == "classification" else 1, "cpu")
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    rows = torch.tensor([0, 3, 4, 9, 17, 30])
+    proxy = ProxyScorer(Proxy(hidden_sizes=[6, 4]), task, 0, x, y, 2 if task == "classification" else 1, device)
+    xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    rows = torch.tensor([0, 3, 4, 9, 17, 30], device=device)
     proxy.model.zero_grad()
     proxy.loss_fn(proxy.model(xt[rows]), yt[rows]).mean().backward()
     expected = {name: p.grad.clone() for name, p in proxy.model.named_parameters()}
