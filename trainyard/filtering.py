@@ -129,7 +129,7 @@ def filter_samples(
     data = np.load(staged.train_data)
     x, y = data["x"], data["y"]
     num_outputs = staged.schema.get("num_outputs", 1)
-    distinct = ~duplicates(x, y)
+    distinct, noise = ~duplicates(x, y), None
     if adapting:
         assert sifting.noisy_share is not None  # (adaptive: it is set)
         noise = label_noise.estimate(x, y, distinct, sifting.prefilter, num_outputs, sifting.noisy_share)
@@ -151,6 +151,7 @@ def filter_samples(
         min_class_fraction=sifting.prefilter.min_class_fraction,
         loss_fn=loss_fn,
         distinct=distinct,
+        held_out=noise.losses if noise is not None else None,  # the same rows, reference settings and seed
     )
     keep = result.keep
     arrays = {"x": x[keep], "y": y[keep]}
@@ -209,13 +210,16 @@ def prefilter(
     min_class_fraction: float = 0.0,
     loss_fn: JobLoss | None = None,
     distinct: np.ndarray | None = None,
+    held_out: np.ndarray | None = None,
 ) -> Prefiltered:
     """Which rows of ``x``, ``y`` to keep, and why the others go; ``with_losses``: compute every row's
     reference loss even when no loss-based drop is asked for. ``min_class_fraction``: the class balance
     guard of the loss-based drops (classification; ``Prefilter.min_class_fraction``): no class keeps less
     than this fraction of its proportional share of the kept rows. ``loss_fn``: the job's per-row loss
     (``job_loss``), scoring the reference's outputs; by default the built-in algorithm's for ``task``.
-    ``distinct``: the rows that are not exact duplicates, when the caller has them (``~duplicates(x, y)``)."""
+    ``distinct``: the rows that are not exact duplicates, when the caller has them (``~duplicates(x, y)``);
+    ``held_out``: their cross-fitted losses by ``config``'s reference settings, when the caller has them
+    (``label_noise``: counted there)."""
     keep = ~duplicates(x, y) if distinct is None else distinct.copy()
     dropped = {"duplicate": int((~keep).sum())}
     reasons = np.where(keep, 0, REASONS.index("duplicate")).astype(np.int8)
@@ -224,7 +228,9 @@ def prefilter(
     losses, flops, reference = None, 0, HOLDOUT
     if config.reference == "champion":
         losses, flops, reference = champion_losses(x, y, keep, champion, task, num_outputs, loss_fn)
-    if losses is None:
+    if losses is None and held_out is not None and loss_fn is None:
+        losses = held_out
+    elif losses is None:
         losses, flops = held_out_losses(x, y, keep, config, task, num_outputs, loss_fn)
     candidates = np.flatnonzero(keep)
     _check_finite(losses, candidates, reference, loss_fn is not None)

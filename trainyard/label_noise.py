@@ -18,7 +18,7 @@ picks what training cannot use, so both count as noisy. On the benchmark's datas
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -38,6 +38,8 @@ class NoiseEstimate:
     """The threshold (``sifting.noisy_share``)."""
     flops: int
     """What the reference models' training and scoring cost."""
+    losses: np.ndarray | None = field(default=None, repr=False, compare=False)
+    """Each row's held-out loss (NaN outside the rows measured): the prefilter's own, if it needs them."""
 
     @property
     def noisy(self) -> bool:
@@ -48,7 +50,8 @@ class NoiseEstimate:
     def to_dict(self) -> dict:
         proxy = "the proxy's top third (beta 2, score proxy, selection top)"
         chose = "pruning (sifting.prune)" if self.noisy else proxy
-        return asdict(self) | {"noisy": self.noisy, "online_rule": chose}
+        said = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "losses"}  # (asdict copies arrays)
+        return said | {"noisy": self.noisy, "online_rule": chose}
 
 
 def estimate(
@@ -62,4 +65,4 @@ def estimate(
     losses, flops = held_out_losses(x, y, rows, config, "classification", num_classes)
     scored = losses[rows]
     above = float(np.mean(~(scored <= math.log(num_classes))))  # a loss that is not a number counts as above
-    return NoiseEstimate(above, distinct, noisy_share, flops)
+    return NoiseEstimate(above, distinct, noisy_share, flops, losses)

@@ -72,6 +72,18 @@ def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_third(tmp_path):
     assert "sifting" not in report.to_dict() and report.to_dict()["label_noise"] == report.label_noise
 
 
+def test_a_measured_jobs_loss_based_drops_reuse_the_measures_reference_losses(tmp_path):
+    staged = staged_blobs(tmp_path, 0.0)
+    drops = {"drop_learnt_fraction": 0.2, "drop_unlearnable_fraction": 0.02}
+    report = filtering.filter_samples(staged, sifting_of(PICK | {"prefilter": drops}), "classification")
+    assert report.label_noise["noisy"] is False and report.dropped["learnt"] > 0 and report.dropped["unlearnable"] > 0
+    # the reference models trained once: their FLOPs counted once, the drops those of the prefilter's own losses
+    assert report.scoring_flops == report.label_noise["flops"] > 0
+    x, y = blobs(0.0)
+    alone = filtering.prefilter(x, y, Prefilter(**drops), "classification", 3, min_class_fraction=0.5)
+    assert alone.dropped == report.dropped and alone.flops == report.scoring_flops
+
+
 def test_the_labels_pick_on_a_noisy_channel_is_pruning(tmp_path):
     sifting = sifting_of(PICK)
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.2), sifting, "classification")
