@@ -127,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     # (In a train-replica flow run, this replaces Prefect's handler.)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    (out / "pid").write_text(str(os.getpid()))
+    # whole or absent (a temporary name, then a rename): what signals the group reads it as soon as it exists,
+    # and a reader once found it empty (a test's signaller, in a fresh-clone CI run at 52fd651)
+    (out / ".pid.tmp").write_text(str(os.getpid()))
+    os.replace(out / ".pid.tmp", out / "pid")
     gone = wait_for_plan(args.job_dir, parent)
     if gone is not None:
         write_json_atomic(out / "error.json", {"message": gone, "user_error": False})
