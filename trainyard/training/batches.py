@@ -23,6 +23,8 @@ whose epochs are dealt that many times the rows a step).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +63,8 @@ class StepData:
         self._candidate_losses: dict[int, tuple[float, int]] = {}
         self.reducible = job.sifting.by_reducible_loss
         self.proxy = None
-        # what the proxy learns at the step's commit: the rows trained of the last scoring pass, or rows unscored
-        self._proxy_rows: tuple[Pass, torch.Tensor] | tuple[torch.Tensor, torch.Tensor] | None = None
+        # the proxy's learning of the last batch handed out, done at the step's commit (committed)
+        self._proxy_learns: Callable[[], None] | None = None
         self._pass: Pass | None = None  # the proxy's scoring pass over this step's candidates
         if self.sifter and job.sifting.score == "proxy" and self.sifter.beta > 0:
             outputs = plan.schema["num_outputs"]
@@ -144,8 +146,13 @@ class StepData:
         self._trained = (rows[chosen], epoch) if rows is not None else None
         picked = torch.from_numpy(chosen).to(xb.device)
         xb, yb = xb[picked].to(self.device), yb[picked].to(self.device)
-        if self.proxy is not None:  # learnt once the step commits (committed)
-            self._proxy_rows = (self._pass, picked) if self._pass is not None else (xb, yb)
+        if self.proxy is not None:  # learnt once the step commits: from its scoring pass, or rows unscored
+            scored = self._pass
+            self._proxy_learns = (
+                partial(self.proxy.learn, scored.of(picked))
+                if scored is not None
+                else partial(self.proxy.train, xb, yb)
+            )
         self._pass = None
         return xb, yb, global_count
 
@@ -153,13 +160,9 @@ class StepData:
         """The step whose batch was handed out last has committed: with ``sifting.score: proxy`` the proxy
         learns its rows now (before sifting starts too), not when they were dealt, so a step torchft redoes
         ranks and picks as its first try did, and a healing group gets a proxy of committed steps only."""
-        if self.proxy is not None and self._proxy_rows is not None:
-            first, rows = self._proxy_rows
-            if isinstance(first, Pass):
-                self._proxy_flops(self.proxy.learn, first, rows)
-            else:
-                self._proxy_flops(self.proxy.train, first, rows)
-            self._proxy_rows = None
+        if self._proxy_learns is not None:
+            self._proxy_flops(self._proxy_learns)
+            self._proxy_learns = None
 
     def trained(self, losses: torch.Tensor) -> None:
         """The per-sample losses of the training forward pass over the last batch handed out: with

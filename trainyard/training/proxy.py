@@ -48,6 +48,11 @@ class Pass:
     version: int
     """The proxy's weights it was computed with (``ProxyScorer._version``)."""
 
+    def of(self, rows: torch.Tensor) -> Pass:
+        """The pass over ``rows`` (indices) only: the rows a step trains on."""
+        x = self.x[rows]  # (the first module's input is x itself)
+        return Pass(x, self.y[rows], [x, *(t[rows] for t in self.inputs[1:])], self.output[rows], self.version)
+
 
 class ProxyScorer:
     """A group's proxy model: ``score`` ranks candidates, ``learn`` teaches it the step's rows.
@@ -98,29 +103,26 @@ class ProxyScorer:
         """Each row's loss under the proxy (a no-grad forward pass)."""
         return self.score(x, y)[0]
 
-    def learn(self, done: Pass, rows: torch.Tensor | None = None) -> None:
-        """One optimizer step of the proxy on ``rows`` (indices; all when None) of a scoring pass: the rows
-        the job's model trains on this step. Only the backward pass is counted: the forward was the
-        scoring's. A pass from before the proxy's weights were replaced (a heal) is run again first."""
+    def learn(self, done: Pass) -> None:
+        """One optimizer step of the proxy on a scoring pass's rows (``Pass.of``: those the job's model trains
+        on this step). Only the backward pass is counted: the forward was the scoring's. A pass from before
+        the proxy's weights were replaced (a heal) is run again first."""
         if done.version != self._version:
-            self.train(done.x if rows is None else done.x[rows], done.y if rows is None else done.y[rows])
-            return
-        self._step(done, rows, forward_counted=True)
+            self.train(done.x, done.y)
+        else:
+            self._step(done, forward_counted=True)
 
     def train(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One optimizer step of the proxy on rows it has not scored (before sifting starts)."""
-        if len(x):
-            self._step(self._forward(x, y), None, forward_counted=False)
+        self._step(self._forward(x, y), forward_counted=False)
 
-    def _step(self, done: Pass, rows: torch.Tensor | None, forward_counted: bool) -> None:
-        n = len(done.x) if rows is None else len(rows)
-        if not n:
+    def _step(self, done: Pass, forward_counted: bool) -> None:
+        if not len(done.x):
             return
-        self._backward(done, rows)
+        self._backward(done)
         self.optimizer.step()
         self._version += 1
-        x, y = (done.x, done.y) if rows is None else (done.x[rows], done.y[rows])
-        self.meter.add_train_step(x, y, forward=not forward_counted)
+        self.meter.add_train_step(done.x, done.y, forward=not forward_counted)
 
     def _forward(self, x: torch.Tensor, y: torch.Tensor) -> Pass:
         inputs = []
@@ -131,14 +133,9 @@ class ProxyScorer:
                 h = module(h)
         return Pass(x, y, inputs, h, self._version)
 
-    def _backward(self, done: Pass, rows: torch.Tensor | None) -> None:
-        """The mean loss's gradients over ``rows`` of the pass, into the parameters' ``.grad``."""
-
-        def pick(t: torch.Tensor) -> torch.Tensor:
-            return t if rows is None else t[rows]
-
-        out, y = pick(done.output), pick(done.y)
-        n = len(out)
+    def _backward(self, done: Pass) -> None:
+        """The mean loss's gradients over the pass's rows, into the parameters' ``.grad``."""
+        out, y, n = done.output, done.y, len(done.output)
         with torch.no_grad():
             if self.classification:  # d(mean cross-entropy)/d(logits)
                 grad = torch.softmax(out, dim=1)
@@ -149,7 +146,7 @@ class ProxyScorer:
                 grad = 2 * (out - y) / scale.scale**2
             grad = grad.to(out.dtype) / n
             for i in range(len(self._layers) - 1, 0, -1):  # 0, the input's scaling, is fixed: nothing below learns
-                module, inp = self._layers[i], pick(done.inputs[i])
+                module, inp = self._layers[i], done.inputs[i]
                 if isinstance(module, nn.Linear):
                     module.weight.grad = grad.T @ inp
                     module.bias.grad = grad.sum(0)
