@@ -25,6 +25,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Affine(nn.Module):
     """``(x - shift) / scale`` or, with ``inverse``, ``x * scale + shift``; fixed buffers."""
 
+    buffers_fixed = True  # no forward pass changes them: replica groups need not average them (ddp.BufferSync)
     shift: torch.Tensor  # registered buffers: saved with the model, moved with it
     scale: torch.Tensor
 

@@ -77,11 +77,11 @@ def job_dir(job_id: str) -> Path:
     return path
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, indent: int | None = 2) -> None:
     """Write JSON so a reader never sees half a file: a temporary name, then a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.write_text(json.dumps(data, indent=indent, default=str))
     os.replace(tmp, path)
 
 

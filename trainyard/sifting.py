@@ -76,13 +76,24 @@ class Sifter:
         # are not ranked: the first ones are trained on (a uniform draw), the rest left out unscored.
         self.unsifted = 0
         self.skipped = 0
-        self.kept_by_class: dict[str, int] = {}
-        self.scored_by_class: dict[str, int] = {}
+        # candidates ranked and kept, per class index (arrays replaced as they grow, never changed in place)
+        self._scored_counts = np.zeros(0, dtype=np.int64)
+        self._kept_counts = np.zeros(0, dtype=np.int64)
         # The ranked candidates' keep probabilities, added up: the share smart sifting's rule would keep
         # on its own, which moves as the losses move against the history. The batch keeps 1 / (1 + beta)
         # of the candidates whatever it is (full batches), so the kept fraction alone cannot show that.
         self.probability_sum = 0.0
         self._undo: tuple | None = None  # the step and the state before it: a redone step starts from it
+
+    @property
+    def kept_by_class(self) -> dict[str, int]:
+        """Candidates the keep rule kept, per class (index, as a string)."""
+        return _by_class(self._kept_counts)
+
+    @property
+    def scored_by_class(self) -> dict[str, int]:
+        """Candidates the keep rule ranked, per class (index, as a string)."""
+        return _by_class(self._scored_counts)
 
     @property
     def candidates_per_kept(self) -> float:
@@ -137,14 +148,15 @@ class Sifter:
         return percentile**self.beta
 
     def select(self, losses: np.ndarray, labels: np.ndarray | None, keep: int, step: int, group: int) -> np.ndarray:
-        """Indices of the ``keep`` candidates to train on; the losses then join the history."""
+        """Indices of the ``keep`` candidates to train on; the losses then join the history. ``labels``: each
+        candidate's class index, for the class balance guard and the counts by class (None: a regression)."""
         self._begin(step)
         weights = self.keep_probability(losses)
-        rng = np.random.default_rng([self.seed, step, group])
         if self.config.selection == "top":  # the highest scores (a NaN the highest: see _remember), ties at random
-            order = np.lexsort((rng.random(len(losses)), -np.nan_to_num(losses, nan=np.inf)))
+            order = _highest_first(losses, [self.seed, step, group])
             chosen = order[:keep]
         else:
+            rng = np.random.default_rng([self.seed, step, group])
             chosen = inclusion_sample(weights, keep, rng)
             order = np.lexsort((rng.random(len(losses)), -weights))  # most likely kept first, ties at random
         if labels is not None:
@@ -166,13 +178,12 @@ class Sifter:
         # Keyed on the step alone: a sifter is one group's, and its rank (``group``) changes when the redo's
         # quorum lost a lower-ranked peer, which is when steps are redone.
         if self._undo is not None and self._undo[0] == step:
-            history, counts, kept_by_class, scored_by_class = self._undo[1]
+            history, counts, self._kept_counts, self._scored_counts = self._undo[1]
             self.history = history
             self.scored, self.kept, self.passed_over, self.unsifted, self.skipped, self.probability_sum = counts
-            self.kept_by_class, self.scored_by_class = dict(kept_by_class), dict(scored_by_class)
-        # (the history array is replaced, never changed in place: keeping a reference is enough)
+        # (the arrays are replaced, never changed in place: keeping references is enough)
         counts = (self.scored, self.kept, self.passed_over, self.unsifted, self.skipped, self.probability_sum)
-        self._undo = (step, (self.history, counts, dict(self.kept_by_class), dict(self.scored_by_class)))
+        self._undo = (step, (self.history, counts, self._kept_counts, self._scored_counts))
 
     def _balance(self, chosen: np.ndarray, order: np.ndarray, labels: np.ndarray, keep: int) -> np.ndarray:
         """Swap in each starved class's best candidates for the weakest kept ones of classes with
@@ -184,7 +195,7 @@ class Sifter:
         best candidates not kept, and for each the weakest kept candidate of a class still above its
         floor: a class above its floor never falls below it nor takes candidates in, so the donors are
         each such class's weakest ``surplus`` kept candidates, taken weakest first."""
-        classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+        classes, inverse, counts = _classes(labels)
         need = np.ceil(self.config.min_class_fraction * keep * counts / len(labels)).astype(np.int64)
         # Rounded up, the floors can add up to more than the batch (a floor near 1, many small classes):
         # the largest give way first, so every class keeps one whenever the batch has room for each.
@@ -214,14 +225,8 @@ class Sifter:
         self.kept += len(chosen)
         self.passed_over += len(losses) - len(chosen)
         if labels is not None:
-            self._count(self.scored_by_class, labels)
-            self._count(self.kept_by_class, labels[chosen])
-
-    @staticmethod
-    def _count(table: dict[str, int], labels: np.ndarray) -> None:
-        values, counts = np.unique(labels, return_counts=True)
-        for value, count in zip(values.tolist(), counts.tolist(), strict=True):
-            table[str(value)] = table.get(str(value), 0) + count
+            self._scored_counts = _counted(self._scored_counts, labels)
+            self._kept_counts = _counted(self._kept_counts, labels[chosen])
 
     def state_dict(self, step: int | None = None) -> dict:
         """What a healing group takes from its peer. ``step``: the group's current (next uncommitted) step;
@@ -244,8 +249,8 @@ class Sifter:
             "passed_over": self.passed_over,
             "unsifted": self.unsifted,
             "skipped": self.skipped,
-            "kept_by_class": dict(self.kept_by_class),
-            "scored_by_class": dict(self.scored_by_class),
+            "kept_by_class": self.kept_by_class,
+            "scored_by_class": self.scored_by_class,
             "keep_probability_sum": self.probability_sum,
         }
 
@@ -266,6 +271,42 @@ class Sifter:
 def fractions_by_class(kept: dict[str, int], ranked: dict[str, int]) -> dict[str, float]:
     """Each class's kept fraction of its candidates the keep rule ranked (classes ranked at least once)."""
     return {c: kept.get(c, 0) / n for c, n in sorted(ranked.items()) if n}
+
+
+def _highest_first(scores: np.ndarray, seed: list[int]) -> np.ndarray:
+    """Indices of ``scores``, highest first (a NaN the highest), ties in a random order seeded by ``seed``.
+    The generator is made only where two scores tie: making one was a tenth of a digits step's sifting work,
+    and without a tie the order is the one it would give."""
+    key = -scores
+    if not np.isfinite(key).all():  # a NaN first, then an infinite loss (nan_to_num, dear, only where needed)
+        key = -np.nan_to_num(scores, nan=np.inf)
+    order = np.argsort(key, kind="stable")
+    ranked = key[order]
+    if (ranked[1:] != ranked[:-1]).all():
+        return order
+    return np.lexsort((np.random.default_rng(seed).random(len(scores)), key))
+
+
+def _classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(labels, return_inverse=True, return_counts=True)`` of class indices, by a count."""
+    counts = np.bincount(labels)
+    classes = np.flatnonzero(counts)
+    position = np.zeros(len(counts), dtype=np.int64)
+    position[classes] = np.arange(len(classes))
+    return classes, position[labels], counts[classes]
+
+
+def _counted(counts: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``counts`` (per class index) with ``labels`` (class indices) counted in: a new array."""
+    added = np.bincount(labels, minlength=len(counts))
+    added[: len(counts)] += counts
+    return added
+
+
+def _by_class(counts: np.ndarray) -> dict[str, int]:
+    """Per-class counts as reports hold them: ``{class index as a string: count}``, classes counted once or more."""
+    counted = np.flatnonzero(counts)
+    return dict(zip(map(str, counted.tolist()), counts[counted].tolist(), strict=True))
 
 
 def _give_way(need: np.ndarray, excess: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """A peer that dies mid-allreduce must not take the survivor with it (torchft 0.2.0's gradient hook
-asserts in that case; ``training.ddp`` guards it)."""
+asserts in that case; ``training.ddp`` guards it); the buffers replica groups average."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import torch.distributed as dist
 from torchft import DistributedDataParallel
 from torchft.manager import _ManagedWork
 
-from trainyard.training.ddp import SafeDistributedDataParallel
+from trainyard import algorithms
+from trainyard.spec import Algorithm, Hyperparameters
+from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel
 
 
 class ResetByPeer(dist._Work):
@@ -65,3 +67,33 @@ def test_the_safe_hook_skips_the_step_and_lives():
     fut = SafeDistributedDataParallel._comm_hook(manager, Bucket(grads))
     assert torch.equal(fut.wait(), grads)  # its own gradients; the step is not committed
     assert "Connection reset by peer" in str(manager.errored())
+
+
+class Averaging:
+    """A quorum's allreduce of one group: the average is the group's own."""
+
+    def __init__(self):
+        self.reduced = []
+
+    def allreduce(self, tensor):
+        self.reduced.append(tensor.clone())
+        return self
+
+    def wait(self):  # (torchft's managed work: whether the collective succeeded)
+        return True
+
+
+def test_only_buffers_a_forward_pass_can_change_are_averaged():
+    x, y = torch.randn(32, 4).numpy(), torch.randint(0, 3, (32,)).numpy()
+    builtin, _ = algorithms.build(Algorithm(builtin="mlp-classifier"), Hyperparameters(hidden_sizes=[8]), x, y, 3)
+    manager = Averaging()
+    sync = BufferSync(manager, builtin)
+    sync.reduce()
+    assert len(list(builtin.buffers())) == 2  # its fixed input scaling
+    assert not sync.buffers and not manager.reduced  # averaged by no allreduce
+    with_batch_norm = torch.nn.Sequential(builtin, torch.nn.BatchNorm1d(3))
+    sync = BufferSync(manager, with_batch_norm)
+    norm = with_batch_norm[1]
+    assert [b.data_ptr() for b in sync.buffers] == [norm.running_mean.data_ptr(), norm.running_var.data_ptr()]
+    sync.reduce()
+    assert len(manager.reduced) == 1 and manager.reduced[0].numel() == 6

@@ -54,35 +54,51 @@ class Heartbeat:
     """The group's current step in ``heartbeat.json``, at most every ``interval`` seconds: the
     supervisor reads it to know where a group was when it failed, and whether it has gone silent."""
 
-    def __init__(self, path: Path, interval: float = 0.2):
-        self.path, self.interval, self._last = path, interval, 0.0
+    def __init__(self, path: Path, interval: float = 0.2, busy_every: float = 1.0):
+        self.path, self.interval, self.busy_every, self._last = path, interval, busy_every, 0.0
+        self._lock = threading.Lock()  # the group's loop and the watcher (while_busy) both beat
+        self._busy: int | None = None  # the step of the slow work under way
+        self._watcher: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def beat(self, step: int, force: bool = False) -> None:
-        now = time.time()
-        if force or now - self._last >= self.interval:
-            write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
-            self._last = now
+        if force or time.time() - self._last >= self.interval:
+            with self._lock:
+                self._write(step)
 
     @contextlib.contextmanager
-    def while_busy(self, step: int, every: float = 1.0) -> Iterator[None]:
-        """Beat from a thread while the group does slow work of its own (validation, saving its state). Every
-        group validates at the same step, so a validation longer than the silence limit read as all of them
-        hung: all were killed, with none left to heal from. Such work waits on no peer, so it cannot hang the
-        way the limit is there to catch (a wedged collective)."""
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(every):
-                self.beat(step, force=True)
-
-        thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
-        thread.start()
+    def while_busy(self, step: int) -> Iterator[None]:
+        """Beat from a thread, at least every ``busy_every`` seconds, while the group does slow work of its own
+        (validation, saving its state). Every group validates at the same step, so a validation longer than the
+        silence limit read as all of them hung: all were killed, with none left to heal from. Such work waits
+        on no peer, so it cannot hang the way the limit is there to catch (a wedged collective). One watcher
+        thread, started at the first such work: starting one each time took 1 to 2 ms at every epoch's end."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="heartbeat", daemon=True)
+            self._watcher.start()
+        self._busy = step
         try:
             yield
         finally:
-            done.set()
-            thread.join()
-            self.beat(step, force=True)
+            with self._lock:  # the watcher beats no more for it: a later step's beat is never followed by this one's
+                self._busy = None
+                if time.time() - self._last >= self.interval:  # (a write took half a millisecond: not if just done)
+                    self._write(step)
+
+    def close(self) -> None:
+        """Stop the watcher (the group is done)."""
+        self._closed.set()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self.busy_every / 4):
+            with self._lock:
+                if self._busy is not None and time.time() - self._last >= self.busy_every:
+                    self._write(self._busy)
+
+    def _write(self, step: int) -> None:
+        now = time.time()
+        write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
+        self._last = now
 
 
 class StepCounts:
@@ -178,7 +194,7 @@ def write_progress(
         "recovery": recovery,
         "sifting": data.report() if data else None,
     }
-    write_json_atomic(out / "progress.json", progress)
+    write_json_atomic(out / "progress.json", progress, indent=None)  # (indented, a long job's took a millisecond)
     return progress
 
 

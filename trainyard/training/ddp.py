@@ -39,13 +39,20 @@ class BufferSync:
     ended with different states. As DDP's ``broadcast_buffers`` keeps them equal within a group, this keeps
     them equal across groups: each step a copy is averaged before the step's vote (a reduction that failed
     fails the step) and applied once the step commits. Integer buffers (``num_batches_tracked``) are left:
-    they count this group's forward passes, redone steps included. A model without floating-point buffers
-    (the built-ins) costs nothing.
+    they count this group's forward passes, redone steps included, and so are the buffers of a module that
+    says no forward pass changes them (``buffers_fixed``: the built-ins' fixed scaling, ``algorithms.Affine``).
+    A model with no others (the built-ins) costs nothing: no allreduce a step for buffers that never change.
     """
 
     def __init__(self, manager: Manager, model: torch.nn.Module):
         self.manager = manager
-        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.buffers = [
+            buffer
+            for module in model.modules()
+            if not getattr(module, "buffers_fixed", False)
+            for buffer in module.buffers(recurse=False)
+            if buffer.is_floating_point()
+        ]
         self._flat: torch.Tensor | None = None
 
     def reduce(self) -> None:

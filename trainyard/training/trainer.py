@@ -312,6 +312,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                     checkpointer.save(manager.current_step(), state_dict(), manager.state_dict())
     finally:
         counts.close()
+        heartbeat.close()
         manager.shutdown(wait=False)
         devices.close_process_group(pg)
         if checkpointer is not None:
