@@ -78,7 +78,8 @@ def job_dir(job_id: str) -> Path:
 
 
 def write_json_atomic(path: Path, data: Any, indent: int | None = 2) -> None:
-    """Write JSON so a reader never sees half a file: a temporary name, then a rename."""
+    """Write JSON so a reader never sees half a file: a temporary name, then a rename. ``indent``: None for
+    the most compact file (one rewritten often)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=indent, default=str))

@@ -76,7 +76,8 @@ class Sifter:
         # are not ranked: the first ones are trained on (a uniform draw), the rest left out unscored.
         self.unsifted = 0
         self.skipped = 0
-        # candidates ranked and kept, per class index (arrays replaced as they grow, never changed in place)
+        # candidates ranked and kept, per class index (replaced at each count, never changed in place: _begin's undo
+        # keeps references)
         self._scored_counts = np.zeros(0, dtype=np.int64)
         self._kept_counts = np.zeros(0, dtype=np.int64)
         # The ranked candidates' keep probabilities, added up: the share smart sifting's rule would keep
@@ -278,7 +279,7 @@ def _highest_first(scores: np.ndarray, seed: list[int]) -> np.ndarray:
     The generator is made only where two scores tie: making one was a tenth of a digits step's sifting work,
     and without a tie the order is the one it would give."""
     key = -scores
-    if not np.isfinite(key).all():  # a NaN first, then an infinite loss (nan_to_num, dear, only where needed)
+    if not np.isfinite(key).all():  # a NaN first, then an infinite loss (nan_to_num copies: only where needed)
         key = -np.nan_to_num(scores, nan=np.inf)
     order = np.argsort(key, kind="stable")
     ranked = key[order]
@@ -288,7 +289,8 @@ def _highest_first(scores: np.ndarray, seed: list[int]) -> np.ndarray:
 
 
 def _classes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``np.unique(labels, return_inverse=True, return_counts=True)`` of class indices, by a count."""
+    """``np.unique(labels, return_inverse=True, return_counts=True)`` of class indices (non-negative integers,
+    as ``select`` takes them), by a count."""
     counts = np.bincount(labels)
     classes = np.flatnonzero(counts)
     position = np.zeros(len(counts), dtype=np.int64)

@@ -86,3 +86,11 @@ def test_learning_rate_schedules():
     assert learning_rate(cosine, 50, 1.0) == pytest.approx(0.01)
     linear = Hyperparameters(learning_rate=0.1, lr_schedule="linear")
     assert learning_rate(linear, 50, 0.25) == pytest.approx(0.075)
+
+
+def test_slot_sizes_split_a_step_as_numpy_would():
+    dealt = sampler("replicated", rows=23, batch_size=10)
+    for slots in range(1, 13):
+        for index in range(4):  # the last step is short (3 rows), the one after it empty
+            rows = max(0, min(10, 23 - index * 10))
+            assert dealt.slot_sizes(index, slots) == [len(p) for p in np.array_split(np.arange(rows), slots)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from trainyard.home import write_json_atomic
 from trainyard.training.plan import attempt_dir
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from trainyard.launch import LaunchHandle
@@ -56,7 +59,9 @@ class Heartbeat:
 
     def __init__(self, path: Path, interval: float = 0.2, busy_every: float = 1.0):
         self.path, self.interval, self.busy_every, self._last = path, interval, busy_every, 0.0
-        self._lock = threading.Lock()  # the group's loop and the watcher (while_busy) both beat
+        self._step: int | None = None  # the step of the last beat
+        # the group's loop and the watcher (while_busy) both beat, through one temporary file: one at a time
+        self._lock = threading.Lock()
         self._busy: int | None = None  # the step of the slow work under way
         self._watcher: threading.Thread | None = None
         self._closed = threading.Event()
@@ -72,8 +77,9 @@ class Heartbeat:
         (validation, saving its state). Every group validates at the same step, so a validation longer than the
         silence limit read as all of them hung: all were killed, with none left to heal from. Such work waits
         on no peer, so it cannot hang the way the limit is there to catch (a wedged collective). One watcher
-        thread, started at the first such work: starting one each time took 1 to 2 ms at every epoch's end."""
-        if self._watcher is None:
+        thread, started at the first such work (again if it died): starting one each time took 1 to 2 ms at every
+        epoch's end."""
+        if self._watcher is None or not self._watcher.is_alive():
             self._watcher = threading.Thread(target=self._watch, name="heartbeat", daemon=True)
             self._watcher.start()
         self._busy = step
@@ -82,23 +88,27 @@ class Heartbeat:
         finally:
             with self._lock:  # the watcher beats no more for it: a later step's beat is never followed by this one's
                 self._busy = None
-                if time.time() - self._last >= self.interval:  # (a write took half a millisecond: not if just done)
+                # (a write took half a millisecond: not when this step's beat is recent)
+                if self._step != step or time.time() - self._last >= self.interval:
                     self._write(step)
 
     def close(self) -> None:
-        """Stop the watcher (the group is done)."""
+        """Stop the watcher: the group is done (slow work after this beats only at its end)."""
         self._closed.set()
 
     def _watch(self) -> None:
         while not self._closed.wait(self.busy_every / 4):
             with self._lock:
                 if self._busy is not None and time.time() - self._last >= self.busy_every:
-                    self._write(self._busy)
+                    try:
+                        self._write(self._busy)
+                    except OSError as exc:  # (a full disk): the group's own beats will say so; keep watching
+                        log.warning("heartbeat: %s", exc)
 
     def _write(self, step: int) -> None:
         now = time.time()
         write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
-        self._last = now
+        self._last, self._step = now, step
 
 
 class StepCounts:
