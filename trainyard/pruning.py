@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from trainyard.sifting import counts_by_class
 from trainyard.spec import Pruning
 
 
@@ -192,8 +193,8 @@ class Pruner:
         if self.labels is None:
             return counts
         by_class = {
-            "prune_dealt_by_class": {str(c): int(n) for c, n in enumerate(self.dealt_by_class) if n},
-            "pruned_by_class": {str(c): int(n) for c, n in enumerate(self.out_by_class) if n},
+            "prune_dealt_by_class": counts_by_class(self.dealt_by_class),
+            "pruned_by_class": counts_by_class(self.out_by_class),
         }
         return counts | by_class
 

@@ -89,12 +89,12 @@ class Sifter:
     @property
     def kept_by_class(self) -> dict[str, int]:
         """Candidates the keep rule kept, per class (index, as a string)."""
-        return _by_class(self._kept_counts)
+        return counts_by_class(self._kept_counts)
 
     @property
     def scored_by_class(self) -> dict[str, int]:
         """Candidates the keep rule ranked, per class (index, as a string)."""
-        return _by_class(self._scored_counts)
+        return counts_by_class(self._scored_counts)
 
     @property
     def candidates_per_kept(self) -> float:
@@ -305,8 +305,9 @@ def _counted(counts: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return added
 
 
-def _by_class(counts: np.ndarray) -> dict[str, int]:
-    """Per-class counts as reports hold them: ``{class index as a string: count}``, classes counted once or more."""
+def counts_by_class(counts: np.ndarray) -> dict[str, int]:
+    """Per-class counts (an array by class index) as reports hold them: ``{class index as a string: count}``,
+    classes counted once or more (the sifter's and the pruner's)."""
     counted = np.flatnonzero(counts)
     return dict(zip(map(str, counted.tolist()), counts[counted].tolist(), strict=True))
 
