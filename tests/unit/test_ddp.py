@@ -1,19 +1,24 @@
 """A peer that dies mid-allreduce must not take the survivor with it (torchft 0.2.0's gradient hook
-asserts in that case; ``training.ddp`` guards it); the buffers replica groups average."""
+asserts in that case; ``training.ddp`` guards it); the buffers replica groups average; a group alone in its
+quorum runs no collective."""
 
 from __future__ import annotations
 
+import copy
 import logging
+from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-from torchft import DistributedDataParallel
+from torchft import DistributedDataParallel, ProcessGroupGloo
+from torchft import Manager as TorchftManager
 from torchft.manager import _ManagedWork
 
-from trainyard import algorithms
-from trainyard.spec import Algorithm, Hyperparameters
-from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel
+from trainyard import algorithms, launch, servers
+from trainyard.spec import Algorithm, Hyperparameters, Resources
+from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel, any_group
+from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
 
 
 class ResetByPeer(dist._Work):
@@ -70,10 +75,17 @@ def test_the_safe_hook_skips_the_step_and_lives():
 
 
 class Averaging:
-    """A quorum's allreduce of one group: the average is the group's own."""
+    """A quorum's allreduce (of two groups, unless ``participants`` says otherwise)."""
 
-    def __init__(self):
+    def __init__(self, participants: int = 2):
         self.reduced = []
+        self.participants = participants
+
+    def num_participants(self):
+        return self.participants
+
+    def is_participating(self):
+        return True
 
     def allreduce(self, tensor):
         self.reduced.append(tensor.clone())
@@ -97,3 +109,79 @@ def test_only_buffers_a_forward_pass_can_change_are_averaged():
     assert [b.data_ptr() for b in sync.buffers] == [norm.running_mean.data_ptr(), norm.running_var.data_ptr()]
     sync.reduce()
     assert len(manager.reduced) == 1 and manager.reduced[0].numel() == 6
+    alone = Averaging(participants=1)
+    BufferSync(alone, with_batch_norm).reduce()
+    assert not alone.reduced  # a quorum of one: the average is its own
+
+
+@pytest.fixture
+def lone_manager(tmp_path):
+    """A real torchft Manager whose group is the only one in its lighthouse's quorum, made as the trainer makes
+    its own (synchronous quorum, gloo, the store and manager server on 127.0.0.1)."""
+    lighthouse, addr = launch._start_lighthouse(tmp_path, Resources(replicas=1))
+    confine_manager_server()
+    store = group_store()  # (kept: its server closes with it)
+    manager = TorchftManager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        load_state_dict=lambda state: None,
+        state_dict=dict,
+        min_replica_size=1,
+        use_async_quorum=False,
+        timeout=timedelta(seconds=30),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=addr,
+        replica_id="lone-g0",
+        hostname="127.0.0.1",
+        checkpoint_transport=HealTransport(timeout=timedelta(seconds=30)),
+    )
+    try:
+        yield manager
+    finally:
+        manager.shutdown(wait=False)
+        servers.stop_process(lighthouse)
+
+
+def test_a_group_alone_in_its_quorum_trains_as_through_ddp_with_no_collective(lone_manager, monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    twin = copy.deepcopy(model)
+    through_ddp = SafeDistributedDataParallel(lone_manager, model)
+    alone = SafeDistributedDataParallel(lone_manager, twin)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in (model, twin)]
+    reduced = []
+    allreduce = lone_manager.allreduce
+    monkeypatch.setattr(lone_manager, "allreduce", lambda t, **kw: reduced.append(t.numel()) or allreduce(t, **kw))
+    loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
+    for step in range(3):
+        x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+        lone_manager.start_quorum()
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        loss_fn(through_ddp(x), y).sum().backward()
+        assert reduced, "the DDP path averages its gradients over the quorum (of one)"
+        reduced.clear()
+        assert alone.for_step() is twin
+        loss_fn(alone.for_step()(x), y).sum().backward()
+        assert any_group(lone_manager, True, torch.device("cpu")) is True
+        assert any_group(lone_manager, False, torch.device("cpu")) is False
+        assert not reduced  # no collective: neither the gradients nor the vote
+        for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+            assert torch.equal(a.grad, b.grad)  # averaged over one group: its own, to the bit
+        assert lone_manager.should_commit()
+        for optimizer in optimizers:
+            optimizer.step()
+    assert lone_manager.current_step() == 3
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+
+
+def test_a_group_with_a_peer_in_its_quorum_goes_through_ddp():
+    model = torch.nn.Linear(2, 2)
+    ddp = SafeDistributedDataParallel.__new__(SafeDistributedDataParallel)  # (no process group needed to ask)
+    torch.nn.Module.__init__(ddp)
+    ddp.module, ddp.manager = model, Averaging(participants=2)
+    assert ddp.for_step() is ddp
+    ddp.manager.participants = 1
+    assert ddp.for_step() is model

@@ -261,7 +261,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if first_batch_seconds is None:
                 first_batch_seconds = time.monotonic() - started
             with algorithms.one_row_batch_norm(model, len(xb)):
-                losses = loss_fn(ddp(xb), yb)
+                losses = loss_fn(ddp.for_step()(xb), yb)
             algorithms.check_per_sample(losses, len(xb))
             data.trained(losses)  # with sifting.reuse_loss_epochs, these rows need no scoring pass for a while
             # torchft averages gradients over the quorum's groups, whose batches may differ in size:
