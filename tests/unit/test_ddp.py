@@ -155,7 +155,7 @@ def test_a_group_alone_in_its_quorum_trains_as_through_ddp_with_no_collective(lo
     allreduce = lone_manager.allreduce
     monkeypatch.setattr(lone_manager, "allreduce", lambda t, **kw: reduced.append(t.numel()) or allreduce(t, **kw))
     loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
-    for step in range(3):
+    for _ in range(3):
         x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
         lone_manager.start_quorum()
         for optimizer in optimizers:
