@@ -145,9 +145,10 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
         "enabled": job.sifting.enabled,
         "beta": job.sifting.beta,
         # what ranked the candidates and how they were picked (with sifting.noisy_share, as the labels called for:
-        # the prefilter report's label_noise)
-        "score": job.sifting.score,
-        "selection": job.sifting.selection,
+        # the prefilter report's label_noise); none with the keep rule off (beta 0: pruning alone, by the training
+        # passes' own losses)
+        "score": job.sifting.score if job.sifting.beta else None,
+        "selection": job.sifting.selection if job.sifting.beta else None,
         "kept_fraction": online["kept_fraction"] if online else (report.kept_fraction if report else None),
         "online": online,
         "prefilter": report.to_dict() if report else None,

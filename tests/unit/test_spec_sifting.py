@@ -176,3 +176,14 @@ def test_smart_sifting_names_pass_a_deployments_parameter_schema_as_they_pass_th
         jsonschema.validate({"job": minimal(sifting={"beta_valu": 0.5})}, schema)
     # a form's empty alias field is not a second value for the setting
     assert parse_job(minimal(sifting={"beta": 1, "beta_value": None})).sifting.beta == 1
+
+
+def test_the_summary_names_no_ranking_where_the_keep_rule_is_off():
+    from trainyard.status import sifting_section
+
+    pruning = parse_job(minimal(sifting={"enabled": True}))  # the default: pruning alone, beta 0
+    section = sifting_section(pruning, None, None)
+    assert pruning.sifting.beta == 0 and (section["score"], section["selection"]) == (None, None)
+    proxy = parse_job(minimal(sifting={"enabled": True, "beta": 2, "score": "proxy", "selection": "top"}))
+    section = sifting_section(proxy, None, None)
+    assert (section["score"], section["selection"]) == ("proxy", "top")
