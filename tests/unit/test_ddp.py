@@ -17,7 +17,7 @@ from torchft.manager import _ManagedWork
 
 from trainyard import algorithms, launch, servers
 from trainyard.spec import Algorithm, Hyperparameters, Resources
-from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel, any_group
+from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel, StepForward, any_group
 from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
 
 
@@ -149,7 +149,7 @@ def test_a_group_alone_in_its_quorum_trains_as_through_ddp_with_no_collective(lo
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     twin = copy.deepcopy(model)
     through_ddp = SafeDistributedDataParallel(lone_manager, model)
-    alone = SafeDistributedDataParallel(lone_manager, twin)
+    alone = StepForward(lone_manager, twin)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in (model, twin)]
     reduced = []
     allreduce = lone_manager.allreduce
@@ -163,8 +163,8 @@ def test_a_group_alone_in_its_quorum_trains_as_through_ddp_with_no_collective(lo
         loss_fn(through_ddp(x), y).sum().backward()
         assert reduced, "the DDP path averages its gradients over the quorum (of one)"
         reduced.clear()
-        assert alone.for_step() is twin
-        loss_fn(alone.for_step()(x), y).sum().backward()
+        assert alone() is twin
+        loss_fn(alone()(x), y).sum().backward()
         assert any_group(lone_manager, True, torch.device("cpu")) is True
         assert any_group(lone_manager, False, torch.device("cpu")) is False
         assert not reduced  # no collective: neither the gradients nor the vote
@@ -177,11 +177,52 @@ def test_a_group_alone_in_its_quorum_trains_as_through_ddp_with_no_collective(lo
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
 
 
-def test_a_group_with_a_peer_in_its_quorum_goes_through_ddp():
-    model = torch.nn.Linear(2, 2)
-    ddp = SafeDistributedDataParallel.__new__(SafeDistributedDataParallel)  # (no process group needed to ask)
-    torch.nn.Module.__init__(ddp)
-    ddp.module, ddp.manager = model, Averaging(participants=2)
-    assert ddp.for_step() is ddp
-    ddp.manager.participants = 1
-    assert ddp.for_step() is model
+class Sharing:
+    """A manager whose quorum is this group alone or with ``peers`` more, its allreduce a sum over groups that
+    all hold what this one holds (a completed torchft work, its inner future set, as the hook reads it)."""
+
+    def __init__(self):
+        self.peers, self.reduced = 0, 0
+
+    def num_participants(self):
+        return 1 + self.peers
+
+    def is_participating(self):
+        return True
+
+    def errored(self):
+        return None
+
+    def allreduce(self, tensor, **_):
+        self.reduced += 1
+        done = torch.futures.Future()
+        done.set_result(tensor)  # (the average of equal values)
+        work = type("Work", (), {"wait": lambda _: True, "get_future": lambda _: type("F", (), {"_fut": done})()})
+        return work()
+
+
+class SometimesHead(torch.nn.Module):
+    """A model whose second layer only some steps use (a conditional head, an expert no row was routed to)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 3), torch.nn.Linear(3, 3)
+
+    def forward(self, x, use_b=True):
+        out = self.a(x)
+        return self.b(out) if use_b else out
+
+
+def test_a_group_that_was_alone_goes_through_ddp_again_when_a_peer_joins():
+    manager, model = Sharing(), SometimesHead()
+    forward = StepForward(manager, model)
+    x = torch.randn(5, 4)
+    for peers, use_b in ((0, True), (1, False), (0, True), (1, True), (1, False), (0, False), (1, True)):
+        manager.peers, manager.reduced = peers, 0
+        model.zero_grad(set_to_none=True)
+        module = forward()
+        assert (module is model) == (peers == 0)
+        module(x, use_b).sum().backward()  # a parameter a lone step used and this one does not: no error
+        assert (manager.reduced > 0) == (peers > 0)  # gradients averaged only with a peer
+        assert (model.b.weight.grad is not None) == use_b
+        assert model.a.weight.grad is not None

@@ -10,11 +10,11 @@ dead peer.
 
 A group alone in its step's quorum (a one-group job, or the last live group) has nobody to average with:
 torchft sums over a process group of one and divides by one, which returns every value as it was. So such a
-step runs no collective (``alone``): its forward goes through the model itself, not DDP, and the buffers and
-the stop vote are this group's own. On CPU the collectives and DDP's bookkeeping (its search for unused
-parameters, gradients copied into buckets and back) took about 0.5 ms of a 2.4 ms step of the built-in
-classifier (``benchmarks/sifting.py``'s digits); the next step with a peer in the quorum goes through DDP
-again.
+step runs no collective (``alone``): its forward goes through the model itself, not DDP (``StepForward``), and
+the buffers and the stop vote are this group's own. On CPU the collectives and DDP's bookkeeping (its search for
+unused parameters, gradients copied into buckets and back) took about 0.5 ms of a 2.4 ms step of the built-in
+classifier in one process (``benchmarks/sifting.py``'s digits); the next step with a peer in the quorum goes
+through DDP again.
 """
 
 # No ``from __future__ import annotations``: torch checks the hook's annotations as objects.
@@ -24,24 +24,16 @@ from torchft import DistributedDataParallel, Manager
 
 
 def alone(manager: Manager) -> bool:
-    """Whether this group is the whole of the step's quorum. With the trainer's synchronous quorum every member
-    of the quorum takes part in the step (a behind one heals first), so one participant is a process group of
-    one."""
+    """Whether this group is the whole of the step's quorum. With the trainer's Manager (a synchronous quorum that
+    heals a behind member before the step, torchft's default world size mode with no spares) every member of the
+    quorum takes part in the step, so one participant is a process group of one. (With ``use_async_quorum``, a
+    start_quorum that does not heal, or spares, a quorum can hold members that do not take part: this would be
+    wrong there.)"""
     return manager.num_participants() == 1 and manager.is_participating()
 
 
 class SafeDistributedDataParallel(DistributedDataParallel):
     """``torchft.DistributedDataParallel`` that survives a collective broken by a dying peer."""
-
-    def __init__(self, manager: Manager, module: torch.nn.Module):
-        super().__init__(manager, module)
-        self.manager = manager
-
-    def for_step(self) -> torch.nn.Module:
-        """What this step's forward runs through: the model itself when the group is alone in the step's quorum
-        (its gradients are then its own, and DDP's reducer does nothing for a backward it did not prepare), else
-        DDP, which averages them over the quorum."""
-        return self.module if alone(self.manager) else self
 
     @staticmethod
     def _comm_hook(state: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -55,6 +47,29 @@ class SafeDistributedDataParallel(DistributedDataParallel):
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         done.set_result(bucket.buffer())
         return done
+
+
+class StepForward:
+    """What a step's forward runs through: the model itself while the group is alone in the step's quorum (its
+    gradients are then its own), else DDP (``SafeDistributedDataParallel``), which averages them over the quorum.
+
+    The DDP wrapper is dropped while the group is alone and made afresh when a peer joins: its reducer's autograd
+    hooks sit on the parameters and mark the ones a backward used even for a backward through the bare model, and
+    only a backward through DDP clears those marks. A step through an old wrapper after lone steps then found a
+    parameter marked used with no gradient (an error, for a model that leaves some parameter unused in a step:
+    a conditional head, an expert no row went to). A dropped wrapper's reducer takes its hooks with it."""
+
+    def __init__(self, manager: Manager, model: torch.nn.Module):
+        self.manager, self.model = manager, model
+        self._ddp: SafeDistributedDataParallel | None = None
+
+    def __call__(self) -> torch.nn.Module:
+        if alone(self.manager):
+            self._ddp = None
+            return self.model
+        if self._ddp is None:
+            self._ddp = SafeDistributedDataParallel(self.manager, self.model)
+        return self._ddp
 
 
 class BufferSync:

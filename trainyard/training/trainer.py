@@ -86,7 +86,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     from torchft import Manager
 
     from trainyard.training import device as devices
-    from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel, any_group
+    from trainyard.training.ddp import BufferSync, StepForward, any_group
 
     started, started_unix = time.monotonic(), time.time()
     plan = TrainingPlan.read(job_dir)
@@ -153,7 +153,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     joining = replica >= plan.num_replicas or (attempt == 0 and job_step(job_dir) > 0)
     if attempt == 0 and not joining:
         start_barrier(job_dir, replica, plan.num_replicas)
-    ddp = SafeDistributedDataParallel(manager, model)
+    forward = StepForward(manager, model)  # DDP, or the model itself while this group is alone in the quorum
     buffers = BufferSync(manager, model)
 
     previous = last_step(attempt_dir(job_dir, replica, attempt - 1)) if attempt > 0 else 0
@@ -261,7 +261,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if first_batch_seconds is None:
                 first_batch_seconds = time.monotonic() - started
             with algorithms.one_row_batch_norm(model, len(xb)):
-                losses = loss_fn(ddp.for_step()(xb), yb)
+                losses = loss_fn(forward()(xb), yb)
             algorithms.check_per_sample(losses, len(xb))
             data.trained(losses)  # with sifting.reuse_loss_epochs, these rows need no scoring pass for a while
             # torchft averages gradients over the quorum's groups, whose batches may differ in size:
