@@ -74,8 +74,22 @@ def test_the_safe_hook_skips_the_step_and_lives():
     assert "Connection reset by peer" in str(manager.errored())
 
 
-class Averaging:
-    """A quorum's allreduce (of two groups, unless ``participants`` says otherwise)."""
+class Done:
+    """torchft's managed work for an allreduce that completed: what the hook and ``BufferSync`` read of it."""
+
+    def __init__(self, tensor):
+        self._fut = torch.futures.Future()
+        self._fut.set_result(tensor)  # (the average of equal values)
+
+    def wait(self):  # whether the collective succeeded
+        return True
+
+    def get_future(self):
+        return self
+
+
+class Quorum:
+    """A manager whose step's quorum has ``participants`` groups (this one among them), its allreduces recorded."""
 
     def __init__(self, participants: int = 2):
         self.reduced = []
@@ -87,18 +101,18 @@ class Averaging:
     def is_participating(self):
         return True
 
-    def allreduce(self, tensor):
-        self.reduced.append(tensor.clone())
-        return self
+    def errored(self):
+        return None
 
-    def wait(self):  # (torchft's managed work: whether the collective succeeded)
-        return True
+    def allreduce(self, tensor, **_):
+        self.reduced.append(tensor.clone())
+        return Done(tensor)
 
 
 def test_only_buffers_a_forward_pass_can_change_are_averaged():
     x, y = torch.randn(32, 4).numpy(), torch.randint(0, 3, (32,)).numpy()
     builtin, _ = algorithms.build(Algorithm(builtin="mlp-classifier"), Hyperparameters(hidden_sizes=[8]), x, y, 3)
-    manager = Averaging()
+    manager = Quorum()
     sync = BufferSync(manager, builtin)
     sync.reduce()
     assert len(list(builtin.buffers())) == 2  # its fixed input scaling
@@ -109,7 +123,7 @@ def test_only_buffers_a_forward_pass_can_change_are_averaged():
     assert [b.data_ptr() for b in sync.buffers] == [norm.running_mean.data_ptr(), norm.running_var.data_ptr()]
     sync.reduce()
     assert len(manager.reduced) == 1 and manager.reduced[0].numel() == 6
-    alone = Averaging(participants=1)
+    alone = Quorum(participants=1)
     BufferSync(alone, with_batch_norm).reduce()
     assert not alone.reduced  # a quorum of one: the average is its own
 
@@ -177,30 +191,6 @@ def test_a_group_alone_in_its_quorum_trains_as_through_ddp_with_no_collective(lo
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
 
 
-class Sharing:
-    """A manager whose quorum is this group alone or with ``peers`` more, its allreduce a sum over groups that
-    all hold what this one holds (a completed torchft work, its inner future set, as the hook reads it)."""
-
-    def __init__(self):
-        self.peers, self.reduced = 0, 0
-
-    def num_participants(self):
-        return 1 + self.peers
-
-    def is_participating(self):
-        return True
-
-    def errored(self):
-        return None
-
-    def allreduce(self, tensor, **_):
-        self.reduced += 1
-        done = torch.futures.Future()
-        done.set_result(tensor)  # (the average of equal values)
-        work = type("Work", (), {"wait": lambda _: True, "get_future": lambda _: type("F", (), {"_fut": done})()})
-        return work()
-
-
 class SometimesHead(torch.nn.Module):
     """A model whose second layer only some steps use (a conditional head, an expert no row was routed to)."""
 
@@ -214,15 +204,16 @@ class SometimesHead(torch.nn.Module):
 
 
 def test_a_group_that_was_alone_goes_through_ddp_again_when_a_peer_joins():
-    manager, model = Sharing(), SometimesHead()
+    manager, model = Quorum(), SometimesHead()
     forward = StepForward(manager, model)
     x = torch.randn(5, 4)
     for peers, use_b in ((0, True), (1, False), (0, True), (1, True), (1, False), (0, False), (1, True)):
-        manager.peers, manager.reduced = peers, 0
+        manager.participants = 1 + peers
+        manager.reduced.clear()
         model.zero_grad(set_to_none=True)
         module = forward()
         assert (module is model) == (peers == 0)
         module(x, use_b).sum().backward()  # a parameter a lone step used and this one does not: no error
-        assert (manager.reduced > 0) == (peers > 0)  # gradients averaged only with a peer
+        assert bool(manager.reduced) == (peers > 0)  # gradients averaged only with a peer
         assert (model.b.weight.grad is not None) == use_b
         assert model.a.weight.grad is not None
