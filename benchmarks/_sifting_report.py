@@ -172,7 +172,7 @@ def fmt_x(v: float | None) -> str:
 
 
 # What `sifting.enabled: true` with nothing else set turns on for a classifier's file-mode channel
-# (trainyard/spec/sifting.py)
+# (trainyard/spec/pruning.py's DEFAULT_PRUNING, turned on by trainyard/spec/sifting.py)
 DEFAULT = Setting(
     0.0, None, prune=tuple(DEFAULT_PRUNING[k] for k in ("learnt_fraction", "hardest_fraction", "batch_factor"))
 )
@@ -190,7 +190,7 @@ def print_best(setting: Setting, named: bool = False) -> None:
         print("  It is the default of `sifting.enabled: true` (trainyard/spec/sifting.py); as settings:")
     else:
         print(
-            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec/sifting.py's "
+            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec/pruning.py's "
             "DEFAULT_PRUNING); to turn it on:"
         )
     if setting.auto:  # the filtering stage picks from the labels: pruning x3 (noisy) or the proxy's top third (clean)

@@ -29,7 +29,7 @@ than ``sifting.py``'s reading of a filtering arm at its nearest epoch end: in th
 figure is FLOPs to the baseline's final validation accuracy, as a multiple of the baseline's, per seed,
 against the issue's 0.65x. If an oracle that scores for free does not reach it, no filter will.
 
-    .venv/bin/python benchmarks/sifting_bound.py                      # digits, seeds 0-6, 100-107, 200-215 (30 s on 2 cores)
+    .venv/bin/python benchmarks/sifting_bound.py                      # digits, 31 seeds (30 s on 2 cores)
     .venv/bin/python benchmarks/sifting_bound.py --lrs 0.001 0.003 0.01  # the arms at three rates, and each seed's best
 
 Digits only by default: it is the dataset whose FLOPs target no setting of ``sifting.py`` has met. On tabular

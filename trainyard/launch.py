@@ -1,4 +1,4 @@
-"""Stage 2, launch: start the job's torchft lighthouse and its replica groups.
+"""Stage 2, launch: start the job's torchft lighthouse (``lighthouse.py``) and its replica groups.
 
 The lighthouse always runs beside the train stage. The groups are started by a launcher chosen by
 ``resources.work_pool``: ``local`` is the embedded default, local processes (``LocalProcesses``);
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,31 +24,19 @@ from typing import Protocol
 from trainyard import env_settings
 from trainyard.env_settings import THREADS_ENV
 from trainyard.errors import TrainingError
+from trainyard.lighthouse import start_lighthouse
 from trainyard.servers import (
-    advertised_host,
-    bind_host,
     die_with_parent,
-    free_port,
-    stop_process,
-    wait_until_answering,
 )
 from trainyard.spec import Resources
 from trainyard.training.plan import LAUNCH_ENV, attempt_dir
 from trainyard.training.replica import PARENT_ENV
 
-# Lighthouse failure detection. A group's Manager heartbeats every 100 ms; a group silent for
-# HEARTBEAT_TIMEOUT_MS is dropped from the next quorum. Until then the survivors' quorum waits for it,
-# so this is their stall when a group dies (3 s measured with 3000). 500 ms is five missed beats:
-# short enough that a survivor stalls about half a second, long enough that a busy but live group is
-# not dropped (if one were, it would rejoin at the next step and heal: slower, never wrong).
-# JOIN_TIMEOUT_MS bounds how long a quorum waits for a heartbeating group that has not asked to join.
-HEARTBEAT_TIMEOUT_MS = 500
 # How long a stopping job waits for its pool groups to leave before it stops their lighthouse: a group
 # leaves within a step of its SIGTERM, or a collective's timeout (trainer.PG_TIMEOUT, 10 s) when a peer
 # left first. Well under the 30 s a process worker gives a cancelled pipeline run before it kills it: the
 # summary and its upload come after.
 POOL_LEAVE_SECONDS = 12.0
-JOIN_TIMEOUT_MS = 3000
 _PROCESSES: dict[int, subprocess.Popen] = {}
 # The exit codes of the processes ``shutdown`` stopped and forgot: a supervisor that shut its groups
 # down (a stop's grace ran out) still asks how they ended.
@@ -130,7 +117,8 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
             f"work pool {resources.work_pool!r}: no launcher for it in this process; work pools other than 'local' "
             "are reached through the Prefect pipeline (trainyard run, or a deployment)"
         )
-    lighthouse, addr = _start_lighthouse(job_dir, resources)
+    lighthouse, addr = start_lighthouse(job_dir, resources.min_replicas)
+    _PROCESSES[lighthouse.pid] = lighthouse
     handle = LaunchHandle(
         job_id=job_id,
         job_dir=str(job_dir),
@@ -148,62 +136,6 @@ def launch(job_id: str, job_dir: Path, resources: Resources) -> LaunchHandle:
         shutdown(handle)
         raise
     return handle
-
-
-LIGHTHOUSE_TRIES = 3  # ports tried: a free port can be taken by another process before the lighthouse binds it
-
-
-def _start_lighthouse(job_dir: Path, resources: Resources) -> tuple[subprocess.Popen, str]:
-    """The job's torchft lighthouse, started and answering, and the address groups dial. One that exits at start
-    (its port taken meanwhile) is tried again on another port; the last failure names its log's last line."""
-    binary = shutil.which("torchft_lighthouse") or str(Path(sys.executable).with_name("torchft_lighthouse"))
-    log_path = job_dir / "lighthouse.log"
-    problem = ""
-    for _ in range(LIGHTHOUSE_TRIES):
-        port = free_port()
-        with log_path.open("ab") as log:  # the child keeps its own descriptor
-            lighthouse = subprocess.Popen(
-                [
-                    binary,
-                    "--min_replicas",
-                    str(resources.min_replicas),
-                    "--bind",
-                    f"{bind_host()}:{port}",
-                    "--heartbeat_timeout_ms",
-                    str(HEARTBEAT_TIMEOUT_MS),
-                    "--join_timeout_ms",
-                    str(JOIN_TIMEOUT_MS),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={"RUST_LOG": "warn", **os.environ},  # its INFO is a few lines per step
-                preexec_fn=die_with_parent(),  # not orphaned by a pipeline process killed outright (SIGKILL, OOM)
-                # A process group of its own: a worker cancelling the pipeline run SIGTERMs its whole group, and
-                # the lighthouse must outlive that until the job's groups have left (shutdown); they hung in their
-                # quorum without it until their workers killed them.
-                start_new_session=True,
-            )
-        _PROCESSES[lighthouse.pid] = lighthouse
-        addr = f"http://{advertised_host()}:{port}"  # what the groups dial, wherever they run
-        problem = wait_until_answering(addr, lighthouse, timeout_seconds=15.0) or ""
-        if not problem and lighthouse.poll() is None:
-            return lighthouse, addr
-        # (answered, but by whatever holds the port: ours exited, its bind refused)
-        problem = problem or f"exited at start (code {lighthouse.returncode})"
-        stop_process(lighthouse)
-        _PROCESSES.pop(lighthouse.pid, None)
-        if "exited" not in problem:
-            break  # it did not answer in time: another port would not help
-    said = _last_line(log_path)
-    raise TrainingError(f"the torchft lighthouse {problem}{f': {said}' if said else ''} (its log: {log_path})")
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1].strip()[:300] if lines else ""
 
 
 def start_replica(handle: LaunchHandle, replica: int, attempt: int, resume: bool = False) -> ReplicaProcess:

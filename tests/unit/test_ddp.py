@@ -15,8 +15,9 @@ from torchft import DistributedDataParallel, ProcessGroupGloo
 from torchft import Manager as TorchftManager
 from torchft.manager import _ManagedWork
 
-from trainyard import algorithms, launch, servers
-from trainyard.spec import Algorithm, Hyperparameters, Resources
+from trainyard import algorithms, servers
+from trainyard.lighthouse import start_lighthouse
+from trainyard.spec import Algorithm, Hyperparameters
 from trainyard.training.ddp import BufferSync, SafeDistributedDataParallel, StepForward, any_group
 from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
 
@@ -132,7 +133,7 @@ def test_only_buffers_a_forward_pass_can_change_are_averaged():
 def lone_manager(tmp_path):
     """A real torchft Manager whose group is the only one in its lighthouse's quorum, made as the trainer makes
     its own (synchronous quorum, gloo, the store and manager server on 127.0.0.1)."""
-    lighthouse, addr = launch._start_lighthouse(tmp_path, Resources(replicas=1))
+    lighthouse, addr = start_lighthouse(tmp_path, 1)
     confine_manager_server()
     store = group_store()  # (kept: its server closes with it)
     manager = TorchftManager(

@@ -16,7 +16,7 @@ from tests.unit.jobs import make_job, run
 from tests.unit.specs import minimal
 from trainyard.sifting import Sifter
 from trainyard.spec import Sifting, ignored_settings, parse_job
-from trainyard.spec.sifting import PRUNING_OFF
+from trainyard.spec.pruning import PRUNING_OFF
 
 
 def top_sifter(**settings) -> Sifter:

@@ -114,25 +114,26 @@ def test_a_pool_api_failing_at_shutdown_still_stops_the_lighthouse(caplog, monke
 def test_a_lighthouse_port_taken_before_it_binds_is_tried_again_on_another(tmp_path, monkeypatch):
     import socket
 
-    from trainyard import launch, servers
+    from trainyard import lighthouse as lighthouse_module
+    from trainyard import servers
     from trainyard.errors import TrainingError
-    from trainyard.spec import Resources
+    from trainyard.lighthouse import start_lighthouse
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()  # another process got the free port first
     busy = taken.getsockname()[1]
     ports = iter([busy, servers.free_port()])
-    monkeypatch.setattr(launch, "free_port", lambda: next(ports))
-    lighthouse, addr = launch._start_lighthouse(tmp_path, Resources(replicas=1))
+    monkeypatch.setattr(lighthouse_module, "free_port", lambda: next(ports))
+    lighthouse, addr = start_lighthouse(tmp_path, 1)
     try:
         assert lighthouse.poll() is None and not addr.endswith(f":{busy}")
     finally:
         servers.stop_process(lighthouse)
-    monkeypatch.setattr(launch, "free_port", lambda: busy)  # every port tried is taken
-    monkeypatch.setattr(launch, "LIGHTHOUSE_TRIES", 1)  # (the retry itself is above: one failure says the rest)
+    monkeypatch.setattr(lighthouse_module, "free_port", lambda: busy)  # every port tried is taken
+    monkeypatch.setattr(lighthouse_module, "LIGHTHOUSE_TRIES", 1)  # (the retry is above: one failure says the rest)
     with pytest.raises(TrainingError, match=r"lighthouse exited at start \(code \d+\): .*(?i:in use).*lighthouse.log"):
-        launch._start_lighthouse(tmp_path, Resources(replicas=1))
+        start_lighthouse(tmp_path, 1)
     taken.close()
 
 

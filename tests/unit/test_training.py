@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import rejoined, slow_until, slow_while
 from tests.unit.jobs import make_job, run
-from trainyard.training import accounting, supervisor, trainer
+from trainyard.training import accounting, drills, supervisor
 
 
 def test_two_groups_train_in_lockstep_and_agree(trainyard_home):
@@ -150,12 +150,12 @@ def test_each_drill_on_a_group_fires_once_at_the_first_step_at_or_past_its_own(t
     assert sorted((r.replica, r.attempt) for r in handle.replicas) == [(0, 0), (1, 0), (1, 1), (1, 2)]
     assert [r["source"] for r in outcome.recoveries] == ["peer", "peer"]
     # each attempt recorded the drill it played; a restart plays the others, a healed past one at once
-    assert [trainer.played_drills(folder, 1, attempt) for attempt in range(4)] == [set(), {15}, {15, 300}, {15, 300}]
-    assert trainer.drills(job, 1, {15, 300}) == {} and trainer.drills(job, 1, {15}) == {300: "kill"}
+    assert [drills.played_drills(folder, 1, attempt) for attempt in range(4)] == [set(), {15}, {15, 300}, {15, 300}]
+    assert drills.drills(job, 1, {15, 300}) == {} and drills.drills(job, 1, {15}) == {300: "kill"}
     # played at the first step at or past their own, the earliest first: a group healed past both plays both
-    drills = trainer.drills(job, 1, set())
-    assert [trainer.due_drill(drills, step) for step in (14, 15, 16, 299, 302)] == [None, 15, 15, 15, 15]
-    assert trainer.due_drill({300: "kill"}, 299) is None and trainer.due_drill({300: "kill"}, 302) == 300
+    planned = drills.drills(job, 1, set())
+    assert [drills.due_drill(planned, step) for step in (14, 15, 16, 299, 302)] == [None, 15, 15, 15, 15]
+    assert drills.due_drill({300: "kill"}, 299) is None and drills.due_drill({300: "kill"}, 302) == 300
 
 
 @pytest.mark.timeout(120)  # a guard: the blocking sleep this replaced would sit out the 600 s

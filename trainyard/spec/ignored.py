@@ -10,8 +10,8 @@ from pydantic import BaseModel
 from trainyard import grid_data
 from trainyard.redaction import SECRET_NAME
 from trainyard.spec.job import TrainingJob
+from trainyard.spec.pruning import DEFAULT_PRUNING
 from trainyard.spec.sections import Hyperparameters
-from trainyard.spec.sifting import DEFAULT_PRUNING
 
 
 def ignored_settings(job: TrainingJob) -> list[str]:

@@ -10,8 +10,6 @@ and history continue where the others are. Stopping decisions use only values ev
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import threading
@@ -39,6 +37,7 @@ from trainyard.training.attempt_files import (
     write_progress,
 )
 from trainyard.training.batches import StepData
+from trainyard.training.drills import DRILL_FILE, drills, due_drill, inject_fault, played_drills
 from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate
 from trainyard.training.flops import FlopMeter
 from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
@@ -69,7 +68,6 @@ MANAGER_TIMEOUT = timedelta(seconds=30)
 QUORUM_TIMEOUT = timedelta(seconds=60)
 HEAL_TRIES = 3  # fetches of a peer's state a group tries before it fails (and is restarted, as any failure)
 STOP_CHECK_STEPS = 4  # how often the groups agree on whether the job's stop was asked for (a tiny allreduce)
-DRILL_FILE = "drill.json"  # the drill an attempt played: {at_step, step}
 FUSED_DEVICES = ("cpu", "cuda")  # where the optimizer takes torch's fused kernel (_optimizer)
 
 
@@ -211,7 +209,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if due is not None:
                 # recorded first: the restart plays the drills left, whatever step this one ends at
                 write_json_atomic(out / DRILL_FILE, {"at_step": due, "step": manager.current_step()})
-                _inject_fault(faults.pop(due))
+                inject_fault(faults.pop(due))
             before = manager.current_step()
             manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             in_quorum = True
@@ -348,37 +346,6 @@ def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
     if hp.optimizer == "sgd":
         return torch.optim.SGD(params, momentum=hp.momentum, **options)
     return torch.optim.AdamW(params, **options)
-
-
-def drills(job: TrainingJob, replica: int, played: set[int]) -> dict[int, str]:
-    """The failure drills (step: kind) an attempt of ``replica`` plays: those its earlier attempts did not
-    (``played``, their steps), so each fires once."""
-    return {f.at_step: f.kind for f in job.elastic.fault_injection if f.replica == replica and f.at_step not in played}
-
-
-def played_drills(job_dir: Path, replica: int, attempt: int) -> set[int]:
-    """The steps of the drills ``replica``'s attempts before ``attempt`` played (each records its own)."""
-    played = set()
-    for earlier in range(attempt):
-        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):  # none: it ended without one
-            played.add(json.loads((attempt_dir(job_dir, replica, earlier) / DRILL_FILE).read_text())["at_step"])
-    return played
-
-
-def due_drill(faults: dict[int, str], step: int) -> int | None:
-    """The step of the drill to play at ``step``: the earliest at or before it, None if none. At or past,
-    not only at: a group that healed past a drill's step (a late start on a busy machine, a quorum it
-    missed, a restart) still plays it, so every drill fires, whatever the timing."""
-    return min((at for at in faults if at <= step), default=None)
-
-
-def _inject_fault(kind: str | None) -> None:
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif kind == "term":
-        os.kill(os.getpid(), signal.SIGTERM)
-    elif kind == "hang":
-        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class NoPeerToHeal(RuntimeError):
