@@ -11,7 +11,7 @@ from tests.unit.specs import minimal
 from trainyard import filtering, label_noise
 from trainyard.datasets import StagedData
 from trainyard.spec import Prefilter, Sifting, parse_job
-from trainyard.spec.sifting import DEFAULT_PRUNING
+from trainyard.spec.pruning import DEFAULT_PRUNING
 
 
 def blobs(flipped: float, rows: int = 1500, seed: int = 0):
