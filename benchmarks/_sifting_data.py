@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from _sifting_datasets import Dataset, load
 
-DELAY_STEPS = 10  # Trainyard's default sifting.delay_steps
+DELAY_STEPS = 10  # Trainyard's default sifting.delay_steps with the keep rule (a top selection's is 0: left unset)
 
 
 # --- one run ------------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float
 def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
     """What ``sifting: {enabled: true, noisy_share: 0.1}`` picks for this dataset and seed, and its filtering
     stage's work, run as the engine runs it (``filtering.filter_samples``: the labels measured, then exact duplicates
-    out for the proxy's top third, whose keep rule prefilters by default), timed here on its second run (the first
+    out for the proxy's top selection, whose keep rule prefilters by default), timed here on its second run (the first
     pays this process's first calls into torch, which a pipeline's filtering stage has made before)."""
     from trainyard import filtering
     from trainyard.datasets import StagedData
@@ -254,8 +254,8 @@ def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
     assert report.sifting is not None and report.label_noise is not None  # (adaptive: it picked)
     keep = ~filtering.duplicates(data.x_train, data.y_train) if report.dropped else np.ones(len(data.x_train), bool)
     assert int(keep.sum()) == report.kept and set(report.dropped) <= {"duplicate"}
-    proxy = report.sifting.score == "proxy"
-    chosen = Setting(2.0, proxy=True, auto=True) if proxy else Setting(0.0, None, prune=(0.7, 0.1, 3.0), auto=True)
+    proxy, beta = report.sifting.score == "proxy", report.sifting.beta
+    chosen = Setting(beta, proxy=True, auto=True) if proxy else Setting(0.0, None, prune=(0.7, 0.1, 3.0), auto=True)
     return chosen, Prefiltered(keep, report.dropped, report.scoring_flops, wall, None)
 
 
@@ -365,7 +365,7 @@ def _spec(data: Dataset, setting: Setting, lr: float, epochs: int, seed: int) ->
         "sifting": {
             "enabled": setting.beta is not None,
             "beta": 1.0 if setting.beta is None else setting.beta,
-            "delay_steps": DELAY_STEPS,
+            **({} if setting.proxy else {"delay_steps": DELAY_STEPS}),
             "score": "reducible_loss" if setting.reducible else "proxy" if setting.proxy else "loss",
             "selection": "top" if setting.proxy else "keep_rule",
             "reuse_loss_epochs": setting.reuse,

@@ -193,7 +193,7 @@ def print_best(setting: Setting, named: bool = False) -> None:
             f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec/pruning.py's "
             "DEFAULT_PRUNING); to turn it on:"
         )
-    if setting.auto:  # the filtering stage picks from the labels: pruning x3 (noisy) or the proxy's top third (clean)
+    if setting.auto:  # the filtering stage picks from the labels: pruning x3 (noisy) or the proxy's top quarter (clean)
         print("  sifting:\n    enabled: true\n    noisy_share: 0.1")
         return
     print("  sifting:")

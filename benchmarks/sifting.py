@@ -112,7 +112,7 @@ COMBINATIONS = (
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.0, 0.1, 1.0)),  # the keep rule, the hardest left out (stop 34's pick)
     Setting(1.0, (0.0, 0.0), reuse=1, prune=(0.7, 0.1, 2.0)),  # the keep rule, then pruning, half the steps
     # stop 48: sifting.noisy_share 0.1, the filtering stage's pick from the labels: pruning x3 on a noisy channel, the
-    # proxy's top third (beta 2, score proxy, selection top, duplicates out) on a clean one
+    # proxy's top quarter (beta 3 since stop 51, score proxy, selection top, duplicates out) on a clean one
     Setting(auto=True),
 )
 # Out since stop 28, to pay for twice the tuning seeds: online sifting after the duplicates prefilter scoring

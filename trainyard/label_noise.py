@@ -2,9 +2,10 @@
 
 With ``sifting.noisy_share`` set and the online rule left unset (``Sifting.adaptive``), sifting trains on
 the rows that teach the model most, and which those are depends on the labels: on a clean channel, the
-rows a small proxy model finds hardest (``sifting.score: proxy``, the top third of each step's
-candidates); on a noisy one those are its wrong labels, and pruning (InfoBatch's rule, the hardest rows
-left out once the model has fitted the clean ones) is what gains (``benchmarks/README.md``, stops 47-48).
+rows a small proxy model finds hardest (``sifting.score: proxy``, the top quarter of each step's
+candidates: ``spec.sifting.CLEAN_CHANNEL``); on a noisy one those are its wrong labels, and pruning
+(InfoBatch's rule, the hardest rows left out once the model has fitted the clean ones) is what gains
+(``benchmarks/README.md``, stops 47-48 and 51).
 
 The measure is the prefilter's cross-fitting (``reference_losses.held_out_losses``, its reference
 settings): two small reference models, each trained briefly on half of the distinct rows, score the
@@ -24,6 +25,7 @@ import numpy as np
 
 from trainyard.reference_losses import held_out_losses
 from trainyard.spec import Prefilter
+from trainyard.spec.sifting import CLEAN_CHANNEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,8 @@ class NoiseEstimate:
         return self.above_chance is None or self.above_chance > self.noisy_share
 
     def to_dict(self) -> dict:
-        proxy = "the proxy's top third (beta 2, score proxy, selection top)"
+        beta = CLEAN_CHANNEL["beta"]
+        proxy = f"the proxy's top {1 / (1 + beta):.0%} (beta {beta:g}, score proxy, selection top)"
         chose = "pruning (sifting.prune)" if self.noisy else proxy
         said = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "losses"}  # (asdict copies arrays)
         return said | {"noisy": self.noisy, "online_rule": chose}

@@ -79,15 +79,15 @@ def test_a_sifting_job_counts_its_compute_honestly_and_plots_its_kept_fraction(
 
 def test_a_job_trains_with_the_rule_its_labels_called_for(prefect_api, s3_server, bucket, mlflow_uri):
     uris = upload_dataset(bucket, rows=800)
-    # noisy_share 1: any share of rows above chance reads as clean, so the proxy's top third, not the pruning
+    # noisy_share 1: any share of rows above chance reads as clean, so the proxy's top quarter, not the pruning
     # the spec resolved to, must be what the groups trained with
     summary, _ = run_pipeline(job_dict(uris, sifting={"enabled": True, "noisy_share": 1.0, "delay_steps": 2}))
     assert summary["status"] == "Completed", summary.get("failure_reason")
     section, compute = summary["sifting"], summary["compute"]
     noise = section["prefilter"]["label_noise"]
     assert noise["noisy"] is False and noise["rows"] == 600 and 0 <= noise["above_chance"] <= 1
-    assert (section["beta"], section["score"], section["selection"]) == (2.0, "proxy", "top")
+    assert (section["beta"], section["score"], section["selection"]) == (3.0, "proxy", "top")
     assert "pruned_fraction_by_epoch" not in section and section["online"]["kept"] > 0
     assert compute["flops_prefilter"] == noise["flops"] > 0  # the reference models that measured the labels
     assert compute["flops_scoring_forward"] > 0  # the proxy's forward passes and training
-    assert abs(section["kept_fraction"] - 1 / 3) < 0.05
+    assert abs(section["kept_fraction"] - 1 / 4) < 0.05  # 1 / (1 + beta)

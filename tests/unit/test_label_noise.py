@@ -1,6 +1,6 @@
 """sifting.noisy_share on a classifier's file-mode channel, the rule left unset: the filtering stage measures how
 noisy the labels look (``label_noise``) and picks online sifting's rule, pruning for a noisy channel and the
-proxy's top third for a clean one (``Sifting.adaptive``, ``Sifting.adapted``)."""
+proxy's top quarter for a clean one (``Sifting.adaptive``, ``Sifting.adapted``)."""
 
 from __future__ import annotations
 
@@ -58,14 +58,16 @@ def test_too_few_rows_to_measure_count_as_noisy():
 PICK = {"enabled": True, "noisy_share": 0.1}
 
 
-def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_third(tmp_path):
+def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_quarter(tmp_path):
     sifting = sifting_of(PICK)
     assert sifting.adaptive and sifting.beta == 0 and sifting.prune.learnt_fraction > 0  # pruning until measured
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.0), sifting, "classification")
     chosen = report.sifting
-    assert (chosen.beta, chosen.score, chosen.selection, chosen.prunes) == (2.0, "proxy", "top", False)
+    assert (chosen.beta, chosen.score, chosen.selection, chosen.prunes) == (3.0, "proxy", "top", False)
+    assert chosen.delay_steps == 0  # a top selection ranks from its first step (Sifting._top_delay)
     assert not chosen.adaptive  # picked once
     assert report.label_noise["noisy"] is False and report.label_noise["above_chance"] < 0.1
+    assert report.label_noise["online_rule"] == "the proxy's top 25% (beta 3, score proxy, selection top)"
     assert report.label_noise["rows"] == 1500 and report.scoring_flops == report.label_noise["flops"] > 0
     # the keep rule's own default applies with it: exact duplicates out, no reference model trained again
     assert report.dropped == {"duplicate": 100} and report.kept == 1500
@@ -124,6 +126,9 @@ def test_the_keep_rules_settings_serve_the_clean_pick_and_a_given_rules_noisy_sh
 
     alone = parse_job(minimal(sifting=PICK | {"delay_steps": 3, "proxy": {"hidden_sizes": [16]}}))
     assert alone.sifting.adaptive and ignored_settings(alone) == []  # they apply if the labels read clean
+    clean = alone.sifting.adapted(noisy=False)
+    assert (clean.delay_steps, clean.proxy.hidden_sizes, clean.selection) == (3, [16], "top")  # what you set wins
+    assert alone.sifting.adapted(noisy=True).delay_steps == 3
     # and the prefilter's reference settings are the measure's
     measured = parse_job(minimal(sifting=PICK | {"prefilter": {"reference_epochs": 5, "seed": 3}}))
     assert ignored_settings(measured) == []

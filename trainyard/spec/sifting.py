@@ -85,9 +85,11 @@ class Proxy(_Model):
         return _check_widths(v)
 
 
-# sifting.noisy_share's pick for a clean train channel (Sifting.adapted): the proxy's top third (sifting_arms.py, stops
-# 47-48: on digits 0.55-0.59x the baseline's FLOPs to its accuracy filling its budget, where pruning x3 read 1.01x)
-CLEAN_CHANNEL = {"beta": 2.0, "score": "proxy", "selection": "top"}
+# sifting.noisy_share's pick for a clean train channel (Sifting.adapted): the proxy's top quarter, from its first step
+# (delay_steps 0 unless given: Sifting._top_delay). sifting_arms.py on digits over 31 seeds, filling the baseline's
+# budget (stop 51): 0.58x the baseline's FLOPs to its accuracy, where the top third read 0.69x and, with the keep rule's
+# 10-step delay, 0.78x (stops 47-50: the top third with the delay); pruning x3 reads 1.01x there.
+CLEAN_CHANNEL = {"beta": 3.0, "score": "proxy", "selection": "top"}
 
 
 def _smart_sifting_names(schema: dict[str, Any]) -> None:
@@ -112,7 +114,7 @@ class Sifting(_Model):
     enabled: bool = Field(default=False, description="Drop uninformative samples during training.")
     # smart sifting's own names (beta_value, sift_delay) are accepted too, for specs carried over from SageMaker
     # With noisy_share set and these left unset, a classifier's file-mode channel gets what its labels call for
-    # (label_noise.py; stop 48): pruning if noisy, the proxy's top third if clean.
+    # (label_noise.py; stop 48): pruning if noisy, the proxy's top quarter if clean (CLEAN_CHANNEL).
     # Left unset, beta and prune are the combination benchmarks/sifting.py found best (pruning alone, batch_factor 3:
     # stops 28 to 33 by the most targets met on four tuning seeds; stops 35-36 with the finalists on their own schedules
     # over eight; stop 34's one-round search had picked the keep rule with the hardest rows left out, which then met
@@ -127,7 +129,7 @@ class Sifting(_Model):
         "off (nothing is scored; every row dealt trains), e.g. to use only sifting.prune. Default: 0 for a file-mode "
         "train channel (pruning alone, with sifting.prune's default: the best combination Trainyard's benchmark "
         "found), 1 for a streamed one; with noisy_share set, a classifier's file-mode channel whose labels the "
-        "filtering stage finds clean gets 2 with score proxy and selection top instead.",
+        "filtering stage finds clean gets 3 with score proxy and selection top instead.",
     )
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
     delay_steps: int = Field(
@@ -136,7 +138,9 @@ class Sifting(_Model):
         validation_alias=AliasChoices("delay_steps", "sift_delay"),
         description="Steps before sifting starts (smart sifting's sift_delay, whose default is 1000: longer than "
         "many small jobs). Nothing is scored meanwhile: each step still draws batch_size * (1 + beta) candidates and "
-        "trains on the first batch_size of them, so the data is seen at the same pace as when sifting.",
+        "trains on the first batch_size of them, so the data is seen at the same pace as when sifting. Default: 10 "
+        "with the keep rule (its percentiles need a history of losses), 0 with selection top (it ranks each step's "
+        "candidates among themselves).",
     )
     score: Literal["loss", "reducible_loss", "proxy"] = Field(
         default="loss",
@@ -182,10 +186,10 @@ class Sifting(_Model):
         "reference models (sifting.prefilter's reference settings), each scoring the half of the rows it did not see, "
         "and if more than this share of the rows get a loss above chance (a label the reference finds less likely "
         "than a uniform guess: label noise, or rows too hard to learn) the channel is noisy and sifting prunes "
-        "(sifting.prune's defaults); otherwise it keeps the top third of each step's candidates by a proxy model's "
-        "loss (beta 2, score proxy, selection top), which gains when the job runs more epochs than it would "
-        "unfiltered. E.g. 0.1. Unset: no measuring, the rule is the default (pruning). The summary's filtering report "
-        "says what was measured and chosen.",
+        "(sifting.prune's defaults); otherwise it keeps the top quarter of each step's candidates by a proxy model's "
+        "loss (beta 3, score proxy, selection top, from the first step), which gains when the job runs more epochs "
+        "than it would unfiltered. E.g. 0.1. Unset: no measuring, the rule is the default (pruning). The summary's "
+        "filtering report says what was measured and chosen.",
     )
     min_class_fraction: float = Field(
         default=0.5,
@@ -220,7 +224,7 @@ class Sifting(_Model):
             prune = Pruning(**(PRUNING_OFF if beta > 0 or streamed else {}))
         if regression and "hardest_fraction" not in prune.model_fields_set:
             prune = Pruning(**prune.model_dump(exclude_unset=True), hardest_fraction=0.0)
-        resolved = self.model_copy(update={"beta": beta, "prune": prune})
+        resolved = self.model_copy(update={"beta": beta, "prune": prune} | self._top_delay(self.selection))
         unset = self.beta is None and self.prune is None and self.reuse_loss_epochs is None
         resolved._adaptive = unset and self.score == "loss" and self.selection == "keep_rule"
         resolved._adaptive &= not streamed and not regression and self.noisy_share is not None
@@ -241,12 +245,19 @@ class Sifting(_Model):
 
     def adapted(self, noisy: bool) -> Sifting:
         """This config (``resolved``, with ``adaptive`` true) for a train channel found noisy or clean: as it
-        is (pruning) for a noisy one, the proxy's top third (``CLEAN_CHANNEL``) for a clean one."""
-        chosen = (
-            self.model_copy() if noisy else self.model_copy(update=CLEAN_CHANNEL | {"prune": Pruning(**PRUNING_OFF)})
-        )
+        is (pruning) for a noisy one, the proxy's top quarter (``CLEAN_CHANNEL``) for a clean one."""
+        clean = CLEAN_CHANNEL | {"prune": Pruning(**PRUNING_OFF)} | self._top_delay(CLEAN_CHANNEL["selection"])
+        chosen = self.model_copy() if noisy else self.model_copy(update=clean)
         chosen._adaptive = False  # picked: not to be measured again
         return chosen
+
+    def _top_delay(self, selection: str) -> dict:
+        """``delay_steps`` left unset, for ``selection``: 0 with ``top``. The delay is for the keep rule, whose
+        percentiles need losses to rank against; a top selection ranks each step's candidates among themselves, and
+        the delay's uniform steps cost the proxy's top quarter on digits about a fifth more FLOPs to the baseline's
+        accuracy (``benchmarks/sifting_bound.py``'s arm, stop 51: 0.60x without, 0.75x with; in the engine 0.58x and
+        0.78x over 31 seeds)."""
+        return {"delay_steps": 0} if selection == "top" and "delay_steps" not in self.model_fields_set else {}
 
     def settled(self) -> tuple[float, Pruning]:
         """``(beta, prune)`` of a config that ``resolved`` returned (a job's, with sifting on), where neither
