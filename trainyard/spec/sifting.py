@@ -89,7 +89,7 @@ class Proxy(_Model):
 # (delay_steps 0 unless given: Sifting._top_delay). sifting_arms.py on digits over 31 seeds, filling the baseline's
 # budget (stop 51): 0.58x the baseline's FLOPs to its accuracy, where the top third read 0.69x and, with the keep rule's
 # 10-step delay, 0.78x (stops 47-50: the top third with the delay); pruning x3 reads 1.01x there.
-CLEAN_CHANNEL = {"beta": 3.0, "score": "proxy", "selection": "top"}
+CLEAN_CHANNEL: dict[str, Any] = {"beta": 3.0, "score": "proxy", "selection": "top"}
 
 
 def _smart_sifting_names(schema: dict[str, Any]) -> None:
