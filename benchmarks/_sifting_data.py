@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from _sifting_datasets import Dataset, load
 
-DELAY_STEPS = 10  # Trainyard's default sifting.delay_steps with the keep rule (a top selection's is 0: left unset)
+DELAY_STEPS = 10  # sifting.delay_steps of the keep rule's arms (proxy arms leave it unset: 0, Sifting.default_delay)
 
 
 # --- one run ------------------------------------------------------------------------------------

@@ -61,11 +61,15 @@ SETTINGS = {
     "keep-2-reuse-2": Setting(2.0, (0.0, 0.0), reuse=2),
     "keep-4-reuse-2": Setting(4.0, (0.0, 0.0), reuse=2),
     # stop 47: selection via proxy, the top third by a small model's fresh losses (sifting_bound.py: 0.60x on digits,
-    # as the oracle's; never its target on tabular, whose highest losses are its flipped labels)
+    # as the oracle's; never its target on tabular, whose highest losses are its flipped labels), and the top quarter.
+    # Since stop 51 both rank from the first step (delay_steps left unset: 0 for the proxy's top selection); the
+    # figures of stops 47-50 waited 10 steps (stop 50's .git/probe-stop50-proxy-variants.py with
+    # PATCH='{"delay_steps": 10}' runs them so again)
     "proxy-top-2": Setting(2.0, proxy=True),
     "proxy-top-3": Setting(3.0, proxy=True),
-    # stop 48: sifting.noisy_share 0.1, the filtering stage's pick from the labels (noisy: prune-x3, clean:
-    # proxy-top-2), its work (the labels measured, duplicates out) counted and timed
+    # stop 48: sifting.noisy_share 0.1, the filtering stage's pick from the labels (noisy: prune-x3, clean: the
+    # proxy's top third until stop 51, its top quarter since, proxy-top-3), its work (the labels measured, duplicates
+    # out) counted and timed
     "auto": Setting(auto=True),
 }
 

@@ -33,6 +33,7 @@ import torch
 
 from trainyard.errors import SpecError
 from trainyard.spec import Sifting
+from trainyard.spec.sifting import CLEAN_CHANNEL
 
 
 def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "training rows") -> None:
@@ -55,6 +56,17 @@ def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "traini
                 f"{whose}; lower {fixes}"
             ]
         )
+    if config.adaptive:  # the labels may call for the proxy's top quarter, which draws more: said before any compute
+        clean = candidate_batch(config.adapted(noisy=False).settled()[0], batch_size)
+        if clean > rows:
+            raise SpecError(
+                [
+                    f"sifting.noisy_share: on a channel whose labels read clean, each step draws "
+                    f"hyperparameters.batch_size * (1 + beta {CLEAN_CHANNEL['beta']:g}) = {clean} candidates, more "
+                    f"than the {rows} {whose}; lower hyperparameters.batch_size, or give the rule (sifting.beta) "
+                    "instead of noisy_share"
+                ]
+            )
 
 
 def candidate_batch(beta: float, batch_size: int) -> int:
@@ -136,7 +148,7 @@ class Sifter:
     def active(self, step: int) -> bool:
         """Sifting starts after ``delay_steps``; before, the kept samples are a uniform draw. With beta 0
         there is no keep rule: every candidate trains, unscored."""
-        return self.beta > 0 and step >= self.config.delay_steps
+        return self.beta > 0 and step >= self.config.delay
 
     def keep_probability(self, losses: np.ndarray) -> np.ndarray:
         """``percentile(loss) ** beta`` against the history (1 while the history is empty)."""

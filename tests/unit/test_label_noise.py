@@ -64,7 +64,7 @@ def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_quarter(tmp_path):
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.0), sifting, "classification")
     chosen = report.sifting
     assert (chosen.beta, chosen.score, chosen.selection, chosen.prunes) == (3.0, "proxy", "top", False)
-    assert chosen.delay_steps == 0  # a top selection ranks from its first step (Sifting._top_delay)
+    assert chosen.delay_steps == 0  # the proxy's top selection ranks from its first step (Sifting.default_delay)
     assert not chosen.adaptive  # picked once
     assert report.label_noise["noisy"] is False and report.label_noise["above_chance"] < 0.1
     assert report.label_noise["online_rule"] == "the proxy's top 25% (beta 3, score proxy, selection top)"
@@ -90,7 +90,8 @@ def test_the_labels_pick_on_a_noisy_channel_is_pruning(tmp_path):
     sifting = sifting_of(PICK)
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.2), sifting, "classification")
     assert report.label_noise["noisy"] is True and not report.sifting.adaptive  # picked: not measured again
-    assert report.sifting.model_dump() == sifting.model_dump()
+    # the same config, its delay (left open until the rule is known) now the keep rule's default
+    assert report.sifting.model_dump() == sifting.model_dump() | {"delay_steps": 10} and sifting.delay_steps is None
     assert {k: getattr(report.sifting.prune, k) for k in DEFAULT_PRUNING} == DEFAULT_PRUNING
     assert report.dropped == {} and report.kept == 1600 and report.train_data.endswith("train.npz")
 
@@ -129,6 +130,10 @@ def test_the_keep_rules_settings_serve_the_clean_pick_and_a_given_rules_noisy_sh
     clean = alone.sifting.adapted(noisy=False)
     assert (clean.delay_steps, clean.proxy.hidden_sizes, clean.selection) == (3, [16], "top")  # what you set wins
     assert alone.sifting.adapted(noisy=True).delay_steps == 3
+    # left unset (or empty, as a form sends it), the picked rule's default: 0 for the proxy's top, 10 for pruning's
+    for unset in (PICK, PICK | {"delay_steps": None, "sift_delay": None}):
+        sifting = parse_job(minimal(sifting=unset)).sifting
+        assert (sifting.adapted(noisy=False).delay_steps, sifting.adapted(noisy=True).delay_steps) == (0, 10)
     # and the prefilter's reference settings are the measure's
     measured = parse_job(minimal(sifting=PICK | {"prefilter": {"reference_epochs": 5, "seed": 3}}))
     assert ignored_settings(measured) == []

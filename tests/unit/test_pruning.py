@@ -192,6 +192,18 @@ def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
         "(1 + beta) = 192 * 1 = 192 candidates, more than the 191 training rows; lower sifting.prune.batch_factor "
         "or hyperparameters.batch_size"
     ]
+    # sifting.noisy_share: the labels may call for the proxy's top quarter (4 * batch_size a step), said before any
+    # compute, not after the filtering stage has measured them
+    picking = parse_job(minimal(sifting={"enabled": True, "noisy_share": 0.1})).sifting
+    assert picking.adaptive
+    check_fits(picking, 64, 256)
+    with pytest.raises(SpecError) as refused:
+        check_fits(picking, 64, 255)
+    assert refused.value.problems == [
+        "sifting.noisy_share: on a channel whose labels read clean, each step draws hyperparameters.batch_size * "
+        "(1 + beta 3) = 256 candidates, more than the 255 training rows; lower hyperparameters.batch_size, or give "
+        "the rule (sifting.beta) instead of noisy_share"
+    ]
 
 
 def test_batch_factor_deals_its_larger_batches_only_in_the_epochs_that_prune_learnt_rows():

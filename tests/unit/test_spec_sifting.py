@@ -61,17 +61,26 @@ def test_smart_siftings_own_names_are_accepted_and_named_in_errors():
     assert any(p.startswith("sifting:") and "beta and beta_value are one setting" in p for p in both)
 
 
-def test_a_top_selection_starts_at_once_unless_a_delay_is_given():
-    # the delay warms the keep rule's history of losses; a top selection ranks each step's candidates among
+def test_the_proxys_top_selection_starts_at_once_unless_a_delay_is_given():
+    # the delay warms the keep rule's history of losses; the proxy's top selection ranks each step's candidates among
     # themselves (stop 51: the delay cost the proxy's top quarter 0.58x -> 0.78x the baseline's FLOPs on digits)
+    from trainyard.spec import ignored_settings
+
     top = {"enabled": True, "beta": 3, "score": "proxy", "selection": "top"}
     job = parse_job(minimal(sifting=top))
     assert job.sifting.delay_steps == 0
     assert parse_job(job.model_dump(mode="json")).sifting.delay_steps == 0  # as a deployment receives it
+    assert parse_job(minimal(sifting=top | {"delay_steps": None})).sifting.delay_steps == 0  # a form's empty field
     assert parse_job(minimal(sifting=top | {"delay_steps": 10})).sifting.delay_steps == 10  # given: kept
     assert parse_job(minimal(sifting=top | {"sift_delay": 4})).sifting.delay_steps == 4  # smart sifting's name
     assert parse_job(minimal(sifting=top | {"selection": "keep_rule"})).sifting.delay_steps == 10
+    assert parse_job(minimal(sifting=top | {"score": "loss"})).sifting.delay_steps == 10  # (measured for the proxy)
     assert parse_job(minimal(sifting={"enabled": True, "beta": 1})).sifting.delay_steps == 10
+    # with the keep rule off (beta 0) the delay is not a setting anyone gave: no warning of it
+    for off in ({"enabled": True, "score": "proxy", "selection": "top"}, {"enabled": True}):
+        assert not any("delay_steps" in w for w in ignored_settings(parse_job(minimal(sifting=off))))
+    given = parse_job(minimal(sifting={"enabled": True, "score": "proxy", "selection": "top", "delay_steps": 10}))
+    assert any(w.startswith("sifting.delay_steps, sifting.score") for w in ignored_settings(given))
 
 
 def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():

@@ -65,7 +65,9 @@ def ignored_settings(job: TrainingJob) -> list[str]:
             )
             ignored.append(f"sifting.enabled: with beta 0 and no pruning, no row is filtered; {fix}")
             keep_rule.add("min_class_fraction")  # (pruning's hardest rule keeps it too)
-        tuned = [name for name in _tuned(sifting, set()) if name in keep_rule]
+        tuned = [name for name in _tuned(sifting, {"delay_steps"}) if name in keep_rule]
+        if sifting.delay_steps not in (None, sifting.default_delay()):  # (resolved: the default's value, unless given)
+            tuned = sorted([*tuned, "delay_steps"])
         if tuned:
             ignored.append(
                 f"sifting.{', sifting.'.join(tuned)}: settings of the keep rule, which is off with sifting.beta 0 "

@@ -86,10 +86,11 @@ class Proxy(_Model):
 
 
 # sifting.noisy_share's pick for a clean train channel (Sifting.adapted): the proxy's top quarter, from its first step
-# (delay_steps 0 unless given: Sifting._top_delay). sifting_arms.py on digits over 31 seeds, filling the baseline's
-# budget (stop 51): 0.58x the baseline's FLOPs to its accuracy, where the top third read 0.69x and, with the keep rule's
-# 10-step delay, 0.78x (stops 47-50: the top third with the delay); pruning x3 reads 1.01x there.
+# (delay_steps unset: Sifting.default_delay). sifting_arms.py on digits over 31 seeds, filling the baseline's budget
+# (stop 51): 0.58x the baseline's FLOPs to its accuracy, where the top third read 0.69x and, with the keep rule's
+# 10-step delay, 0.78x (stops 47-50: the top third with the delay); sifting.py's pruning x3 read 1.01x on seeds 0-6.
 CLEAN_CHANNEL: dict[str, Any] = {"beta": 3.0, "score": "proxy", "selection": "top"}
+DELAY_STEPS = 10  # delay_steps left unset, but for the proxy's top selection (Sifting.default_delay)
 
 
 def _smart_sifting_names(schema: dict[str, Any]) -> None:
@@ -132,15 +133,15 @@ class Sifting(_Model):
         "filtering stage finds clean gets 3 with score proxy and selection top instead.",
     )
     loss_history_length: int = Field(default=500, ge=1, description="Losses kept to rank new ones against.")
-    delay_steps: int = Field(
-        default=10,
+    delay_steps: int | None = Field(
+        default=None,
         ge=0,
         validation_alias=AliasChoices("delay_steps", "sift_delay"),
         description="Steps before sifting starts (smart sifting's sift_delay, whose default is 1000: longer than "
         "many small jobs). Nothing is scored meanwhile: each step still draws batch_size * (1 + beta) candidates and "
-        "trains on the first batch_size of them, so the data is seen at the same pace as when sifting. Default: 10 "
-        "with the keep rule (its percentiles need a history of losses), 0 with selection top (it ranks each step's "
-        "candidates among themselves).",
+        "trains on the first batch_size of them, so the data is seen at the same pace as when sifting. Default: 10; "
+        "0 with score proxy and selection top (the delay lets the keep rule gather a history of losses to rank "
+        "against; the proxy's top selection ranks each step's candidates among themselves, from its first step).",
     )
     score: Literal["loss", "reducible_loss", "proxy"] = Field(
         default="loss",
@@ -224,12 +225,14 @@ class Sifting(_Model):
             prune = Pruning(**(PRUNING_OFF if beta > 0 or streamed else {}))
         if regression and "hardest_fraction" not in prune.model_fields_set:
             prune = Pruning(**prune.model_dump(exclude_unset=True), hardest_fraction=0.0)
-        resolved = self.model_copy(update={"beta": beta, "prune": prune} | self._top_delay(self.selection))
+        resolved = self.model_copy(update={"beta": beta, "prune": prune})
         unset = self.beta is None and self.prune is None and self.reuse_loss_epochs is None
         resolved._adaptive = unset and self.score == "loss" and self.selection == "keep_rule"
         resolved._adaptive &= not streamed and not regression and self.noisy_share is not None
         # resolved again (TrainingJob's validators run again on an assignment, validate_assignment): still adaptive
         resolved._adaptive |= self._adaptive
+        if resolved.delay_steps is None and not resolved._adaptive:  # (an adaptive one's waits for the rule: adapted)
+            object.__setattr__(resolved, "delay_steps", resolved.default_delay())
         # still the fields the user set: a spec sent as written (flows.client.submit) leaves these defaults to
         # the code that runs it, and the warnings about settings given (``ignored_settings``) see the user's
         object.__setattr__(resolved, "__pydantic_fields_set__", set(self.model_fields_set))
@@ -246,18 +249,25 @@ class Sifting(_Model):
     def adapted(self, noisy: bool) -> Sifting:
         """This config (``resolved``, with ``adaptive`` true) for a train channel found noisy or clean: as it
         is (pruning) for a noisy one, the proxy's top quarter (``CLEAN_CHANNEL``) for a clean one."""
-        clean = CLEAN_CHANNEL | {"prune": Pruning(**PRUNING_OFF)} | self._top_delay(CLEAN_CHANNEL["selection"])
+        clean = CLEAN_CHANNEL | {"prune": Pruning(**PRUNING_OFF)}
         chosen = self.model_copy() if noisy else self.model_copy(update=clean)
+        object.__setattr__(chosen, "delay_steps", chosen.delay)  # left unset: the picked rule's default
         chosen._adaptive = False  # picked: not to be measured again
         return chosen
 
-    def _top_delay(self, selection: str) -> dict:
-        """``delay_steps`` left unset, for ``selection``: 0 with ``top``. The delay is for the keep rule, whose
-        percentiles need losses to rank against; a top selection ranks each step's candidates among themselves, and
-        the delay's uniform steps cost the proxy's top quarter on digits about a fifth more FLOPs to the baseline's
-        accuracy (``benchmarks/sifting_bound.py``'s arm, stop 51: 0.60x without, 0.75x with; in the engine 0.58x and
-        0.78x over 31 seeds)."""
-        return {"delay_steps": 0} if selection == "top" and "delay_steps" not in self.model_fields_set else {}
+    def default_delay(self) -> int:
+        """``delay_steps`` left unset: 0 for the proxy's top selection, else ``DELAY_STEPS``. The delay lets the keep
+        rule's percentiles gather losses to rank against; a top selection ranks each step's candidates among
+        themselves, and with the proxy ranking costs a small share of a forward pass. On digits the delay's uniform
+        steps cost the proxy's top quarter about a third more FLOPs to the baseline's accuracy
+        (``benchmarks/README.md``, stop 51: 0.58x without, 0.78x with, over 31 seeds). Only the proxy's was
+        measured, so a top selection by the job's own loss keeps the delay (its scoring passes are whole forwards)."""
+        return 0 if self.score == "proxy" and self.selection == "top" else DELAY_STEPS
+
+    @property
+    def delay(self) -> int:
+        """The steps before sifting starts: ``delay_steps``, or its default where unset (a config not resolved)."""
+        return self.default_delay() if self.delay_steps is None else self.delay_steps
 
     def settled(self) -> tuple[float, Pruning]:
         """``(beta, prune)`` of a config that ``resolved`` returned (a job's, with sifting on), where neither
