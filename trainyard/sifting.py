@@ -33,7 +33,6 @@ import torch
 
 from trainyard.errors import SpecError
 from trainyard.spec import Sifting
-from trainyard.spec.sifting import CLEAN_CHANNEL
 
 
 def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "training rows") -> None:
@@ -57,12 +56,13 @@ def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "traini
             ]
         )
     if config.adaptive:  # the labels may call for the proxy's top quarter, which draws more: said before any compute
-        clean = candidate_batch(config.adapted(noisy=False).settled()[0], batch_size)
+        clean_beta = config.adapted(noisy=False).settled()[0]
+        clean = candidate_batch(clean_beta, batch_size)
         if clean > rows:
             raise SpecError(
                 [
                     f"sifting.noisy_share: on a channel whose labels read clean, each step draws "
-                    f"hyperparameters.batch_size * (1 + beta {CLEAN_CHANNEL['beta']:g}) = {clean} candidates, more "
+                    f"hyperparameters.batch_size * (1 + beta {clean_beta:g}) = {clean} candidates, more "
                     f"than the {rows} {whose}; lower hyperparameters.batch_size, or give the rule (sifting.beta) "
                     "instead of noisy_share"
                 ]

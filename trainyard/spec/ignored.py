@@ -65,9 +65,8 @@ def ignored_settings(job: TrainingJob) -> list[str]:
             )
             ignored.append(f"sifting.enabled: with beta 0 and no pruning, no row is filtered; {fix}")
             keep_rule.add("min_class_fraction")  # (pruning's hardest rule keeps it too)
-        tuned = [name for name in _tuned(sifting, {"delay_steps"}) if name in keep_rule]
-        if sifting.delay_steps not in (None, sifting.default_delay()):  # (resolved: the default's value, unless given)
-            tuned = sorted([*tuned, "delay_steps"])
+        # (a resolved delay_steps holds its default, which depends on score and selection)
+        tuned = [name for name in _tuned(sifting, set(), {"delay_steps": sifting.default_delay()}) if name in keep_rule]
         if tuned:
             ignored.append(
                 f"sifting.{', sifting.'.join(tuned)}: settings of the keep rule, which is off with sifting.beta 0 "
@@ -134,11 +133,14 @@ def _ignored_hyperparameters(job: TrainingJob) -> list[str]:
     return ignored
 
 
-def _tuned(model: BaseModel, leave_out: set[str]) -> list[str]:
-    """The fields of ``model`` that differ from their defaults. Not ``model_fields_set``: a spec that went
-    through ``model_dump`` (a job submitted to a deployment) has every field set."""
+def _tuned(model: BaseModel, leave_out: set[str], resolved: dict | None = None) -> list[str]:
+    """The fields of ``model`` that differ from their defaults (``resolved``: what a field left unset was resolved
+    to, where that is not its declared default). Not ``model_fields_set``: a spec that went through ``model_dump``
+    (a job submitted to a deployment) has every field set."""
+    resolved = resolved or {}
     return sorted(
         name
         for name, info in type(model).model_fields.items()
-        if name not in leave_out and getattr(model, name) != info.get_default(call_default_factory=True)
+        if name not in leave_out
+        and getattr(model, name) not in (info.get_default(call_default_factory=True), resolved.get(name, object()))
     )
