@@ -8,7 +8,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from _sifting_data import Run, Setting
+from _sifting_data import Setting
+from _sifting_run import Run
 
 from trainyard.spec import DEFAULT_PRUNING
 

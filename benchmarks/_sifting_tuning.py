@@ -11,9 +11,10 @@ import statistics
 from dataclasses import dataclass
 
 import _sifting_data as sd
-from _sifting_data import Run, Setting
+from _sifting_data import Setting
 from _sifting_datasets import load
 from _sifting_report import ACCURACY_POINTS, CAP, FLOPS_RATIO_MAX, WALL_RATIO_MAX
+from _sifting_run import Run
 
 from trainyard.env_settings import THREADS_ENV  # TRAINYARD_TORCH_THREADS
 

@@ -91,9 +91,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in sys.path]
 
 import _sifting_data as sd  # noqa: E402
-from _sifting_data import Run, Setting  # noqa: E402
+from _sifting_data import Setting  # noqa: E402
 from _sifting_datasets import load  # noqa: E402
 from _sifting_report import CAP, Arm, SeedResult, print_best, report  # noqa: E402
+from _sifting_run import Run  # noqa: E402
 from _sifting_tuning import Tuned, epochs, short_budget, torch_threads, tune  # noqa: E402
 
 # 0.03 since stop 33: at stop 32 tabular's filtering arms and both short-run baselines picked 0.01, the grid's top,

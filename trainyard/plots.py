@@ -28,13 +28,13 @@ def history_figure(history: list[dict], title: str, restored_epoch: int | None =
     epochs = [h["epoch"] for h in history]
     # with sifting, train_loss is over the kept (harder) rows; candidate_loss over all the rows drawn
     for key in ("train_loss", "candidate_loss", "val_loss"):
-        if any(key in h for h in history):
-            loss_ax.plot(epochs, [h.get(key) for h in history], marker="o", label=key)
+        if shown := [h for h in history if key in h]:  # (validation: not every epoch with validate_every_epochs)
+            loss_ax.plot([h["epoch"] for h in shown], [h[key] for h in shown], marker="o", label=key)
     loss_ax.set(xlabel="epoch", ylabel="loss", title="loss")
     loss_ax.legend()
     for key in ("val_accuracy", "val_rmse"):
-        if any(key in h for h in history):
-            metric_ax.plot(epochs, [h.get(key) for h in history], marker="o", label=key)
+        if shown := [h for h in history if key in h]:
+            metric_ax.plot([h["epoch"] for h in shown], [h[key] for h in shown], marker="o", label=key)
             metric_ax.set(xlabel="epoch", ylabel=key, title=key)
             metric_ax.legend()
     if restored_epoch is not None:

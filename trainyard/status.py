@@ -229,10 +229,17 @@ LAST_EPOCH_SIFTING = ("kept_fraction", "mean_keep_probability", "pruned_fraction
 
 def final_metrics(history: list[dict], model_epoch: int | None = None) -> dict:
     """The metrics of the model's epoch: ``model_epoch`` where the job restored its best, else the last; and
-    ``epochs``, how many were trained."""
+    ``epochs``, how many were trained. Where that epoch was not validated (a job stopped between two
+    validations: ``stopping.validate_every_epochs``), its validation metrics are the last validation's before
+    it, whose epoch ``validated_epoch`` names."""
     if not history:
         return {}
-    entry = history[model_epoch - 1] if model_epoch else history[-1]  # epochs count from 1, one entry each
+    at = model_epoch - 1 if model_epoch else len(history) - 1  # epochs count from 1, one entry each
+    entry = history[at]
+    validated = next((h for h in reversed(history[: at + 1]) if "val_loss" in h), None)
+    if validated is not None and validated is not entry:
+        entry = entry | {k: v for k, v in validated.items() if k.startswith("val_")}
+        entry["validated_epoch"] = validated["epoch"]
     # NaN (a diverged run's loss) as null: JSON has no NaN, and json.dumps would write one that parsers refuse
     return {
         k: None if isinstance(v, float) and not math.isfinite(v) else v

@@ -26,10 +26,9 @@ from trainyard.spec.sections import (
     Registry,
     Resources,
     Retries,
-    Stopping,
-    TargetMetric,
 )
 from trainyard.spec.sifting import Prefilter, Proxy, Sifting
+from trainyard.spec.stopping import Stopping, TargetMetric
 
 __all__ = [
     "BUILTIN_ALGORITHMS",

@@ -17,9 +17,9 @@ from trainyard.spec.sections import (
     Registry,
     Resources,
     Retries,
-    Stopping,
 )
 from trainyard.spec.sifting import Sifting
+from trainyard.spec.stopping import Stopping
 
 
 class TrainingJob(_Model):

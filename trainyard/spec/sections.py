@@ -209,55 +209,6 @@ class Elastic(_Model):
     )
 
 
-class TargetMetric(_Model):
-    """Stop as soon as a metric reaches a value."""
-
-    name: str = Field(
-        description="val_accuracy, val_loss, val_rmse or train_loss.",
-        json_schema_extra=constrained("string", enum=list(METRICS)),  # a choice in the form
-    )
-    value: float = Field(description="The value to reach (>= for accuracy, <= for losses).")
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return _known_metric(v)
-
-    @model_validator(mode="after")
-    def _reachable(self) -> TargetMetric:
-        if self.name == "val_accuracy" and not 0 < self.value <= 1:
-            fix = f"write {self.value / 100:g} for {self.value:g}%" if 1 < self.value <= 100 else "give one in (0, 1]"
-            raise ValueError(f"value {self.value:g}: val_accuracy is a fraction of the validation rows; {fix}")
-        if self.name != "val_accuracy" and self.value < 0:
-            raise ValueError(f"value {self.value:g}: {self.name} is never below 0; give the value to reach, >= 0")
-        return self
-
-
-class Stopping(_Model):
-    """When training stops before its last epoch."""
-
-    max_runtime_seconds: int = Field(default=86_400, ge=1, description="Wall-clock limit of the training stage.")
-    target_metric: TargetMetric | None = Field(default=None, description="Stop once this metric reaches its value.")
-    patience_epochs: int | None = Field(
-        default=None, ge=1, description="Stop after this many epochs without improvement of the watched metric."
-    )
-    restore_best: bool | None = Field(
-        default=None,
-        description="Keep the parameters of the epoch whose watched metric (target_metric's, else val_loss) was "
-        "best, not the last epoch's: the model uploaded and registered. Default: on with patience_epochs.",
-    )
-
-    @property
-    def restores_best(self) -> bool:
-        """Whether the job's model is its best epoch's (``restore_best``, on by default with patience)."""
-        return self.restore_best if self.restore_best is not None else self.patience_epochs is not None
-
-    @property
-    def watched_metric(self) -> str:
-        """The metric patience and the best epoch are judged on: the target metric's, else ``val_loss``."""
-        return self.target_metric.name if self.target_metric is not None else "val_loss"
-
-
 class Carbon(_Model):
     """Carbon accounting settings (codecarbon's offline tracker)."""
 

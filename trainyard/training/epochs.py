@@ -59,7 +59,9 @@ def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter:
 
 def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started_unix: float) -> None:
     """Record an epoch's metrics (``elapsed_seconds`` since ``started_unix``, the job's training start) and
-    decide whether the job stops there (diverged, target reached, no improvement for its patience)."""
+    decide whether the job stops there (diverged, target reached, no improvement for its patience). An epoch
+    that was not validated (``Stopping.validates``) has no validation metrics: the target and patience wait
+    for one that was, unless they watch ``train_loss``."""
     history.epochs.append({"epoch": epoch, "elapsed_seconds": time.time() - started_unix, **metrics})
     if diverged(metrics, job):
         history.stop_reason = "Diverged"
@@ -73,8 +75,8 @@ def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, sta
         improved = history.best is None or (value > history.best if bigger_better else value < history.best)
         if improved and math.isfinite(value):
             history.best, history.best_epoch, history.epochs_since_best = value, epoch, 0
-        else:
-            history.epochs_since_best += 1
+        else:  # in epochs, not validations (stopping.validate_every_epochs may skip some)
+            history.epochs_since_best = epoch - (history.best_epoch or 0)
     target = job.stopping.target_metric
     if target is not None and target.name in metrics:
         reached = metrics[target.name]

@@ -1,0 +1,137 @@
+"""``stopping.validate_every_epochs``: how often a job validates. With sifting an epoch trains 1 / (1 + beta) of
+its rows, so by default it validates every 1 + beta epochs (rounded down): once per channel's worth of training,
+as a job without sifting does every epoch. The target and patience are judged at validated epochs, patience
+still in epochs, and what describes the model says which validation its metrics are from."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.jobs import make_job, run
+from trainyard import status
+from trainyard.errors import SpecError
+from trainyard.plots import history_figure
+from trainyard.spec import Stopping, parse_job
+from trainyard.training.epochs import History, end_epoch
+
+
+def _job(stopping: dict | None = None, sifting: dict | None = None):
+    return parse_job(
+        {
+            "name": "cadence",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {
+                "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
+                "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
+            },
+            "output": {"s3_uri": "s3://bkt/o/"},
+            "stopping": stopping or {},
+            "sifting": sifting or {},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "beta", "every"),
+    [
+        (None, None, 1),  # no sifting: every epoch trains every row
+        (None, 0.0, 1),  # sifting.prune alone (beta 0): no keep rule
+        (None, 0.5, 1),  # 1.5 rounded down
+        (None, 2.0, 3),
+        (None, 3.0, 4),
+        (2, 3.0, 2),  # given, it wins
+        (5, None, 5),
+    ],
+)
+def test_the_default_cadence_is_one_channels_worth_of_trained_rows(given, beta, every):
+    assert Stopping(validate_every_epochs=given).validation_every(beta) == every
+
+
+def test_the_last_epoch_always_validates():
+    stopping = Stopping()
+    assert [e for e in range(1, 11) if stopping.validates(e, 4, 10)] == [4, 8, 10]
+    assert [e for e in range(1, 4) if stopping.validates(e, 1, 3)] == [1, 2, 3]
+
+
+def test_a_cadence_below_one_is_refused_naming_the_field():
+    with pytest.raises(SpecError, match="stopping.validate_every_epochs"):
+        _job({"validate_every_epochs": 0})
+
+
+def _end(history, job, epoch, accuracy=None):
+    metrics = {"train_loss": 1.0 / epoch}
+    if accuracy is not None:
+        metrics |= {"val_accuracy": accuracy, "val_loss": 1 - accuracy}
+    end_epoch(history, epoch, metrics, job, 0.0)
+
+
+def test_patience_counts_epochs_between_validations():
+    job = _job({"patience_epochs": 3, "validate_every_epochs": 4})
+    history = History()
+    for epoch in range(1, 5):
+        _end(history, job, epoch, 0.9 if epoch == 4 else None)
+    assert (history.best_epoch, history.epochs_since_best, history.stop_reason) == (4, 0, None)
+    for epoch in range(5, 8):  # not validated: patience waits for a validation
+        _end(history, job, epoch)
+    assert (history.epochs_since_best, history.stop_reason) == (0, None)
+    _end(history, job, 8, 0.85)  # no better, four epochs after the best: past a patience of three
+    assert (history.best_epoch, history.epochs_since_best, history.stop_reason) == (4, 4, "NoImprovement")
+
+    patient = _job({"patience_epochs": 5, "validate_every_epochs": 4})
+    history = History()
+    for epoch, accuracy in ((1, None), (2, None), (3, None), (4, 0.9), (5, None), (6, None), (7, None), (8, 0.85)):
+        _end(history, patient, epoch, accuracy)
+    assert (history.epochs_since_best, history.stop_reason) == (4, None)
+
+
+def test_patience_in_epochs_is_as_before_when_every_epoch_validates():
+    job = _job({"patience_epochs": 2})
+    history = History()
+    for epoch, accuracy in enumerate((0.9, 0.8, 0.85), start=1):
+        _end(history, job, epoch, accuracy)
+    assert (history.best_epoch, history.epochs_since_best, history.stop_reason) == (1, 2, "NoImprovement")
+
+
+def test_the_target_is_judged_at_validated_epochs_only():
+    job = _job({"target_metric": {"name": "val_accuracy", "value": 0.95}, "validate_every_epochs": 2})
+    history = History()
+    _end(history, job, 1)
+    assert history.stop_reason is None
+    _end(history, job, 2, 0.96)
+    assert (history.stop_reason, len(history.epochs)) == ("TargetMetricReached", 2)
+
+
+HISTORY = [
+    {"epoch": 1, "train_loss": 0.9, "kept_fraction": 0.25},
+    {"epoch": 2, "train_loss": 0.7, "val_loss": 0.30, "val_accuracy": 0.90, "kept_fraction": 0.25},
+    {"epoch": 3, "train_loss": 0.5, "kept_fraction": 0.25},
+]
+
+
+def test_a_model_from_between_validations_reports_the_last_validation_and_its_epoch():
+    metrics = status.final_metrics(HISTORY)
+    assert metrics["train_loss"] == 0.5 and metrics["epochs"] == 3  # the model's epoch's own
+    assert (metrics["val_accuracy"], metrics["val_loss"], metrics["validated_epoch"]) == (0.90, 0.30, 2)
+    assert "validated_epoch" not in status.final_metrics(HISTORY, 2)  # its own epoch was validated
+    assert "val_loss" not in status.final_metrics(HISTORY[:1])  # nothing validated yet: nothing said
+
+
+def test_the_curves_draw_the_validated_epochs_as_one_line():
+    fig = history_figure(HISTORY + [HISTORY[1] | {"epoch": 4, "val_accuracy": 0.92}], "j")
+    (accuracy,) = [line for line in fig.axes[1].get_lines() if line.get_label() == "val_accuracy"]
+    assert list(accuracy.get_xdata()) == [2, 4] and list(accuracy.get_ydata()) == [0.90, 0.92]
+
+
+def test_a_sifting_job_validates_every_one_plus_beta_epochs_and_at_its_last(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 6, "batch_size": 16, "learning_rate": 0.01, "hidden_sizes": [16]},
+        sifting={"enabled": True, "beta": 3.0, "score": "proxy", "selection": "top"},
+        resources={"replicas": 1},
+    )
+    outcome, _ = run(job, job_id, folder, plan)
+    validated = [e["epoch"] for e in outcome.history if "val_accuracy" in e]
+    assert [e["epoch"] for e in outcome.history] == [1, 2, 3, 4, 5, 6]
+    assert validated == [4, 6]
+    assert all("kept_fraction" in e and "train_loss" in e for e in outcome.history)  # every epoch's own figures
+    assert outcome.flops["evaluation"] > 0

@@ -1,0 +1,77 @@
+"""The job spec's ``stopping`` section: when training stops before its last epoch, and how often it validates."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, field_validator, model_validator
+
+from trainyard.spec.base import METRICS, _known_metric, _Model, constrained
+
+
+class TargetMetric(_Model):
+    """Stop as soon as a metric reaches a value."""
+
+    name: str = Field(
+        description="val_accuracy, val_loss, val_rmse or train_loss.",
+        json_schema_extra=constrained("string", enum=list(METRICS)),  # a choice in the form
+    )
+    value: float = Field(description="The value to reach (>= for accuracy, <= for losses).")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _known_metric(v)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> TargetMetric:
+        if self.name == "val_accuracy" and not 0 < self.value <= 1:
+            fix = f"write {self.value / 100:g} for {self.value:g}%" if 1 < self.value <= 100 else "give one in (0, 1]"
+            raise ValueError(f"value {self.value:g}: val_accuracy is a fraction of the validation rows; {fix}")
+        if self.name != "val_accuracy" and self.value < 0:
+            raise ValueError(f"value {self.value:g}: {self.name} is never below 0; give the value to reach, >= 0")
+        return self
+
+
+class Stopping(_Model):
+    """When training stops before its last epoch."""
+
+    max_runtime_seconds: int = Field(default=86_400, ge=1, description="Wall-clock limit of the training stage.")
+    target_metric: TargetMetric | None = Field(default=None, description="Stop once this metric reaches its value.")
+    patience_epochs: int | None = Field(
+        default=None, ge=1, description="Stop after this many epochs without improvement of the watched metric."
+    )
+    validate_every_epochs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Validate at every this many epochs' end (and always at the last). Unset: every epoch, or with "
+        "sifting every 1 + beta epochs rounded down (an epoch of sifting trains 1 / (1 + beta) of its rows), so that "
+        "validation costs the same share of the training whatever sifting keeps. The target and patience are "
+        "checked at validated epochs; patience still counts epochs.",
+    )
+    restore_best: bool | None = Field(
+        default=None,
+        description="Keep the parameters of the epoch whose watched metric (target_metric's, else val_loss) was "
+        "best, not the last epoch's: the model uploaded and registered. Default: on with patience_epochs.",
+    )
+
+    @property
+    def restores_best(self) -> bool:
+        """Whether the job's model is its best epoch's (``restore_best``, on by default with patience)."""
+        return self.restore_best if self.restore_best is not None else self.patience_epochs is not None
+
+    def validation_every(self, sifting_beta: float | None) -> int:
+        """Epochs between validations: ``validate_every_epochs``, or unset, ``1 + beta`` rounded down with online
+        sifting at ``sifting_beta`` (None or 0: no keep rule, every epoch trains all its rows)."""
+        if self.validate_every_epochs is not None:
+            return self.validate_every_epochs
+        return max(1, math.floor(1 + sifting_beta)) if sifting_beta else 1
+
+    def validates(self, epoch: int, every: int, epochs: int) -> bool:
+        """Whether the end of ``epoch`` (counted from 1) of ``epochs`` validates, ``every`` epochs apart."""
+        return epoch % every == 0 or epoch >= epochs
+
+    @property
+    def watched_metric(self) -> str:
+        """The metric patience and the best epoch are judged on: the target metric's, else ``val_loss``."""
+        return self.target_metric.name if self.target_metric is not None else "val_loss"
