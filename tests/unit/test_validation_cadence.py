@@ -1,7 +1,6 @@
-"""``stopping.validate_every_epochs``: how often a job validates. With sifting an epoch trains 1 / (1 + beta) of
-its rows, so by default it validates every 1 + beta epochs (rounded down): once per channel's worth of training,
-as a job without sifting does every epoch. The target and patience are judged at validated epochs, patience
-still in epochs, and what describes the model says which validation its metrics are from."""
+"""``stopping.validate_every_epochs``: a job validates at every that many epochs' end and at its last (every epoch
+by default). The target and patience are judged at validated epochs, patience still in epochs, and what describes
+the model says which validation its metrics are from."""
 
 from __future__ import annotations
 
@@ -11,13 +10,14 @@ from tests.unit.jobs import make_job, run
 from trainyard import status
 from trainyard.errors import SpecError
 from trainyard.plots import history_figure
-from trainyard.spec import Stopping, parse_job
-from trainyard.training.epochs import History, end_epoch
+from trainyard.spec import parse_job
+from trainyard.training.epochs import History, end_epoch, validates
 
 
-def _job(stopping: dict | None = None, sifting: dict | None = None):
+def _job(stopping: dict | None = None, sifting: dict | None = None, **more):
     return parse_job(
-        {
+        more
+        | {
             "name": "cadence",
             "algorithm": {"builtin": "mlp-classifier"},
             "inputs": {
@@ -31,26 +31,21 @@ def _job(stopping: dict | None = None, sifting: dict | None = None):
     )
 
 
-@pytest.mark.parametrize(
-    ("given", "beta", "every"),
-    [
-        (None, None, 1),  # no sifting: every epoch trains every row
-        (None, 0.0, 1),  # sifting.prune alone (beta 0): no keep rule
-        (None, 0.5, 1),  # 1.5 rounded down
-        (None, 2.0, 3),
-        (None, 3.0, 4),
-        (2, 3.0, 2),  # given, it wins
-        (5, None, 5),
-    ],
-)
-def test_the_default_cadence_is_one_channels_worth_of_trained_rows(given, beta, every):
-    assert Stopping(validate_every_epochs=given).validation_every(beta) == every
+def _validated(job) -> list[int]:
+    return [epoch for epoch in range(1, job.hyperparameters.epochs + 1) if validates(job, epoch)]
 
 
-def test_the_last_epoch_always_validates():
-    stopping = Stopping()
-    assert [e for e in range(1, 11) if stopping.validates(e, 4, 10)] == [4, 8, 10]
-    assert [e for e in range(1, 4) if stopping.validates(e, 1, 3)] == [1, 2, 3]
+def test_by_default_every_epoch_validates_even_with_sifting():
+    # measured (stop 52): validating sifting's epochs only once per unfiltered epoch's steps read the digits proxy
+    # arm's target later, 0.63x the baseline's FLOPs against 0.58x, and saved no wall time
+    job = _job(sifting={"enabled": True, "beta": 3.0}, hyperparameters={"epochs": 4})
+    assert _validated(job) == [1, 2, 3, 4]
+
+
+def test_a_cadence_validates_its_multiples_and_always_the_last_epoch():
+    assert _validated(_job({"validate_every_epochs": 4}, hyperparameters={"epochs": 10})) == [4, 8, 10]
+    assert _validated(_job({"validate_every_epochs": 3}, hyperparameters={"epochs": 9})) == [3, 6, 9]
+    assert _validated(_job({"validate_every_epochs": 20}, hyperparameters={"epochs": 5})) == [5]
 
 
 def test_a_cadence_below_one_is_refused_naming_the_field():
@@ -122,11 +117,12 @@ def test_the_curves_draw_the_validated_epochs_as_one_line():
     assert list(accuracy.get_xdata()) == [2, 4] and list(accuracy.get_ydata()) == [0.90, 0.92]
 
 
-def test_a_sifting_job_validates_every_one_plus_beta_epochs_and_at_its_last(trainyard_home):
+def test_a_job_validates_at_its_cadence_and_at_its_last_epoch(trainyard_home):
     job, job_id, folder, plan = make_job(
         trainyard_home,
         hyperparameters={"epochs": 6, "batch_size": 16, "learning_rate": 0.01, "hidden_sizes": [16]},
         sifting={"enabled": True, "beta": 3.0, "score": "proxy", "selection": "top"},
+        stopping={"validate_every_epochs": 4},
         resources={"replicas": 1},
     )
     outcome, _ = run(job, job_id, folder, plan)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from pydantic import Field, field_validator, model_validator
 
 from trainyard.spec.base import METRICS, _known_metric, _Model, constrained
@@ -41,13 +39,13 @@ class Stopping(_Model):
     patience_epochs: int | None = Field(
         default=None, ge=1, description="Stop after this many epochs without improvement of the watched metric."
     )
-    validate_every_epochs: int | None = Field(
-        default=None,
+    validate_every_epochs: int = Field(
+        default=1,
         ge=1,
-        description="Validate at every this many epochs' end (and always at the last). Unset: every epoch, or with "
-        "sifting every 1 + beta epochs rounded down (an epoch of sifting trains 1 / (1 + beta) of its rows), so that "
-        "validation costs the same share of the training whatever sifting keeps. The target and patience are "
-        "checked at validated epochs; patience still counts epochs.",
+        description="Validate at every this many epochs' end (and always at the last): for epochs so short that "
+        "validating each costs a share of the training (a small channel, or sifting's epochs, which train "
+        "1 / (1 + beta) of their rows). The target and patience are checked at validated epochs; patience still "
+        "counts epochs.",
     )
     restore_best: bool | None = Field(
         default=None,
@@ -59,17 +57,6 @@ class Stopping(_Model):
     def restores_best(self) -> bool:
         """Whether the job's model is its best epoch's (``restore_best``, on by default with patience)."""
         return self.restore_best if self.restore_best is not None else self.patience_epochs is not None
-
-    def validation_every(self, sifting_beta: float | None) -> int:
-        """Epochs between validations: ``validate_every_epochs``, or unset, ``1 + beta`` rounded down with online
-        sifting at ``sifting_beta`` (None or 0: no keep rule, every epoch trains all its rows)."""
-        if self.validate_every_epochs is not None:
-            return self.validate_every_epochs
-        return max(1, math.floor(1 + sifting_beta)) if sifting_beta else 1
-
-    def validates(self, epoch: int, every: int, epochs: int) -> bool:
-        """Whether the end of ``epoch`` (counted from 1) of ``epochs`` validates, ``every`` epochs apart."""
-        return epoch % every == 0 or epoch >= epochs
 
     @property
     def watched_metric(self) -> str:

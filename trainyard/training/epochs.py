@@ -57,6 +57,12 @@ def evaluate(model, loss_fn, x: torch.Tensor, y: torch.Tensor, task: str, meter:
     return metrics
 
 
+def validates(job: TrainingJob, epoch: int) -> bool:
+    """Whether the end of ``epoch`` (counted from 1) validates: every ``stopping.validate_every_epochs``, and the
+    last epoch always."""
+    return epoch % job.stopping.validate_every_epochs == 0 or epoch >= job.hyperparameters.epochs
+
+
 def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started_unix: float) -> None:
     """Record an epoch's metrics (``elapsed_seconds`` since ``started_unix``, the job's training start) and
     decide whether the job stops there (diverged, target reached, no improvement for its patience). An epoch

@@ -39,7 +39,7 @@ from trainyard.training.attempt_files import (
 )
 from trainyard.training.batches import StepData
 from trainyard.training.drills import DRILL_FILE, drills, due_drill, inject_fault, played_drills
-from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate
+from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate, validates
 from trainyard.training.flops import FlopMeter
 from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
 from trainyard.training.plan import LIGHTHOUSE_ENV, TrainingPlan, attempt_dir, stop_requested
@@ -108,7 +108,6 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     cursor = {"epoch": 0, "start_step": 0, "slots": 0}
 
     data = StepData(job, plan, x_train, y_train, cache.rowgroups_dir(), loss_fn, meter, device)
-    validate_every = job.stopping.validation_every(data.sifter.beta if data.sifter else None)
 
     def state_dict() -> dict:
         return {
@@ -299,11 +298,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 # This group's training FLOPs so far (forward, backward, sifting's scoring; counted from
                 # its own start: a restarted group's count restarts): compute over time, per epoch.
                 metrics["group_train_flops"] = meter.forward + meter.backward + meter.scoring
-                # Not every epoch with sifting (stopping.validate_every_epochs): its epochs end 1 + beta times as
-                # often per row trained. Validating each (and the heartbeat after) was a ninth of the training time
-                # of a digits job whose proxy kept a quarter (30 epochs of 5 steps; stop 52).
-                validating = job.stopping.validates(epoch, validate_every, hp.epochs)
-                busy = (val is not None and validating) or job.stopping.restores_best  # all validate now: none hung
+                validating = val is not None and validates(job, epoch)  # (stopping.validate_every_epochs)
+                busy = validating or job.stopping.restores_best  # every group validates now: none is hung
                 with heartbeat.while_busy(manager.current_step()) if busy else contextlib.nullcontext():
                     if val is not None and validating:
                         metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
