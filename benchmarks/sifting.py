@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 45 min on 2 cores)
+    .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 70 min on 2 cores)
     .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
     .venv/bin/python benchmarks/sifting.py --combination 'pruning 0.7/0.1 x3'   # measure the default, no search
 
@@ -68,7 +68,8 @@ length by the rule that picked the setting (until stop 32 both ran at the baseli
 ``--fill-budget`` keeps the budget). The finalists on their schedules then run on ``CONFIRMATION_SEEDS`` too, and
 the combination is the finalist the same rule ranks first over all eight seeds (until stop 34 the first round's
 winner, at the baseline's rate and budget on four seeds, was the pick). Last, the short run's learning rate.
-Tuning runs two at a time (``--jobs``), each arm against a baseline run the same way. Measured runs go one at a
+Tuning runs two at a time (``--jobs``), each arm against a baseline run the same way, but for the finalists' round,
+run one at a time since stop 52 (its wall ratios decide between finalists). Measured runs go one at a
 time, each done three times (``--repeats``): the same run, its wall time the median of the three.
 Benchmarks print; they never assert. The runs are ``_sifting_data.py``; the tuning ``_sifting_tuning.py``; the
 tables and targets ``_sifting_report.py``.
