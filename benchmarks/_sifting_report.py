@@ -131,7 +131,7 @@ def report(name: str, results: list[SeedResult]) -> None:
         f"  {miss}: not reached with {CAP:g}x the baseline's budget; '-' not reached within the run. "
         f"Short budget, x the baseline's FLOPs to target: {shorts} (* the combination saved nothing: "
         f"{FLOPS_RATIO_MAX:.2f}x). Validation, left out of every count: "
-        f"{base[0].run.eval_flops / 1e9 / len(base[0].run.history):.3f} GFLOP per epoch."
+        f"{base[0].run.eval_flops / 1e9 / len(base[0].run.validated):.3f} GFLOP per validation."
     )
     targets(out, results)
 

@@ -30,8 +30,8 @@ class Run:
 
     @property
     def accuracy(self) -> list[float | None]:
-        """Each epoch's validation accuracy; None where the epoch was not validated (with sifting, every 1 + beta
-        epochs by default: ``stopping.validate_every_epochs``)."""
+        """Each epoch's validation accuracy; None where the epoch was not validated (``stopping.validate_every_epochs``
+        over 1; the benchmark's jobs validate every epoch)."""
         return [h.get("val_accuracy") for h in self.history]
 
     @property

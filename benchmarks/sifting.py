@@ -65,9 +65,10 @@ combinations go on.
 Then the schedule of online sifting alone and of each finalist per dataset: for each length (filling the budget,
 or the baseline's epochs) the learning rate by the baseline's rule (best mean accuracy at equal FLOPs), then the
 length by the rule that picked the setting (until stop 32 both ran at the baseline's rate, filling its budget;
-``--fill-budget`` keeps the budget). The finalists on their schedules then run on ``CONFIRMATION_SEEDS`` too, and
-the combination is the finalist the same rule ranks first over all eight seeds (until stop 34 the first round's
-winner, at the baseline's rate and budget on four seeds, was the pick). Last, the short run's learning rate.
+``--fill-budget`` keeps the budget). The finalists on their schedules then run afresh on the tuning seeds and
+``CONFIRMATION_SEEDS``, and the combination is the finalist the same rule ranks first over all eight seeds (until
+stop 34 the first round's winner, at the baseline's rate and budget on four seeds, was the pick). Last, the short
+run's learning rate.
 Tuning runs two at a time (``--jobs``), each arm against a baseline run the same way, but for the finalists' round,
 run one at a time since stop 52 (its wall ratios decide between finalists). Measured runs go one at a
 time, each done three times (``--repeats``): the same run, its wall time the median of the three.

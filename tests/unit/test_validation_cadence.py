@@ -5,6 +5,7 @@ the model says which validation its metrics are from."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.unit.jobs import make_job, run
 from trainyard import status
@@ -87,13 +88,14 @@ def test_patience_in_epochs_is_as_before_when_every_epoch_validates():
     assert (history.best_epoch, history.epochs_since_best, history.stop_reason) == (1, 2, "NoImprovement")
 
 
-def test_the_target_is_judged_at_validated_epochs_only():
-    job = _job({"target_metric": {"name": "val_accuracy", "value": 0.95}, "validate_every_epochs": 2})
-    history = History()
-    _end(history, job, 1)
-    assert history.stop_reason is None
-    _end(history, job, 2, 0.96)
-    assert (history.stop_reason, len(history.epochs)) == ("TargetMetricReached", 2)
+def test_a_cadence_without_a_validation_channel_is_warned_about():
+    from trainyard.spec import ignored_settings
+
+    job = _job({"validate_every_epochs": 2})
+    assert not any("validate_every_epochs" in w for w in ignored_settings(job))
+    alone = parse_job(job.model_dump(mode="json") | {"inputs": {"train": {"s3_uri": "s3://bkt/t/", "label": "y"}}})
+    (warning,) = [w for w in ignored_settings(alone) if "validate_every_epochs" in w]
+    assert "no validation channel" in warning and "inputs.validation" in warning
 
 
 HISTORY = [
@@ -130,4 +132,31 @@ def test_a_job_validates_at_its_cadence_and_at_its_last_epoch(trainyard_home):
     assert [e["epoch"] for e in outcome.history] == [1, 2, 3, 4, 5, 6]
     assert validated == [4, 6]
     assert all("kept_fraction" in e and "train_loss" in e for e in outcome.history)  # every epoch's own figures
-    assert outcome.flops["evaluation"] > 0
+    assert outcome.flops["evaluation"] == 2 * _validation_flops(job, plan)  # two validations' worth, no more
+
+
+def test_an_epoch_a_train_loss_target_stops_at_is_validated_between_validations(trainyard_home):
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        hyperparameters={"epochs": 8, "batch_size": 16, "learning_rate": 0.01, "hidden_sizes": [16]},
+        stopping={"validate_every_epochs": 4, "target_metric": {"name": "train_loss", "value": 100.0}},
+        resources={"replicas": 1},
+    )
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "TargetMetricReached" and len(outcome.history) == 1  # reached at epoch 1
+    assert "val_accuracy" in outcome.history[0]  # what the model is registered by: its own, not none
+    assert "validated_epoch" not in status.final_metrics(outcome.history)
+
+
+def _validation_flops(job, plan) -> int:
+    """One validation's FLOPs: the job's model over the validation rows, counted as the groups count it."""
+    import numpy as np
+
+    from trainyard import algorithms
+    from trainyard.training.flops import FlopMeter
+
+    x, y = (np.load(plan.validation_data)[k] for k in ("x", "y"))
+    model, loss_fn = algorithms.build(job.algorithm, job.hyperparameters, x, y, 2)
+    meter = FlopMeter(model, loss_fn)
+    meter.add_evaluation(torch.from_numpy(x))
+    return meter.evaluation

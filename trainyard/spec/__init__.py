@@ -5,8 +5,8 @@ form; every field carries a description. A bad spec is rejected here, before any
 with one line per problem naming the field and the fix (``load_job`` raises ``SpecError``).
 
 The sections live in modules of their own: ``data`` (channels and outputs), ``sifting`` (its ``prune`` in
-``pruning``), ``sections`` (the rest), ``job`` (the whole spec and its checks across sections), ``ignored``
-(the settings it would ignore: warnings) and ``parsing`` (YAML, ``--set`` overrides and the error lines);
+``pruning``), ``stopping``, ``sections`` (the rest), ``job`` (the whole spec and its checks across sections),
+``ignored`` (the settings it would ignore: warnings) and ``parsing`` (YAML, ``--set`` overrides and the error lines);
 ``base`` holds what they share. Import from ``trainyard.spec``.
 """
 

@@ -1,5 +1,5 @@
-"""The job's sections other than its data and its sifting: the algorithm and its hyperparameters, resources,
-elastic training, stopping, carbon accounting, registration and retries."""
+"""The job's sections other than its data, its sifting and its stopping: the algorithm and its hyperparameters,
+resources, elastic training, carbon accounting, registration and retries."""
 
 from __future__ import annotations
 

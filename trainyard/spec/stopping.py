@@ -44,8 +44,9 @@ class Stopping(_Model):
         ge=1,
         description="Validate at every this many epochs' end (and always at the last): for epochs so short that "
         "validating each costs a share of the training (a small channel, or sifting's epochs, which train "
-        "1 / (1 + beta) of their rows). The target and patience are checked at validated epochs; patience still "
-        "counts epochs.",
+        "1 / (1 + beta) of their rows). The target and patience are checked at validated epochs (a train_loss target "
+        "and patience on it at every epoch; an epoch it stops at or keeps as the best validates too); patience "
+        "still counts epochs. With several groups, a loss that is no longer a number is found at a validation.",
     )
     restore_best: bool | None = Field(
         default=None,

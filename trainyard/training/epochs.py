@@ -66,8 +66,8 @@ def validates(job: TrainingJob, epoch: int) -> bool:
 def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, started_unix: float) -> None:
     """Record an epoch's metrics (``elapsed_seconds`` since ``started_unix``, the job's training start) and
     decide whether the job stops there (diverged, target reached, no improvement for its patience). An epoch
-    that was not validated (``Stopping.validates``) has no validation metrics: the target and patience wait
-    for one that was, unless they watch ``train_loss``."""
+    that was not validated (``validates``) has no validation metrics: the target and patience wait for one that
+    was, unless they watch ``train_loss``."""
     history.epochs.append({"epoch": epoch, "elapsed_seconds": time.time() - started_unix, **metrics})
     if diverged(metrics, job):
         history.stop_reason = "Diverged"

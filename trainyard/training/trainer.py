@@ -299,12 +299,18 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 # its own start: a restarted group's count restarts): compute over time, per epoch.
                 metrics["group_train_flops"] = meter.forward + meter.backward + meter.scoring
                 validating = val is not None and validates(job, epoch)  # (stopping.validate_every_epochs)
-                busy = validating or job.stopping.restores_best  # every group validates now: none is hung
+                busy = validating  # every group validates now: none is hung
                 with heartbeat.while_busy(manager.current_step()) if busy else contextlib.nullcontext():
                     if val is not None and validating:
                         metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                     end_epoch(history, epoch, metrics, job, plan.released_unix or started_unix)
-                    if job.stopping.restores_best and history.best_epoch == epoch:
+                if val is not None and not validating and (history.stop_reason or history.best_epoch == epoch):
+                    # A train_loss target or patience (one group only) ended the job, or kept this epoch as its best,
+                    # between validations: the model it keeps is validated all the same (what it is registered by).
+                    with heartbeat.while_busy(manager.current_step()):
+                        history.epochs[-1] |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
+                if job.stopping.restores_best and history.best_epoch == epoch:
+                    with heartbeat.while_busy(manager.current_step()):
                         save_best_epoch(out, history.best_epoch, devices.cpu_state(model))
                 cursor.update(epoch=epoch, start_step=manager.current_step(), slots=0)
                 epoch_loss_sum, epoch_loss_count = 0.0, 0
