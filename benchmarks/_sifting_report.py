@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from _sifting_data import Setting
 from _sifting_run import Run
 
-from trainyard.spec import DEFAULT_PRUNING
-
 CAP = 2.0  # an arm short of the target at the baseline's budget gets this many times it
 # The targets: FLOPs and wall to the target as multiples of the baseline's, points below it at equal FLOPs
 FLOPS_RATIO_MAX, WALL_RATIO_MAX, ACCURACY_POINTS = 0.65, 0.75, 0.5
@@ -172,11 +170,10 @@ def fmt_x(v: float | None) -> str:
     return "not reached" if v is None else f"{v:.2f}x"
 
 
-# What `sifting.enabled: true` with nothing else set turns on for a classifier's file-mode channel
-# (trainyard/spec/pruning.py's DEFAULT_PRUNING, turned on by trainyard/spec/sifting.py)
-DEFAULT = Setting(
-    0.0, None, prune=tuple(DEFAULT_PRUNING[k] for k in ("learnt_fraction", "hardest_fraction", "batch_factor"))
-)
+# What `sifting.enabled: true` with nothing else set turns on for a classifier's file-mode channel since stop 52:
+# sifting.noisy_share 0.1 (DEFAULT_NOISY_SHARE), the labels picking the rule; a channel they read as noisy gets
+# DEFAULT_PRUNING (pruning x3, the default until then)
+DEFAULT = Setting(auto=True)
 
 
 def print_best(setting: Setting, named: bool = False) -> None:
@@ -191,8 +188,8 @@ def print_best(setting: Setting, named: bool = False) -> None:
         print("  It is the default of `sifting.enabled: true` (trainyard/spec/sifting.py); as settings:")
     else:
         print(
-            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec/pruning.py's "
-            "DEFAULT_PRUNING); to turn it on:"
+            f"  It is NOT the default of `sifting.enabled: true` ({DEFAULT.label()}, trainyard/spec/sifting.py's "
+            "DEFAULT_NOISY_SHARE); to turn it on:"
         )
     if setting.auto:  # the filtering stage picks from the labels: pruning x3 (noisy) or the proxy's top quarter (clean)
         print("  sifting:\n    enabled: true\n    noisy_share: 0.1")

@@ -4,7 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/sifting.py            # 2 datasets, tuning included (about 70 min on 2 cores)
     .venv/bin/python benchmarks/sifting.py --quick    # smoke run: small tabular set, 1 seed, tiny grids
-    .venv/bin/python benchmarks/sifting.py --combination 'pruning 0.7/0.1 x3'   # measure the default, no search
+    .venv/bin/python benchmarks/sifting.py --combination "noisy_share 0.1: the labels' pick"   # the default, no search
 
 Datasets (``_sifting_datasets.py``): synthetic tabular data with redundancy (near-duplicates, exact
 duplicates, dense clusters of easy rows) and 10% flipped training labels, validated on clean labels;
@@ -238,7 +238,7 @@ def main() -> None:
         "--combination",
         choices=[c.label() for c in COMBINATIONS],
         help="measure this combination instead of searching for one (its schedule, the short run and the noise "
-        "floor as usual), e.g. the default of sifting.enabled: true, 'pruning 0.7/0.1 x3'",
+        "floor as usual), e.g. the default of sifting.enabled: true, \"noisy_share 0.1: the labels' pick\"",
     )
     args = parser.parse_args()
     args.datasets = ("tabular", "digits")

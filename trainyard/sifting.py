@@ -63,8 +63,8 @@ def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "traini
                 [
                     f"sifting.noisy_share: on a channel whose labels read clean, each step draws "
                     f"hyperparameters.batch_size * (1 + beta {clean_beta:g}) = {clean} candidates, more "
-                    f"than the {rows} {whose}; lower hyperparameters.batch_size, or give the rule (sifting.beta) "
-                    "instead of noisy_share"
+                    f"than the {rows} {whose}; lower hyperparameters.batch_size, or set sifting.noisy_share: null "
+                    "(pruning, no measure) or give the rule (sifting.beta)"
                 ]
             )
 

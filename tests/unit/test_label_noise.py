@@ -99,7 +99,7 @@ def test_the_labels_pick_on_a_noisy_channel_is_pruning(tmp_path):
 @pytest.mark.parametrize(
     "spec, job",
     [
-        ({"enabled": True}, {}),  # the default: pruning, nothing measured
+        ({"enabled": True, "noisy_share": None}, {}),  # measuring off: pruning, nothing measured
         (PICK | {"beta": 0}, {}),  # pruning asked for
         (PICK | {"score": "proxy", "beta": 2}, {}),
         (PICK | {"prune": {"until": 0.8}}, {}),
@@ -137,7 +137,9 @@ def test_the_keep_rules_settings_serve_the_clean_pick_and_a_given_rules_noisy_sh
     # and the prefilter's reference settings are the measure's
     measured = parse_job(minimal(sifting=PICK | {"prefilter": {"reference_epochs": 5, "seed": 3}}))
     assert ignored_settings(measured) == []
-    regression = parse_job(minimal(sifting=PICK, algorithm={"builtin": "linear-regression"}))
+    # the default share (0.1) where it cannot apply is not warned about; one given is
+    assert ignored_settings(parse_job(minimal(sifting=PICK, algorithm={"builtin": "linear-regression"}))) == []
+    regression = parse_job(minimal(sifting=PICK | {"noisy_share": 0.2}, algorithm={"builtin": "linear-regression"}))
     assert ignored_settings(regression) == [
         "sifting.noisy_share: nothing is measured, as a regression job's labels have no chance level to tell noise "
         "by; the rule is sifting's default or yours"

@@ -201,8 +201,8 @@ def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
         check_fits(picking, 64, 255)
     assert refused.value.problems == [
         "sifting.noisy_share: on a channel whose labels read clean, each step draws hyperparameters.batch_size * "
-        "(1 + beta 3) = 256 candidates, more than the 255 training rows; lower hyperparameters.batch_size, or give "
-        "the rule (sifting.beta) instead of noisy_share"
+        "(1 + beta 3) = 256 candidates, more than the 255 training rows; lower hyperparameters.batch_size, or set "
+        "sifting.noisy_share: null (pruning, no measure) or give the rule (sifting.beta)"
     ]
 
 

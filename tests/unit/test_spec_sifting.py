@@ -92,14 +92,20 @@ def test_sifting_enabled_alone_turns_on_the_benchmarks_best_combination():
     prune = sifting.prune
     assert (prune.learnt_fraction, prune.hardest_fraction, prune.batch_factor) == (0.7, 0.1, 3.0)
     assert (prune.hardest_after, prune.until, prune.hardest_min_loss) == (0.25, 0.875, "chance")
-    assert (sifting.loss_history_length, sifting.delay_steps, sifting.min_class_fraction) == (500, 10, 0.5)
+    # (the delay waits for the rule the labels pick: 0 for the proxy's top quarter, 10 for pruning)
+    assert (sifting.loss_history_length, sifting.delay_steps, sifting.min_class_fraction) == (500, None, 0.5)
+    assert (sifting.adapted(noisy=False).delay_steps, sifting.adapted(noisy=True).delay_steps) == (0, 10)
     assert sifting.score == "loss"
     # reducible-loss scoring with no keep rule to rank by it is ignored (with a warning), and no prefilter comes of it
     ignored = parse_job(minimal(sifting={"enabled": True, "score": "reducible_loss"})).sifting
     assert ignored.beta == 0 and not ignored.by_reducible_loss and not ignored.prefilter_on
-    # what a deployment receives (the spec dumped whole) resolves to the same
-    assert parse_job(job.model_dump(mode="json")).sifting == sifting
-    assert not sifting.adaptive  # the labels pick the rule only with sifting.noisy_share (stop 48: not the default)
+    # the spec dumped whole states the noisy channel's rule (pruning): resolved again, it is that rule, not measured
+    assert parse_job(job.model_dump(mode="json")).sifting == sifting.adapted(noisy=True)
+    # since stop 52 the labels pick the rule (sifting.noisy_share's default, 0.1: benchmarks/sifting.py's pick); the
+    # pruning above is the noisy channel's rule, and the whole rule with noisy_share turned off (null)
+    assert sifting.adaptive and sifting.noisy_share == 0.1
+    unmeasured = parse_job(minimal(sifting={"enabled": True, "noisy_share": None})).sifting
+    assert not unmeasured.adaptive and unmeasured.beta == 0 and unmeasured.prune == sifting.prune
     # a spec dumped whole states pruning: the rule is no longer the labels' to pick (client.submit sends it as written)
     picked = parse_job(minimal(sifting={"enabled": True, "noisy_share": 0.1})).sifting
     assert picked.adaptive and not parse_job(minimal(sifting=picked.model_dump(mode="json"))).sifting.adaptive

@@ -12,6 +12,7 @@ from trainyard.redaction import SECRET_NAME
 from trainyard.spec.job import TrainingJob
 from trainyard.spec.pruning import DEFAULT_PRUNING
 from trainyard.spec.sections import Hyperparameters
+from trainyard.spec.sifting import DEFAULT_NOISY_SHARE
 
 
 def ignored_settings(job: TrainingJob) -> list[str]:
@@ -74,7 +75,9 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 f"sifting.{', sifting.'.join(tuned)}: settings of the keep rule, which is off with sifting.beta 0 "
                 "(its default on a file-mode train channel: pruning alone); set sifting.beta above 0 to use them"
             )
-    if sifting.enabled and not sifting.adaptive and sifting.noisy_share is not None:
+    # (its default, 0.1, applies where it can: a job that gives the rule, or a regression or streamed one, is not
+    # warned about a value it never set)
+    if sifting.enabled and not sifting.adaptive and sifting.noisy_share not in (None, DEFAULT_NOISY_SHARE):
         why = (
             "a regression job's labels have no chance level to tell noise by"
             if job.algorithm.task == "regression"
