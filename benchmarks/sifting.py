@@ -238,7 +238,7 @@ def main() -> None:
         "--combination",
         choices=[c.label() for c in COMBINATIONS],
         help="measure this combination instead of searching for one (its schedule, the short run and the noise "
-        "floor as usual), e.g. the default of sifting.enabled: true, \"noisy_share 0.1: the labels' pick\"",
+        'floor as usual), e.g. the default of sifting.enabled: true, "noisy_share 0.1: the labels\' pick"',
     )
     args = parser.parse_args()
     args.datasets = ("tabular", "digits")
