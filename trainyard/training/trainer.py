@@ -299,9 +299,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 # its own start: a restarted group's count restarts): compute over time, per epoch.
                 metrics["group_train_flops"] = meter.forward + meter.backward + meter.scoring
                 validating = val is not None and validates(job, epoch)  # (stopping.validate_every_epochs)
-                busy = validating  # every group validates now: none is hung
-                with heartbeat.while_busy(manager.current_step()) if busy else contextlib.nullcontext():
-                    if val is not None and validating:
+                # every group validates now: none is hung
+                with heartbeat.while_busy(manager.current_step()) if validating else contextlib.nullcontext():
+                    if val is not None and validating:  # (val named again for the type checker)
                         metrics |= evaluate(model, loss_fn, *val, job.algorithm.task, meter)
                     end_epoch(history, epoch, metrics, job, plan.released_unix or started_unix)
                 if val is not None and not validating and (history.stop_reason or history.best_epoch == epoch):
