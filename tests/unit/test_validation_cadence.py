@@ -1,18 +1,23 @@
 """``stopping.validate_every_epochs``: a job validates at every that many epochs' end and at its last (every epoch
 by default). The target and patience are judged at validated epochs, patience still in epochs, and what describes
-the model says which validation its metrics are from."""
+the model says which validation its metrics are from; two groups with a heal between validations agree."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.conftest import rejoined, slow_while
 from tests.unit.jobs import make_job, run
+from tests.unit.test_best_epoch import _val_loss_of, _validation_against_training
+from tests.unit.test_group_agreement import _results
 from trainyard import status
 from trainyard.errors import SpecError
 from trainyard.plots import history_figure
 from trainyard.spec import parse_job
+from trainyard.training.drills import DRILL_FILE
 from trainyard.training.epochs import History, end_epoch, validates
+from trainyard.training.plan import attempt_dir
 
 
 def _job(stopping: dict | None = None, sifting: dict | None = None, **more):
@@ -160,3 +165,41 @@ def _validation_flops(job, plan) -> int:
     meter = FlopMeter(model, loss_fn)
     meter.add_evaluation(torch.from_numpy(x))
     return meter.evaluation
+
+
+def test_two_groups_with_a_heal_between_validations_stop_together_and_keep_the_best_validated_epoch(
+    trainyard_home, tmp_path
+):
+    folders: list = []
+
+    def slow() -> bool:  # group 0's steps, from group 1's kill until its restart is back: it heals before the end
+        killed = (attempt_dir(folders[0], 1, 0) / DRILL_FILE).exists()
+        return killed and not rejoined(attempt_dir(folders[0], 1, 1))
+
+    with slow_while(tmp_path / "slow", slow) as hold:
+        job, job_id, folder, plan = make_job(
+            trainyard_home,
+            algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
+            # 38 steps an epoch; 0.3 s a step while slow: 16 s for the restart to come back before epoch 4's end
+            hyperparameters={
+                "epochs": 10,
+                "batch_size": 16,
+                "learning_rate": 0.05,
+                "step_sleep": 0.3,
+                "slow_while": hold,
+            },
+            stopping={"patience_epochs": 2, "validate_every_epochs": 2},
+            elastic={"fault_injection": [{"replica": 1, "at_step": 80, "kind": "kill"}]},  # early in epoch 3
+        )
+        folders.append(folder)
+        _validation_against_training(folder)  # the first validation (epoch 2) is the best
+        outcome, _ = run(job, job_id, folder, plan)
+    steps = [e["steps"] for e in outcome.history]
+    assert sum(steps[:2]) < 80 <= sum(steps[:3])  # the kill fell between the validations of epochs 2 and 4
+    assert [f["replica"] for f in outcome.failures] == [1] and outcome.recoveries[0]["source"] == "peer"
+    # the healed group took the best epoch and patience from its peer: both stopped at epoch 4's validation
+    assert [e["epoch"] for e in outcome.history if "val_loss" in e] == [2, 4]
+    assert outcome.stop_reason == "NoImprovement" and len(outcome.history) == 4
+    assert [(r["stop_reason"], r["best_epoch"]) for r in _results(folder)] == [("NoImprovement", 2)] * 2
+    assert outcome.best_epoch == outcome.restored_epoch == 2
+    assert _val_loss_of(outcome, job, plan) == pytest.approx(outcome.history[1]["val_loss"], rel=1e-5)
