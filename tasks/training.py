@@ -23,7 +23,7 @@ from trainyard.carbon_probe import machine_id
 from trainyard.launch import LaunchHandle
 from trainyard.live_metrics import LiveRun
 from trainyard.spec import TrainingJob
-from trainyard.status import PROGRESS_EVENT, final_metrics
+from trainyard.status import PROGRESS_EVENT, final_metrics, with_last_validation
 from trainyard.training import accounting, supervisor, user_stop
 from trainyard.training.plan import TrainingPlan, request_stop
 
@@ -40,6 +40,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         artifact: UUID = created  # type: ignore[assignment]  # called sync, it returns the id (typed: id or coroutine)
         percent, epochs_done, reported, told_through = 0.0, 0, 0.0, 0
         untold: tuple[int, dict | None] | None = None  # the last epoch not logged yet, and its metrics
+        validated: dict | None = None  # the last validated epoch's metrics (stopping.validate_every_epochs)
         last_sample: dict | None = None
         live = LiveRun(job, plan.job_id)
 
@@ -60,8 +61,10 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             request_stop(Path(handle.job_dir), "CarbonBudgetExceeded", message)
 
         def on_progress(epochs: int, metrics: dict | None) -> None:
-            nonlocal percent, epochs_done, untold
+            nonlocal percent, epochs_done, untold, validated
             advance(epochs - epochs_done)
+            if metrics and "val_loss" in metrics:
+                validated = metrics
             epochs_done, untold = epochs, (epochs, metrics)
             percent = 100.0 * epochs / job.hyperparameters.epochs
             # Told at most once a second (a log line and the artifact, both calls to the API): epochs of
@@ -75,6 +78,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
                 return
             (epochs, metrics), untold = untold, None
             update_progress_artifact(artifact, percent)
+            # an epoch between validations is shown with the last validation's metrics, and that epoch's number
+            metrics = with_last_validation(metrics, validated) if metrics else metrics
             shown = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
             span = f"epoch {epochs}" if epochs == told_through + 1 else f"epochs {told_through + 1}-{epochs}"
             logger.info("%s: %s", span, shown)

@@ -227,6 +227,16 @@ NOT_METRICS = (
 LAST_EPOCH_SIFTING = ("kept_fraction", "mean_keep_probability", "pruned_fraction")
 
 
+def with_last_validation(entry: dict, validated: dict | None) -> dict:
+    """A history entry of an epoch that was not validated (``stopping.validate_every_epochs``) with the
+    validation metrics of ``validated``, the last validated epoch's entry before it, and ``validated_epoch``
+    naming that epoch; ``entry`` itself where it was validated or nothing was yet."""
+    if validated is None or "val_loss" in entry:
+        return entry
+    last = {k: v for k, v in validated.items() if k.startswith("val_")}
+    return entry | last | {"validated_epoch": validated["epoch"]}
+
+
 def final_metrics(history: list[dict], model_epoch: int | None = None) -> dict:
     """The metrics of the model's epoch: ``model_epoch`` where the job restored its best, else the last; and
     ``epochs``, how many were trained. Where that epoch was not validated (a job stopped between two
@@ -236,10 +246,7 @@ def final_metrics(history: list[dict], model_epoch: int | None = None) -> dict:
         return {}
     at = model_epoch - 1 if model_epoch else len(history) - 1  # epochs count from 1, one entry each
     entry = history[at]
-    validated = next((h for h in reversed(history[: at + 1]) if "val_loss" in h), None)
-    if validated is not None and validated is not entry:
-        entry = entry | {k: v for k, v in validated.items() if k.startswith("val_")}
-        entry["validated_epoch"] = validated["epoch"]
+    entry = with_last_validation(entry, next((h for h in reversed(history[: at + 1]) if "val_loss" in h), None))
     # NaN (a diverged run's loss) as null: JSON has no NaN, and json.dumps would write one that parsers refuse
     return {
         k: None if isinstance(v, float) and not math.isfinite(v) else v

@@ -118,6 +118,14 @@ def test_a_model_from_between_validations_reports_the_last_validation_and_its_ep
     assert "val_loss" not in status.final_metrics(HISTORY[:1])  # nothing validated yet: nothing said
 
 
+def test_progress_shows_an_unvalidated_epoch_with_the_last_validation_and_its_epoch():
+    # what the train task logs and sends in its progress event at each epoch
+    shown = status.with_last_validation(HISTORY[2], HISTORY[1])
+    assert (shown["epoch"], shown["train_loss"], shown["val_accuracy"], shown["validated_epoch"]) == (3, 0.5, 0.90, 2)
+    assert status.with_last_validation(HISTORY[1], HISTORY[1]) == HISTORY[1]  # a validated epoch: its own
+    assert status.with_last_validation(HISTORY[0], None) == HISTORY[0]  # nothing validated yet
+
+
 def test_the_curves_draw_the_validated_epochs_as_one_line():
     fig = history_figure(HISTORY + [HISTORY[1] | {"epoch": 4, "val_accuracy": 0.92}], "j")
     (accuracy,) = [line for line in fig.axes[1].get_lines() if line.get_label() == "val_accuracy"]
