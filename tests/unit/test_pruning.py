@@ -172,22 +172,27 @@ def spec(**sifting) -> dict:
     return minimal(inputs=stream, sifting={"enabled": True} | sifting)
 
 
-def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
+def _refused_one_row_short(config, batch_size: int, rows: int) -> list[str]:
+    """What ``check_fits`` refuses a channel of one row fewer than ``rows``, which it takes."""
     from trainyard.sifting import check_fits
+
+    check_fits(config, batch_size, rows)
+    with pytest.raises(SpecError) as refused:
+        check_fits(config, batch_size, rows - 1)
+    return refused.value.problems
+
+
+def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
     from trainyard.spec import Sifting
 
     assert Pruning(learnt_fraction=0.5, batch_factor=2).dealt_batch(64) == 128
     assert Pruning(learnt_fraction=0, batch_factor=2).dealt_batch(64) == 64  # no pruning: nothing to make up for
     config = Sifting(enabled=True, beta=1, prune={"learnt_fraction": 0.5, "batch_factor": 2})
-    check_fits(config, 64, 256)  # 64 * 2 * (1 + 1) = 256 candidates
-    with pytest.raises(SpecError, match=r"batch_size \* sifting.prune.batch_factor 2 \* \(1 \+ beta\) = 128 \* 2"):
-        check_fits(config, 64, 255)
-    # pruning alone (sifting.enabled's default: batch_factor 3, beta 0): the batch factor is what to lower
+    (problem,) = _refused_one_row_short(config, 64, 256)  # 64 * 2 * (1 + 1) = 256 candidates
+    assert "batch_size * sifting.prune.batch_factor 2 * (1 + beta) = 128 * 2" in problem
+    # pruning alone (beta 0): the batch factor is what to lower
     alone = Sifting(enabled=True, beta=0, prune={"learnt_fraction": 0.7, "batch_factor": 3})
-    check_fits(alone, 64, 192)
-    with pytest.raises(SpecError) as refused:
-        check_fits(alone, 64, 191)
-    assert refused.value.problems == [
+    assert _refused_one_row_short(alone, 64, 192) == [
         "sifting.prune.batch_factor: each step draws hyperparameters.batch_size * sifting.prune.batch_factor 3 * "
         "(1 + beta) = 192 * 1 = 192 candidates, more than the 191 training rows; lower sifting.prune.batch_factor "
         "or hyperparameters.batch_size"
@@ -196,10 +201,7 @@ def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
     # compute, not after the filtering stage has measured them
     picking = parse_job(minimal(sifting={"enabled": True, "noisy_share": 0.1})).sifting
     assert picking.adaptive
-    check_fits(picking, 64, 256)
-    with pytest.raises(SpecError) as refused:
-        check_fits(picking, 64, 255)
-    assert refused.value.problems == [
+    assert _refused_one_row_short(picking, 64, 256) == [
         "sifting.noisy_share: on a channel whose labels read clean, each step draws hyperparameters.batch_size * "
         "(1 + beta 3) = 256 candidates, more than the 255 training rows; lower hyperparameters.batch_size, or set "
         "sifting.noisy_share: null (pruning, no measure) or give the rule (sifting.beta)"
