@@ -67,7 +67,9 @@ def failure_reason(stop_reason: str, history: list[dict]) -> str:
     if stop_reason != "Diverged" or not history:
         return stop_reason
     last = history[-1]
-    loss = "val_loss" if "val_loss" in last else "train_loss"
+    # the loss that is not a number (a train loss between validations may be, its epoch then validated all the same)
+    losses = [k for k in ("val_loss", "train_loss") if k in last]
+    loss = next((k for k in losses if last[k] is None or not math.isfinite(last[k])), losses[0] if losses else "loss")
     return (
         f"Diverged: {loss} was {last.get(loss)} at the end of epoch {last['epoch']}; lower "
         "hyperparameters.learning_rate (or add warmup_steps), or look in the data for extreme feature values"

@@ -214,6 +214,33 @@ def test_a_diverged_job_ends_failed_saying_why_and_its_metrics_are_valid_json():
     assert metrics == {"train_loss": None, "val_loss": None, "epochs": 2}
     json.loads(json.dumps(metrics), parse_constant=lambda c: pytest.fail(f"{c} in the summary"))
     assert status.failure_reason("MaxRuntimeExceeded", history) == "MaxRuntimeExceeded"
+    # a train loss that stopped a one-group job between validations (stopping.validate_every_epochs), its epoch then
+    # validated all the same: the reason names the loss that is not a number
+    history[-1] = {"epoch": 2, "train_loss": float("inf"), "val_loss": 0.41}
+    assert status.failure_reason("Diverged", history).startswith("Diverged: train_loss was inf at the end of epoch 2")
+
+
+def test_one_group_diverges_on_its_train_loss_whether_or_not_the_epoch_was_validated():
+    from trainyard.spec import parse_job
+    from trainyard.training.epochs import diverged
+
+    spec = {
+        "name": "nan",
+        "algorithm": {"builtin": "mlp-classifier"},
+        "inputs": {
+            "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
+            "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
+        },
+        "output": {"s3_uri": "s3://bkt/o/"},
+    }
+    one, two = (parse_job(spec | {"resources": {"replicas": n}}) for n in (1, 2))
+    nan = float("nan")
+    assert diverged({"train_loss": nan}, one) == "train_loss"
+    assert diverged({"train_loss": nan, "val_loss": 0.4}, one) == "train_loss"  # was: judged on val_loss alone
+    assert diverged({"train_loss": 0.3, "val_loss": nan}, one) == "val_loss"
+    # several groups: each group's train loss is its own, only the shared validation loss is judged
+    assert diverged({"train_loss": nan, "val_loss": 0.4}, two) is None
+    assert diverged({"train_loss": 0.3, "val_loss": nan}, two) == "val_loss"
 
 
 def test_linear_regression_reports_rmse_in_label_units(trainyard_home):

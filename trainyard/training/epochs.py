@@ -97,10 +97,10 @@ def end_epoch(history: History, epoch: int, metrics: dict, job: TrainingJob, sta
 def diverged(metrics: dict, job: TrainingJob) -> str | None:
     """The loss that is no longer a number (NaN or infinite) at an epoch's end, or None: the parameters
     are then NaN too, and every later step would be spent for nothing. Judged on ``val_loss``, which every
-    group shares; on ``train_loss`` only with one group (each group's own is over its own batches)."""
-    watched = "val_loss" if "val_loss" in metrics else "train_loss" if job.resources.max_replicas == 1 else None
-    value = metrics.get(watched) if watched else None
-    return watched if value is not None and not math.isfinite(value) else None
+    group shares; with one group on ``train_loss`` too (each group's own is over its own batches), at every
+    epoch alike, validated or not (``stopping.validate_every_epochs``)."""
+    watched = ("val_loss", "train_loss") if job.resources.max_replicas == 1 else ("val_loss",)
+    return next((k for k in watched if k in metrics and not math.isfinite(metrics[k])), None)
 
 
 def history_state(history: History) -> dict:
