@@ -194,17 +194,20 @@ def _prefilter_cost_warning(job, report, outcome) -> str | None:
     could have: at most every dropped row trained (forward and backward) in every epoch that ran.
 
     Not for reducible-loss sifting: its reference losses rank every candidate online, so they are what
-    the scoring is for, whatever it drops (the spec refuses turning that prefilter off)."""
-    if job.sifting.by_reducible_loss:
+    the scoring is for, whatever it drops (the spec refuses turning that prefilter off). Nor for the measure of
+    the labels that picks online sifting's rule (``sifting.noisy_share``): it runs whether the prefilter does or
+    not, and what it buys is the rule, not dropped rows (the prefilter reuses its losses where it scores)."""
+    if job.sifting.by_reducible_loss or not report or not outcome or not outcome.samples_trained:
         return None
-    if not report or not report.scoring_flops or not outcome or not outcome.samples_trained:
+    scoring = report.scoring_flops - (report.label_noise or {}).get("flops", 0)  # the prefilter's own
+    if scoring <= 0:
         return None
     dropped, epochs = report.total - report.kept, len(outcome.history) or 1
     saved_at_most = prefilter_flops_spared(outcome, dropped)
-    if report.scoring_flops < saved_at_most:
+    if scoring < saved_at_most:
         return None
     return (
-        f"the prefilter cost more compute than it saved: scoring the rows took {report.scoring_flops:.3g} FLOPs, "
+        f"the prefilter cost more compute than it saved: scoring the rows took {scoring:.3g} FLOPs, "
         f"training the {dropped} rows it dropped for {epochs} epochs would have taken at most {saved_at_most:.3g}; "
         "let it drop exact duplicates only (sifting.prefilter.drop_learnt_fraction and drop_unlearnable_fraction 0), "
         "or turn it off (sifting.prefilter.enabled: false) for a job this short"

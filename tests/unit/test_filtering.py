@@ -242,6 +242,13 @@ def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about(
         update={"sifting": job.sifting.model_copy(update={"enabled": True, "score": "reducible_loss"})}
     )
     assert "warning" not in sifting_section(rho, report(30_000), outcome)  # its reference ranks every candidate
+    # the measure of the labels that picked the rule (sifting.noisy_share) is not the prefilter's cost: it runs with the
+    # prefilter off too (was: every default job on a noisy channel, 0 rows dropped, warned to turn the prefilter off)
+    measured = filtering.FilterReport("train.npz", total=1_010, kept=1_010, scoring_flops=2_000_000)
+    measured.label_noise = {"flops": 2_000_000, "noisy": True}
+    assert "warning" not in sifting_section(job, measured, outcome)
+    measured.scoring_flops += 30_000  # and the prefilter's own scoring beside it, which dropped nothing
+    assert "scoring the rows took 3e+04 FLOPs" in sifting_section(job, measured, outcome)["warning"]
 
 
 def test_a_channel_of_one_distinct_row_is_named_not_scored_as_nan():
