@@ -131,7 +131,10 @@ def training_pipeline(
             if report.sifting is not None:  # sifting.noisy_share: the online rule the labels called for
                 job = job.model_copy(update={"sifting": report.sifting})
             if report.dropped or report.sifting is not None:  # after the stage is recorded (its compute counts)
-                sifting.check_fits(job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept")
+                picked = report.sifting is not None
+                sifting.check_fits(
+                    job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept", picked
+                )
             plan = TrainingPlan(
                 job_id=job_id,
                 job=job.model_dump(mode="json"),

@@ -35,14 +35,24 @@ from trainyard.errors import SpecError
 from trainyard.spec import Sifting
 
 
-def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "training rows") -> None:
+def check_fits(config: Sifting, batch_size: int, rows: int, whose: str = "training rows", picked: bool = False) -> None:
     """Refuse a sifting job whose step would draw more candidates than there are rows: its one step an
-    epoch would keep ``1 / (1 + beta)`` of them, not a full batch, and most of the data would go untrained."""
+    epoch would keep ``1 / (1 + beta)`` of them, not a full batch, and most of the data would go untrained.
+    ``picked``: ``config`` is the rule the labels picked (``Sifting.adapted``), which the user did not give."""
     if not config.enabled:
         return
     beta, prune = config.settled()
     dealt = prune.dealt_batch(batch_size)
     candidates = candidate_batch(beta, dealt)
+    if candidates > rows and picked:  # (the duplicates the clean pick's prefilter dropped took the rows below it)
+        raise SpecError(
+            [
+                f"sifting.noisy_share: the rule the labels picked draws hyperparameters.batch_size * (1 + beta "
+                f"{beta:g}) = {candidates} candidates a step, more than the {rows} {whose}; lower "
+                "hyperparameters.batch_size, or set sifting.noisy_share: null (pruning, no measure) or give the "
+                "rule (sifting.beta)"
+            ]
+        )
     if candidates > rows:
         factor = f" * sifting.prune.batch_factor {prune.batch_factor:g}" if dealt != batch_size else ""
         # with beta 0 (pruning alone, sifting.enabled's default) only the batch factor makes a step draw more

@@ -183,6 +183,7 @@ def _refused_one_row_short(config, batch_size: int, rows: int) -> list[str]:
 
 
 def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
+    from trainyard.sifting import check_fits
     from trainyard.spec import Sifting
 
     assert Pruning(learnt_fraction=0.5, batch_factor=2).dealt_batch(64) == 128
@@ -206,6 +207,13 @@ def test_batch_factor_deals_more_rows_a_step_and_is_checked_against_the_rows():
         "(1 + beta 3) = 256 candidates, more than the 255 training rows; lower hyperparameters.batch_size, or set "
         "sifting.noisy_share: null (pruning, no measure) or give the rule (sifting.beta)"
     ]
+    # checked again on the rows the clean pick's prefilter kept (its duplicates dropped): the rule is the labels'
+    # pick, which the user did not give; was "sifting.beta: ...; lower sifting.beta"
+    with pytest.raises(SpecError) as refused:
+        check_fits(picking.adapted(noisy=False), 64, 250, "rows the prefilter kept", picked=True)
+    (problem,) = refused.value.problems
+    assert problem.startswith("sifting.noisy_share: the rule the labels picked draws hyperparameters.batch_size * ")
+    assert "256 candidates a step, more than the 250 rows the prefilter kept" in problem
 
 
 def test_batch_factor_deals_its_larger_batches_only_in_the_epochs_that_prune_learnt_rows():
