@@ -49,6 +49,27 @@ def test_the_share_above_chance_rises_with_the_labels_flipped(flipped):
     assert measured.noisy == (flipped > 0.1)
 
 
+def test_a_large_channel_is_measured_on_a_sample_and_the_prefilter_then_scores_every_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(label_noise, "MEASURED_ROWS", 500)  # (20,000: a channel of 1,500 rows stands for a larger one)
+    x, y = blobs(0.2)
+    distinct = ~filtering.duplicates(x, y)
+    measured = label_noise.estimate(x, y, distinct, Prefilter(), 3, 0.1)
+    monkeypatch.undo()
+    whole = label_noise.estimate(x, y, distinct, Prefilter(), 3, 0.1)
+    assert (measured.rows, measured.distinct_rows, measured.losses) == (500, 1500, None)
+    assert measured.noisy and 0.15 <= measured.above_chance <= 0.23  # the share, read on a third of the rows
+    assert measured.flops < 0.5 * whole.flops  # the cost stops growing with the channel
+    assert measured.to_dict()["distinct_rows"] == 1500 and "distinct_rows" not in whole.to_dict()
+    # a clean channel's loss-based drops cannot reuse a sample's losses: the prefilter scores every row itself
+    monkeypatch.setattr(label_noise, "MEASURED_ROWS", 500)
+    drops = {"drop_learnt_fraction": 0.2, "drop_unlearnable_fraction": 0.02}
+    report = filtering.filter_samples(staged_blobs(tmp_path, 0.0), sifting_of(PICK | {"prefilter": drops}))
+    assert report.label_noise["rows"] == 500 and not report.label_noise["noisy"]
+    x, y = blobs(0.0)
+    alone = filtering.prefilter(x, y, Prefilter(**drops), "classification", 3, min_class_fraction=0.5)
+    assert report.dropped == alone.dropped and report.scoring_flops == report.label_noise["flops"] + alone.flops
+
+
 def test_too_few_rows_to_measure_count_as_noisy():
     x, y = blobs(0.0)
     measured = label_noise.estimate(x[:4], y[:4], np.ones(4, dtype=bool), Prefilter(), 3, 0.1)
