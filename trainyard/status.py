@@ -165,12 +165,15 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
         # C * beta / (1 + beta) dropped ones: a saving only when backward / forward > 1 / beta. Reused
         # losses (reuse_loss_epochs) make scoring cheaper, so the measured FLOPs decide.
         ratio = online.get("backward_forward_ratio") or 0.0
+        # (a proxy's losses are never reused: what makes its scoring cheaper is a smaller proxy)
+        proxy = job.sifting.score == "proxy"
+        cheaper = "shrink sifting.proxy.hidden_sizes" if proxy else "set sifting.reuse_loss_epochs"
         section["warning"] = (
             f"sifting cost more compute than it saved: its scoring passes took {online['scoring_flops']:.3g} FLOPs, "
             f"the training passes its keep rule skipped would have taken {online['training_flops_skipped']:.3g} "
             "(the carbon report's sifting_saved also counts rows left out before delay_steps, which no scoring "
             f"paid for; backward/forward "
-            f"FLOP ratio {ratio:.2f}, beta {job.sifting.beta:g}); raise sifting.beta, set sifting.reuse_loss_epochs, "
+            f"FLOP ratio {ratio:.2f}, beta {job.sifting.beta:g}); raise sifting.beta, {cheaper}, "
             "or turn sifting off for this model"
         )
     if prefilter_warning := _prefilter_cost_warning(job, report, outcome):

@@ -367,7 +367,12 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
     assert outcome.sifting["backward_forward_ratio"] == pytest.approx(1.0)
     from trainyard.status import compute_section, sifting_section
 
-    assert "sifting cost more compute than it saved" in sifting_section(job, None, outcome)["warning"]
+    warning = sifting_section(job, None, outcome)["warning"]
+    assert "sifting cost more compute than it saved" in warning and "set sifting.reuse_loss_epochs" in warning
+    # a proxy's losses are never reused: the fix named is a smaller proxy (was: reuse_loss_epochs, which it ignores)
+    proxy = job.model_copy(update={"sifting": job.sifting.model_copy(update={"score": "proxy"})})
+    warning = sifting_section(proxy, None, outcome)["warning"]
+    assert "shrink sifting.proxy.hidden_sizes" in warning and "reuse_loss_epochs" not in warning
     # a training stage that gave up has no outcome: its summary counts what the groups did, sifting included
     done = accounting.work_done(folder)
     assert compute_section(None, 0, done)["samples_seen"] == compute_section(outcome)["samples_seen"]
