@@ -168,9 +168,10 @@ def prefiltered(name: str, seed: int, quick: bool, fractions: tuple[float, float
 @functools.cache
 def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
     """What ``sifting: {enabled: true, noisy_share: 0.1}`` picks for this dataset and seed, and its filtering
-    stage's work, run as the engine runs it (``filtering.filter_samples``: the labels measured, then exact duplicates
-    out for the proxy's top selection, whose keep rule prefilters by default), timed here on its second run (the first
-    pays this process's first calls into torch, which a pipeline's filtering stage has made before)."""
+    stage's work, run as the engine runs it (``filtering.filter_samples``: the labels measured, the proxy's cost
+    against the job's model checked on a clean channel, then exact duplicates out for the proxy's top selection,
+    whose keep rule prefilters by default), timed here on its second run (the first pays this process's first
+    calls into torch, which a pipeline's filtering stage has made before)."""
     from trainyard import filtering
     from trainyard.datasets import StagedData
     from trainyard.spec import parse_job
@@ -183,7 +184,9 @@ def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
         staged = StagedData(f"{folder}/train.npz", None, {"num_outputs": data.num_classes}, rows, [])
         for _ in range(2):
             started = time.perf_counter()
-            report = filtering.filter_samples(staged, job.sifting, "classification")
+            report = filtering.filter_samples(
+                staged, job.sifting, "classification", None, job.algorithm, job.hyperparameters
+            )
             wall = time.perf_counter() - started
     assert report.sifting is not None and report.label_noise is not None  # (adaptive: it picked)
     keep = ~filtering.duplicates(data.x_train, data.y_train) if report.dropped else np.ones(len(data.x_train), bool)

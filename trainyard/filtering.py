@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
 from trainyard.reference_losses import HOLDOUT, Champion, JobLoss, champion_losses, held_out_losses, job_loss
 from trainyard.spec import Algorithm, Hyperparameters, Prefilter, Sifting
+from trainyard.training import proxy
 
 REASONS = ("kept", "duplicate", "learnt", "unlearnable")  # a row's fate; the report's and manifest's names
 
@@ -133,7 +134,10 @@ def filter_samples(
     if adapting:
         assert sifting.noisy_share is not None  # (adaptive: it is set)
         noise = label_noise.estimate(x, y, distinct, sifting.prefilter, num_outputs, sifting.noisy_share)
-        sifting = report.sifting = sifting.adapted(noise.noisy)
+        if not noise.noisy and algorithm is not None:  # a clean channel's proxy must be far cheaper than the model
+            hp = hyperparameters or Hyperparameters()
+            noise = replace(noise, proxy_cost=proxy.relative_cost(sifting.proxy, algorithm, hp, x, y, num_outputs))
+        sifting = report.sifting = sifting.adapted(noise.prunes)
         report.label_noise, report.scoring_flops = noise.to_dict(), noise.flops
         if not sifting.prefilter_on:
             return report

@@ -32,6 +32,12 @@ from trainyard.spec.sifting import CLEAN_CHANNEL
 # threshold on 1,437 and 8,000 rows (digits, its tabular set): a sample's references, 10,000 rows each, see more.
 MEASURED_ROWS = 20_000
 
+# The most a clean channel's proxy may cost, its forward over the job's model's, for the labels to pick it: it scores
+# four candidates and learns one a trained row, about twice this ratio of the model's training (on digits a
+# thirty-sixth: 6%); over a tenth (a fifth of the training's FLOPs), or a proxy as large as a small model, the
+# labels pick pruning, which costs no scoring.
+PROXY_COST_MAX = 0.1
+
 
 @dataclass(frozen=True, slots=True)
 class NoiseEstimate:
@@ -50,6 +56,8 @@ class NoiseEstimate:
     where a sample was measured (the prefilter then scores every row itself)."""
     distinct_rows: int | None = None
     """The channel's distinct rows, where more than were measured (a sample of ``MEASURED_ROWS``)."""
+    proxy_cost: float | None = None
+    """A clean channel's proxy's forward FLOPs over the job's model's (``proxy.relative_cost``), where known."""
 
     @property
     def noisy(self) -> bool:
@@ -57,13 +65,25 @@ class NoiseEstimate:
         is the rule that leaves a noisy channel's wrong labels out, and costs a clean one no accuracy."""
         return self.above_chance is None or self.above_chance > self.noisy_share
 
+    @property
+    def prunes(self) -> bool:
+        """Whether the labels pick pruning: a noisy channel, or a clean one whose proxy would cost more than
+        ``PROXY_COST_MAX`` of the job's model's forward."""
+        return self.noisy or (self.proxy_cost is not None and self.proxy_cost > PROXY_COST_MAX)
+
     def to_dict(self) -> dict:
         beta = CLEAN_CHANNEL["beta"]
         proxy = f"the proxy's top {1 / (1 + beta):.0%} (beta {beta:g}, score proxy, selection top)"
-        chose = "pruning (sifting.prune)" if self.noisy else proxy
+        chose = "pruning (sifting.prune)" if self.prunes else proxy
+        if self.prunes and not self.noisy:
+            chose += (
+                f": the labels read clean, but the proxy's forward costs {self.proxy_cost:.2g}x the model's, more "
+                f"than {PROXY_COST_MAX:g}x (shrink sifting.proxy.hidden_sizes for {proxy.split(' (')[0]})"
+            )
         said = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "losses"}  # (asdict copies arrays)
-        if self.distinct_rows is None:  # every distinct row measured: rows says how many
-            del said["distinct_rows"]
+        for unknown in ("distinct_rows", "proxy_cost"):  # every distinct row measured; a noisy channel's, not asked
+            if said[unknown] is None:
+                del said[unknown]
         return said | {"noisy": self.noisy, "online_rule": chose}
 
 

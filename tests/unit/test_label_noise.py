@@ -95,6 +95,23 @@ def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_quarter(tmp_path):
     assert "sifting" not in report.to_dict() and report.to_dict()["label_noise"] == report.label_noise
 
 
+@pytest.mark.parametrize("hidden_sizes, proxy_picked", [([256, 256], True), ([16], False)])
+def test_a_clean_channel_gets_the_proxy_only_if_it_is_far_cheaper_than_the_jobs_model(
+    tmp_path, hidden_sizes, proxy_picked
+):
+    job = parse_job(minimal(sifting=PICK, hyperparameters={"hidden_sizes": hidden_sizes}))
+    staged = staged_blobs(tmp_path, 0.0)
+    report = filtering.filter_samples(staged, job.sifting, "classification", None, job.algorithm, job.hyperparameters)
+    noise = report.label_noise
+    assert noise["noisy"] is False and (report.sifting.score == "proxy") == proxy_picked
+    if proxy_picked:  # six features: the proxy of 32 a two-hundredth of the model of 256 and 256
+        assert noise["proxy_cost"] < 0.01 and noise["online_rule"].startswith("the proxy's top 25%")
+    else:  # a model of 16 costs half the proxy of 32: pruning, which scores nothing, and the report says why
+        assert noise["proxy_cost"] == pytest.approx(2.0, rel=0.05) and report.sifting.prunes
+        assert noise["online_rule"].startswith("pruning (sifting.prune): the labels read clean, but the proxy's")
+        assert "shrink sifting.proxy.hidden_sizes" in noise["online_rule"]
+
+
 def test_a_measured_jobs_loss_based_drops_reuse_the_measures_reference_losses(tmp_path):
     staged = staged_blobs(tmp_path, 0.0)
     drops = {"drop_learnt_fraction": 0.2, "drop_unlearnable_fraction": 0.02}

@@ -191,7 +191,8 @@ class Sifting(_Model):
         "and if more than this share of the rows get a loss above chance (a label the reference finds less likely "
         "than a uniform guess: label noise, or rows too hard to learn) the channel is noisy and sifting prunes "
         "(sifting.prune's defaults); otherwise it keeps the top quarter of each step's candidates by a proxy model's "
-        "loss (beta 3, score proxy, selection top, from the first step), which gains when the job runs more epochs "
+        "loss (beta 3, score proxy, selection top, from the first step; pruning still where the proxy's forward costs "
+        "more than a tenth of the model's), which gains when the job runs more epochs "
         "than it would unfiltered. Default 0.1 (the benchmark's pick); null: no measuring, the rule is pruning (a "
         "classifier's default until stop 52). The summary's filtering report says what was measured and chosen.",
     )
