@@ -41,6 +41,8 @@ def filter_samples(job: TrainingJob, staged: StagedData, job_id: str) -> dict:
             noise["noisy_share"],
             noise["online_rule"],
         )
+        if "note" in noise:
+            logger.info("the labels' pick: %s", noise["note"])
     if report.reference:
         logger.info("prefilter losses from %s", report.reference)
     logger.info(

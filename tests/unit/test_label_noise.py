@@ -89,6 +89,9 @@ def test_the_labels_pick_on_a_clean_channel_is_the_proxys_top_quarter(tmp_path):
     assert not chosen.adaptive  # picked once
     assert report.label_noise["noisy"] is False and report.label_noise["above_chance"] < 0.1
     assert report.label_noise["online_rule"] == "the proxy's top 25% (beta 3, score proxy, selection top)"
+    # which trains a quarter of each epoch's candidates: said, with the fix (the filtering stage logs it)
+    assert report.label_noise["note"].startswith("each epoch trains 25% of its candidates")
+    assert "raise hyperparameters.epochs" in report.label_noise["note"]
     assert report.label_noise["rows"] == 1500 and report.scoring_flops == report.label_noise["flops"] > 0
     # the keep rule's own default applies with it: exact duplicates out, no reference model trained again
     assert report.dropped == {"duplicate": 100} and report.kept == 1500
@@ -128,6 +131,7 @@ def test_the_labels_pick_on_a_noisy_channel_is_pruning(tmp_path):
     sifting = sifting_of(PICK)
     report = filtering.filter_samples(staged_blobs(tmp_path, 0.2), sifting, "classification")
     assert report.label_noise["noisy"] is True and not report.sifting.adaptive  # picked: not measured again
+    assert "note" not in report.label_noise  # (pruning trains every epoch's rows but the pruned: nothing to say)
     # the same config, its delay (left open until the rule is known) now the keep rule's default
     assert report.sifting.model_dump() == sifting.model_dump() | {"delay_steps": 10} and sifting.delay_steps is None
     assert {k: getattr(report.sifting.prune, k) for k in DEFAULT_PRUNING} == DEFAULT_PRUNING
