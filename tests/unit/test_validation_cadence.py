@@ -188,7 +188,7 @@ def test_two_groups_with_a_heal_between_validations_stop_together_and_keep_the_b
         job, job_id, folder, plan = make_job(
             trainyard_home,
             algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-            # 38 steps an epoch; 0.3 s a step while slow: 16 s for the restart to come back before epoch 4's end
+            # 38 steps an epoch, 0.3 s each while slow: the 72 from the kill to epoch 4's end give the restart 21 s
             hyperparameters={
                 "epochs": 10,
                 "batch_size": 16,
