@@ -54,7 +54,9 @@ class Pass:
         return Pass(x, self.y[rows], [x, *(t[rows] for t in self.inputs[1:])], self.output[rows], self.version)
 
 
-def relative_cost(config: Proxy, algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.ndarray, outputs: int):
+def relative_cost(
+    config: Proxy, algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.ndarray, outputs: int
+) -> float:
     """The proxy's forward FLOPs over the job's model's, on the same rows: what scoring a candidate with it
     costs against a forward pass of the model (a thirty-sixth on digits, with the built-in classifier of 256
     and 256 and the default proxy)."""
