@@ -221,19 +221,11 @@ def test_a_diverged_job_ends_failed_saying_why_and_its_metrics_are_valid_json():
 
 
 def test_one_group_diverges_on_its_train_loss_whether_or_not_the_epoch_was_validated():
+    from tests.unit.specs import minimal
     from trainyard.spec import parse_job
     from trainyard.training.epochs import diverged
 
-    spec = {
-        "name": "nan",
-        "algorithm": {"builtin": "mlp-classifier"},
-        "inputs": {
-            "train": {"s3_uri": "s3://bkt/t/", "label": "y"},
-            "validation": {"s3_uri": "s3://bkt/v/", "label": "y"},
-        },
-        "output": {"s3_uri": "s3://bkt/o/"},
-    }
-    one, two = (parse_job(spec | {"resources": {"replicas": n}}) for n in (1, 2))
+    one, two = (parse_job(minimal(resources={"replicas": n})) for n in (1, 2))
     nan = float("nan")
     assert diverged({"train_loss": nan}, one) == "train_loss"
     assert diverged({"train_loss": nan, "val_loss": 0.4}, one) == "train_loss"  # was: judged on val_loss alone
