@@ -196,6 +196,25 @@ def adapted(name: str, seed: int, quick: bool) -> tuple[Setting, Prefiltered]:
     return chosen, Prefiltered(keep, report.dropped, report.scoring_flops, wall, None)
 
 
+def timed(repeats: int, *args, **kwargs) -> Run:
+    """``train(*args, **kwargs)`` done ``repeats`` times, one after another: the same run each time
+    (one group on the CPU, seeded: its accuracy and FLOPs repeat to the digit), its wall time at each
+    epoch end and per step the median over the repeats. A digits baseline reaches its target in about
+    half a second, so one stall of the machine moved a single run's wall ratio by half (stops 26 and
+    27 measured 1.03x and 1.51x for one arm and seed). A repeat that differs is reported and the first
+    run is used as it is."""
+    runs = [train(*args, **kwargs) for _ in range(repeats)]
+    first = runs[0]
+    if any(run.accuracy != first.accuracy or run.cum_flops != first.cum_flops for run in runs[1:]):
+        print(f"  WARNING {first.setting.label()} seed {first.seed}: its repeats differ; wall of the first run only")
+        return first
+    return replace(
+        first,
+        cum_wall=[statistics.median(walls) for walls in zip(*(run.cum_wall for run in runs), strict=True)],
+        median_step_ms=statistics.median(run.median_step_ms for run in runs),
+    )
+
+
 def baseline_budget(name: str, seed: int, quick: bool, epochs: int) -> int:
     """Training FLOPs of ``epochs`` epochs without filtering."""
     data = load(name, seed, quick)

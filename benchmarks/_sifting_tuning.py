@@ -174,25 +174,32 @@ def confirm(args, finalists, schedule, base) -> tuple[Setting, dict]:
     ratios moved with what the other run was doing: at stop 51 the labels' pick and pruning x3 trained the same
     runs on tabular (the labels measured noisy; its measure took 83 ms), and their medians over the eight seeds read
     0.47x and 0.49x the baseline's FLOPs to the target (the measure's FLOPs move which epoch is read) but 0.84x and
-    0.61x its wall. Returns the pick and the baselines, the confirmation seeds' with them."""
+    0.61x its wall. Each run ``--repeats`` times, its wall the median, since stop 53: with one run each, the tie-break
+    between the labels' pick and pruning x3 (4 of 6 targets each) went by digits' walls of sub-second runs, which moved
+    by half to a whole baseline between stops 52 and 53 (0.90x and 0.88x, then 1.90x and 1.39x). Returns the pick
+    and the baselines, the confirmation seeds' with them."""
     if len(finalists) == 1:  # --combination: nothing to choose between
         return finalists[0], base
     quick, first = args.quick, args.tuning_seeds[0]
     seeds = (*args.tuning_seeds, *args.confirmation_seeds)
-    print(f"  Finalists and their baselines, one at a time on seeds {', '.join(map(str, seeds))}:", flush=True)
+    on = ", ".join(map(str, seeds))
+    print(
+        f"  Finalists and their baselines, one at a time, each {args.repeats} times (wall: the median), on seeds {on}:",
+        flush=True,
+    )
     calls = {
         (name, seed): ((name, seed, quick, Setting(), base[name, first].lr), {"epochs": epochs(name, quick)})
         for name in args.datasets
         for seed in seeds
     }
-    base = base | dict(zip(calls, one_at_a_time(calls.values()), strict=True))
+    base = base | dict(zip(calls, one_at_a_time(calls.values(), args.repeats), strict=True))
     calls = {}
     for name in args.datasets:
         for c in finalists:
             v, lr = schedule[name, c]
             for seed in seeds:
                 calls[name, seed, c] = on_schedule(name, seed, quick, v, lr, base[name, seed])
-    at = dict(zip(calls, one_at_a_time(calls.values()), strict=True))
+    at = dict(zip(calls, one_at_a_time(calls.values(), args.repeats), strict=True))
     for name in args.datasets:
         for c in finalists:
             v, lr = schedule[name, c]
@@ -224,8 +231,8 @@ def score(setting: Setting, runs: dict, base: dict, datasets, seeds) -> Score:
     those meet. Ranked by the targets met over both datasets, then by the FLOPs and wall ratios averaged over them (the
     cost a user pays; until stop 34 the FLOPs ratio alone), then by the points. Medians per dataset, so that one seed
     that misses on one dataset does not outweigh the rest (a mean over both datasets and two seeds let digits'
-    epoch-sized swings pick); the wall time is that of runs done two at a time (the finalists': one at a time), each
-    against its baseline run alike. Why
+    epoch-sized swings pick); the wall time is that of runs done two at a time (the finalists': one at a time, the
+    median of ``--repeats``), each against its baseline run alike. Why
     the wall counts in the tie-break: it is one of the two cost targets, and in stop 35's first run three finalists (the
     keep rule with the hardest rows left out, pruning x2, pruning x3) met 4 of 6 targets each over eight seeds with mean
     FLOPs ratios of 0.74, 0.745 and 0.755, where their wall ratios (tabular 0.64, 0.67, 0.56; digits 1.21, 1.35, 1.01)
@@ -281,9 +288,10 @@ def on_schedule(name: str, seed: int, quick: bool, setting: Setting, lr: float, 
     return (name, seed, quick, setting, lr), setting.length(epochs(name, quick), baseline.cum_flops[-1])
 
 
-def one_at_a_time(calls) -> list[Run]:
-    """The runs one after another in this process, as the measured runs go (``sifting.py``'s ``measure``)."""
-    return [sd.train(*a, **k) for a, k in calls]
+def one_at_a_time(calls, repeats: int) -> list[Run]:
+    """The runs one after another in this process, each ``repeats`` times, its wall the median (``sd.timed``), as
+    the measured runs go (``sifting.py``'s ``measure``)."""
+    return [sd.timed(repeats, *a, **k) for a, k in calls]
 
 
 def parallel(pool, calls) -> list[Run]:

@@ -79,11 +79,9 @@ tables and targets ``_sifting_report.py``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import multiprocessing
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -147,7 +145,7 @@ def cpu_model() -> str:
 def measure(args, name: str, seed: int, tuned: Tuned) -> SeedResult:
     """Every arm on one seed, one run at a time."""
     quick, r = args.quick, args.repeats
-    base = timed(r, name, seed, quick, Setting(), tuned.lr, epochs=epochs(name, quick))
+    base = sd.timed(r, name, seed, quick, Setting(), tuned.lr, epochs=epochs(name, quick))
     target, budget = base.accuracy[-1], base.cum_flops[-1]
     arms = {"baseline": Arm(base)}
     say(name, seed, "baseline", base, target)
@@ -155,39 +153,22 @@ def measure(args, name: str, seed: int, tuned: Tuned) -> SeedResult:
         ("online", tuned.online, tuned.online_lr),
         ("combination", tuned.combination, tuned.combination_lr),
     ):
-        arm = Arm(timed(r, name, seed, quick, setting, lr, **setting.length(epochs(name, quick), budget)))
+        arm = Arm(sd.timed(r, name, seed, quick, setting, lr, **setting.length(epochs(name, quick), budget)))
         if arm.run.first_reaching(target) is None and args.extend:
             # Its whole schedule, read at the baseline's cadence: stopped at the target, it would stop at its own
             # first epoch past it, read at every epoch (until stop 34 it did).
-            arm.extended = timed(r, name, seed, quick, setting, lr, budget=CAP * budget)
+            arm.extended = sd.timed(r, name, seed, quick, setting, lr, budget=CAP * budget)
         arms[key] = arm
         say(name, seed, key, arm.run, target, arm.extended)
     short, from_combination = short_budget(arms["combination"].to_target(target)[0], base.flops_to(target))
-    arms["short"] = Arm(timed(r, name, seed, quick, Setting(), tuned.short_lr, budget=short))
+    arms["short"] = Arm(sd.timed(r, name, seed, quick, Setting(), tuned.short_lr, budget=short))
     say(name, seed, "short", arms["short"].run, target)
     # Not extended past the budget: the floor is what chance gives within the same run.
-    arms["noise"] = Arm(timed(r, name, seed, quick, Setting(), tuned.lr, epochs=epochs(name, quick), init=NOISE_INIT))
+    arms["noise"] = Arm(
+        sd.timed(r, name, seed, quick, Setting(), tuned.lr, epochs=epochs(name, quick), init=NOISE_INIT)
+    )
     say(name, seed, "noise", arms["noise"].run, target)
     return SeedResult(seed, target, budget, short, from_combination, arms)
-
-
-def timed(repeats: int, *args, **kwargs) -> Run:
-    """``sd.train(*args, **kwargs)`` done ``repeats`` times, one after another: the same run each time
-    (one group on the CPU, seeded: its accuracy and FLOPs repeat to the digit), its wall time at each
-    epoch end and per step the median over the repeats. A digits baseline reaches its target in about
-    half a second, so one stall of the machine moved a single run's wall ratio by half (stops 26 and
-    27 measured 1.03x and 1.51x for one arm and seed). A repeat that differs is reported and the first
-    run is used as it is."""
-    runs = [sd.train(*args, **kwargs) for _ in range(repeats)]
-    first = runs[0]
-    if any(run.accuracy != first.accuracy or run.cum_flops != first.cum_flops for run in runs[1:]):
-        print(f"  WARNING {first.setting.label()} seed {first.seed}: its repeats differ; wall of the first run only")
-        return first
-    return dataclasses.replace(
-        first,
-        cum_wall=[statistics.median(walls) for walls in zip(*(run.cum_wall for run in runs), strict=True)],
-        median_step_ms=statistics.median(run.median_step_ms for run in runs),
-    )
 
 
 def say(name: str, seed: int, key: str, run: Run, target: float, extended: Run | None = None) -> None:

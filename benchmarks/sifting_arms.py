@@ -25,10 +25,10 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [p for p in (REPO, os.path.join(REPO, "benchmarks")) if p not in sys.path]
 
+import _sifting_data as sd  # noqa: E402
 from _sifting_data import Setting  # noqa: E402
 from _sifting_datasets import load  # noqa: E402
 from _sifting_report import median  # noqa: E402  (None, not reached, ranks worse than any number)
-from sifting import timed  # noqa: E402
 
 SETTINGS = {
     "prune-x1": Setting(0.0, None, prune=(0.7, 0.1, 1.0)),  # sifting.py's pick at stops 25 to 27
@@ -100,12 +100,12 @@ def main() -> None:
     for name in args.datasets:
         epochs = load(name, 0).epochs
         for seed in args.seeds:
-            base = timed(args.repeats, name, seed, False, Setting(), args.baseline_lr or args.lr, epochs=epochs)
+            base = sd.timed(args.repeats, name, seed, False, Setting(), args.baseline_lr or args.lr, epochs=epochs)
             target, budget = base.accuracy[-1], base.cum_flops[-1]
             print(f"{name} seed {seed}: baseline final accuracy {target:.4f}, {base.median_step_ms:.1f} ms/step")
             for key in args.settings:
                 setting = SETTINGS[key]
-                run = timed(args.repeats, name, seed, False, setting, args.lr, **setting.length(epochs, budget))
+                run = sd.timed(args.repeats, name, seed, False, setting, args.lr, **setting.length(epochs, budget))
                 flops, wall = run.flops_to(target), run.wall_to(target)
                 row = (
                     None if flops is None else flops / base.flops_to(target),
