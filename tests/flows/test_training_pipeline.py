@@ -232,6 +232,31 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
     assert summary["model"]["version"] >= 1
 
 
+def test_an_epoch_between_validations_is_told_with_the_last_validation(
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, caplog
+):
+    import itertools
+    import logging
+    from types import SimpleNamespace
+
+    import tasks.training
+
+    # every epoch told (a clock ten seconds on at each look): the once-a-second rule would fold these fast epochs
+    monkeypatch.setattr(tasks.training, "time", SimpleNamespace(monotonic=itertools.count(10, 10).__next__))
+    caplog.set_level(logging.INFO)
+    uris = upload_dataset(bucket, rows=800)
+    spec = job_dict(uris, stopping={"validate_every_epochs": 2}, resources={"replicas": 1})
+    spec["hyperparameters"]["epochs"] = 4
+    summary, _ = run_pipeline(spec)
+    assert summary["status"] == "Completed", summary.get("failure_reason")
+    told = {m.split(":")[0]: m for m in caplog.messages if m.startswith("epoch ")}
+    assert set(told) == {"epoch 1", "epoch 2", "epoch 3", "epoch 4"}
+    assert "val_loss" not in told["epoch 1"]  # nothing validated yet
+    assert "'val_accuracy'" in told["epoch 2"] and "validated_epoch" not in told["epoch 2"]
+    assert "'val_accuracy'" in told["epoch 3"] and "'validated_epoch': 2" in told["epoch 3"]  # epoch 2's
+    assert "validated_epoch" not in told["epoch 4"]  # the last epoch validates
+
+
 def test_a_job_with_patience_registers_its_best_epoch_not_its_last(prefect_api, s3_server, bucket, mlflow_uri):
     uris = upload_dataset(bucket, rows=800)
     # validation labels flipped: the better the model learns, the worse its validation loss; the first epoch
