@@ -1,4 +1,4 @@
-"""Running a whole job as the ``training-pipeline`` flow, in this process, for the flow tests."""
+"""Running a whole job as the ``training-pipeline`` flow, in this process, for the flow tests; and its run's state."""
 
 from __future__ import annotations
 
@@ -19,3 +19,11 @@ def run_pipeline(spec: dict) -> tuple[dict, str]:
     with contextlib.suppress(JobFailed):
         training_pipeline(job, job_id=job_id)
     return json.loads((job_dir(job_id) / "summary.json").read_text()), job_id
+
+
+def flow_run_state(run_id: str):
+    """A flow run's state, as the Prefect API has it."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as api:
+        return api.read_flow_run(run_id).state

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from flows import client
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
-from tests.flows.pipeline_runs import run_pipeline
+from tests.flows.pipeline_runs import flow_run_state, run_pipeline
 from trainyard import STAGES, cache, esg, kept_rowgroups, listing, s3
 from trainyard.cli import app
 from trainyard.home import job_dir
@@ -201,88 +201,6 @@ def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlf
     assert again["carbon"]["energy_kwh"] > c["energy_kwh"] and again["status"] == "Stopped"
     ledger = [r for r in esg.read_ledger(spec["output"]["s3_uri"]) if r["job_id"] == job_id]
     assert [float(r["energy_kwh"]) for r in ledger] == pytest.approx([again["carbon"]["energy_kwh"]])
-
-
-def flow_run_state(run_id: str):
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as api:
-        return api.read_flow_run(run_id).state
-
-
-def test_a_diverged_job_fails_its_run_and_registers_nothing(prefect_api, s3_server, bucket, mlflow_uri):
-    spec = job_dict(upload_dataset(bucket, rows=400))
-    spec["algorithm"] = {"builtin": "linear-regression"}  # squared error at step size 10: inf, then NaN
-    spec["hyperparameters"] |= {"learning_rate": 10, "optimizer": "sgd", "epochs": 20}
-    summary, _ = run_pipeline(spec)
-    assert summary["status"] == "Failed" and summary["failure_reason"].startswith("Diverged: val_loss was ")
-    assert summary["model"] is None and summary["metrics"]["val_loss"] is None  # null, not NaN, in the JSON
-    state = flow_run_state(summary["prefect_flow_run_id"])
-    assert state.type.value == "FAILED" and client._run_status(state) == "Failed"  # its run Completed before
-
-
-def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflow_uri):
-    uris = upload_dataset(bucket, rows=800)
-    spec = job_dict(uris, stopping={"target_metric": {"name": "val_accuracy", "value": 0.6}})
-    spec["hyperparameters"]["epochs"] = 30
-    summary, _ = run_pipeline(spec)
-    assert summary["status"] == "Completed"
-    assert summary["metrics"]["val_accuracy"] >= 0.6
-    assert summary["metrics"]["epochs"] < 30
-    assert summary["model"]["version"] >= 1
-
-
-def test_an_epoch_between_validations_is_told_with_the_last_validation(
-    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, caplog
-):
-    import itertools
-    import logging
-    from types import SimpleNamespace
-
-    import tasks.training
-
-    # every epoch told (a clock ten seconds on at each look): the once-a-second rule would fold these fast epochs
-    monkeypatch.setattr(tasks.training, "time", SimpleNamespace(monotonic=itertools.count(10, 10).__next__))
-    caplog.set_level(logging.INFO)
-    uris = upload_dataset(bucket, rows=800)
-    spec = job_dict(uris, stopping={"validate_every_epochs": 2}, resources={"replicas": 1})
-    spec["hyperparameters"]["epochs"] = 4
-    summary, _ = run_pipeline(spec)
-    assert summary["status"] == "Completed", summary.get("failure_reason")
-    told = {m.split(":")[0]: m for m in caplog.messages if m.startswith("epoch ")}
-    assert set(told) == {"epoch 1", "epoch 2", "epoch 3", "epoch 4"}
-    assert "val_loss" not in told["epoch 1"]  # nothing validated yet
-    assert "'val_accuracy'" in told["epoch 2"] and "validated_epoch" not in told["epoch 2"]
-    assert "'val_accuracy'" in told["epoch 3"] and "'validated_epoch': 2" in told["epoch 3"]  # epoch 2's
-    assert "validated_epoch" not in told["epoch 4"]  # the last epoch validates
-
-
-def test_a_job_with_patience_registers_its_best_epoch_not_its_last(prefect_api, s3_server, bucket, mlflow_uri):
-    uris = upload_dataset(bucket, rows=800)
-    # validation labels flipped: the better the model learns, the worse its validation loss; the first epoch
-    # is the best, and patience ends the job two epochs later
-    table = pq.read_table(
-        io.BytesIO(s3.client().get_object(Bucket=bucket, Key="data/validation/part-0.parquet")["Body"].read())
-    )
-    flipped = table.set_column(table.schema.get_field_index("label"), "label", pa.array(1 - table["label"].to_numpy()))
-    put_table(bucket, "data/validation/part-0.parquet", flipped)
-    spec = job_dict(uris, stopping={"patience_epochs": 2})
-    spec["hyperparameters"]["epochs"] = 10
-    summary, job_id = run_pipeline(spec)
-    assert summary["status"] == "Completed", summary.get("failure_reason")
-    restored = summary["training"]["restored_epoch"]
-    tracking = mlflow.MlflowClient(mlflow_uri)
-    curve = {m.step: m.value for m in tracking.get_metric_history(summary["model"]["run_id"], "val_loss")}
-    assert restored == min(curve, key=curve.get) and restored < summary["metrics"]["epochs"] == max(curve)
-    # the summary, the version and the model itself are that epoch's
-    assert summary["metrics"]["val_loss"] == pytest.approx(curve[restored])
-    version = tracking.get_model_version("test-job", str(summary["model"]["version"]))
-    assert version.tags["training.restored_epoch"] == str(restored)
-    assert float(version.tags["metrics.val_accuracy"]) == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-5)
-    loaded = mlflow.pyfunc.load_model(f"models:/test-job/{summary['model']['version']}")
-    rows = flipped.to_pandas()
-    predicted = np.asarray(loaded.predict(rows[["f0", "f1", "f2", "f3"]].to_numpy("float32", copy=True))).argmax(axis=1)
-    assert (predicted == rows["label"]).mean() == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-6)
 
 
 def password_quoting_build(num_features, num_outputs, hyperparameters):
