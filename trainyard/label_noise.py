@@ -73,12 +73,13 @@ class NoiseEstimate:
 
     def to_dict(self) -> dict:
         beta = CLEAN_CHANNEL["beta"]
-        proxy = f"the proxy's top {1 / (1 + beta):.0%} (beta {beta:g}, score proxy, selection top)"
+        top = f"the proxy's top {1 / (1 + beta):.0%}"
+        proxy = f"{top} (beta {beta:g}, score proxy, selection top)"
         chose = "pruning (sifting.prune)" if self.prunes else proxy
         if self.prunes and not self.noisy:
             chose += (
                 f": the labels read clean, but the proxy's forward costs {self.proxy_cost:.2g}x the model's, more "
-                f"than {PROXY_COST_MAX:g}x (shrink sifting.proxy.hidden_sizes for {proxy.split(' (')[0]})"
+                f"than {PROXY_COST_MAX:g}x (shrink sifting.proxy.hidden_sizes for {top})"
             )
         said = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "losses"}  # (asdict copies arrays)
         for unknown in ("distinct_rows", "proxy_cost"):  # every distinct row measured; a noisy channel's, not asked
