@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import subprocess
-from collections.abc import Collection
 from pathlib import Path
 
 from trainyard.redaction import redact_spec
@@ -103,14 +102,6 @@ def training_tags(outcome, sifting_enabled: bool) -> dict[str, str]:
         "elastic.recovery_seconds_max": f"{max(seconds):.3g}" if seconds else "0",
         "sifting.enabled": str(sifting_enabled).lower(),
     }
-
-
-def final_metrics(history: list[dict], names: Collection[str]) -> dict[str, float]:
-    """The last value of each metric in ``names`` over the epochs of ``history``."""
-    final: dict[str, float] = {}
-    for entry in history:
-        final |= {k: float(v) for k, v in entry.items() if k in names and v is not None}
-    return final
 
 
 def tagged_metrics(tags: dict[str, str]) -> dict[str, str]:

@@ -31,6 +31,7 @@ from trainyard.home import home
 from trainyard.redaction import redact_spec, redact_text
 from trainyard.registry_errors import RegistryUnavailable, service_errors, translate
 from trainyard.spec import METRICS, TrainingJob
+from trainyard.status import final_metrics
 from trainyard.tracking_store import ensure_store, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,8 @@ def _create_version(client, uri, model, job, job_id, example, history, params, t
     mlflow.set_tracking_uri(uri)
     experiment_id = _experiment(client, job.name, uri)
     _discard_unregistered_runs(client, experiment_id, job_id)
-    final = model_card.final_metrics(history[:model_epoch] if model_epoch else history, METRICS)
+    # the summary's reading (status.final_metrics): the model's epoch, validated or told with the last validation
+    final = {k: float(v) for k, v in final_metrics(history, model_epoch).items() if k in METRICS and v is not None}
     lineage = {JOB_ID_TAG: job_id, **model_card.lineage_tags(job, final), **tags}
     io = model_card.io_metadata(schema) if schema else None
     card = model_card.render(job.model_name, job_id, lineage, io)
