@@ -47,10 +47,18 @@ def test_target_metric_stops_the_job_early(prefect_api, s3_server, bucket, mlflo
 def test_an_epoch_between_validations_is_told_with_the_last_validation(
     prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, caplog
 ):
-
     # every epoch told (a clock ten seconds on at each look): the once-a-second rule would fold these fast epochs
     monkeypatch.setattr(tasks.training, "time", SimpleNamespace(monotonic=itertools.count(10, 10).__next__))
     caplog.set_level(logging.INFO)
+    progress: dict[int, dict] = {}  # the progress events' payloads by epochs done, the real events sent too
+    emit = tasks.training.events.emit
+
+    def spy(event: str, job_id: str, payload: dict, replica: int | None = None) -> None:
+        if event == "trainyard.progress":
+            progress[payload["epochs_done"]] = payload["metrics"]
+        emit(event, job_id, payload, replica=replica)
+
+    monkeypatch.setattr(tasks.training.events, "emit", spy)
     uris = upload_dataset(bucket, rows=800)
     spec = job_dict(uris, stopping={"validate_every_epochs": 2}, resources={"replicas": 1})
     spec["hyperparameters"]["epochs"] = 4
@@ -62,6 +70,10 @@ def test_an_epoch_between_validations_is_told_with_the_last_validation(
     assert "'val_accuracy'" in told["epoch 2"] and "validated_epoch" not in told["epoch 2"]
     assert "'val_accuracy'" in told["epoch 3"] and "'validated_epoch': 2" in told["epoch 3"]  # epoch 2's
     assert "validated_epoch" not in told["epoch 4"]  # the last epoch validates
+    # the progress event (flows.client.status's "progress") tells each epoch as its log line does
+    assert sorted(progress) == [1, 2, 3, 4] and "val_loss" not in progress[1]
+    assert progress[3]["validated_epoch"] == 2 and progress[3]["val_accuracy"] == progress[2]["val_accuracy"]
+    assert "validated_epoch" not in progress[2] and "validated_epoch" not in progress[4]
 
 
 def test_a_job_with_patience_registers_its_best_epoch_not_its_last(prefect_api, s3_server, bucket, mlflow_uri):
