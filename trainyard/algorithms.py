@@ -94,7 +94,15 @@ def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
             "of one loss per sample (use reduction='none')"
         )
     if loss.dim() != 1 or loss.shape[0] != batch_size:
-        if loss.dim() > 1 and loss.shape[0] == batch_size:  # already per sample, with trailing dimensions
+        if loss.dim() == 2 and loss.shape == (batch_size, batch_size) and batch_size > 1:
+            # (N, 1) outputs against (N,) labels broadcast to every output against every label: reducing
+            # the trailing dimension would train on a wrong loss without a word
+            fix = (
+                "if the model's outputs are (N, 1) and the labels (N,), they broadcast to (N, N): drop the "
+                "outputs' last dimension, e.g. loss_fn(outputs.squeeze(-1), labels); else reduce the trailing "
+                "dimension, e.g. loss.mean(1)"
+            )
+        elif loss.dim() > 1 and loss.shape[0] == batch_size:  # already per sample, with trailing dimensions
             fix = "reduce the trailing dimensions, e.g. loss.reshape(len(loss), -1).mean(1)"
         else:
             fix = "use reduction='none'"

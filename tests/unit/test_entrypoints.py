@@ -42,6 +42,17 @@ def test_a_per_sample_loss_with_a_trailing_dimension_is_told_how_to_reduce_it():
     check_per_sample(torch.zeros(4), 4)
 
 
+def test_a_loss_broadcast_to_every_output_against_every_label_is_not_told_to_average_it():
+    from trainyard.algorithms import check_per_sample
+
+    outputs, labels = torch.zeros(4, 1), torch.ones(4)
+    broadcast = r"shape \(4, 4\) .*broadcast to \(N, N\).*squeeze\(-1\)"
+    with pytest.raises(TrainingError, match=broadcast) as error:
+        check_per_sample((outputs - labels) ** 2, 4)
+    # told what broadcasting did before being told to average: an (N, N) loss trains on every label for each output
+    assert str(error.value).index("squeeze") < str(error.value).index("mean(1)")
+
+
 def per_sample_build(num_features, num_outputs, hyperparameters):
     """A user's entrypoint: a linear classifier with a per-sample loss."""
     model = torch.nn.Linear(num_features, num_outputs)
