@@ -24,7 +24,9 @@ from trainyard.spec import Algorithm, Hyperparameters, Prefilter
 from trainyard.training.flops import FlopMeter
 
 REFERENCE_BATCH = 256
-CHAMPION_BATCH = 8192  # rows per scoring forward pass of the champion
+# rows per scoring forward pass (the champion's, the holdout references'): one pass over a channel of millions of
+# rows would hold all their activations at once
+SCORING_BATCH = 8192
 HOLDOUT = "holdout: two reference models, each scoring the half it did not train on"
 
 
@@ -55,7 +57,7 @@ def champion_losses(
     chosen = np.flatnonzero(rows)
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            for part in np.array_split(chosen, max(1, math.ceil(len(chosen) / CHAMPION_BATCH))):
+            for part in np.array_split(chosen, max(1, math.ceil(len(chosen) / SCORING_BATCH))):
                 outputs = champion.model(torch.from_numpy(x[part]))
                 labels = torch.from_numpy(y[part])
                 _check_shape(outputs, task, num_outputs, len(part))
@@ -148,11 +150,12 @@ def held_out_losses(
     for train_rows, score_rows in ((halves[0], halves[1]), (halves[1], halves[0])):
         model, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            scored, labels = model(torch.from_numpy(x[score_rows])), torch.from_numpy(y[score_rows])
-            # Not the loss the reference trained with: a regression one's is scaled by its half's labels'
-            # spread, where squared errors in the label's units put both halves on one scale.
-            score = loss_fn(scored, labels) if loss_fn else _reference_loss(scored, labels, task)
-            losses[score_rows] = score.numpy()
+            for part in np.array_split(score_rows, max(1, math.ceil(len(score_rows) / SCORING_BATCH))):
+                scored, labels = model(torch.from_numpy(x[part])), torch.from_numpy(y[part])
+                # Not the loss the reference trained with: a regression one's is scaled by its half's labels'
+                # spread, where squared errors in the label's units put both halves on one scale.
+                score = loss_fn(scored, labels) if loss_fn else _reference_loss(scored, labels, task)
+                losses[part] = score.numpy()
         flops += spent + counter.get_total_flops()
     return losses, flops
 
