@@ -86,7 +86,8 @@ class Pruner:
     balance guard of sifting): a row sits out when its loss is above both the cut over all rows and its
     class's ``min_class_fraction`` quantile. A class the model still gets wrong, all of whose rows are harder
     than the others', would otherwise sit out whole, and for good (a row left out is not measured again);
-    a class the cut over all rows takes less of loses what it did. Which learnt rows sit out is a
+    a class the cut over all rows takes less of loses what it did. The learnt rule needs no floor: its kept
+    rows' weights keep each class's share of the gradient in expectation. Which learnt rows sit out is a
     hash of (seed, epoch, row): the same in every group and on a redone step. Rows with no known loss
     yet always train.
     """

@@ -80,7 +80,8 @@ def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None)
     """The summary's ``compute`` section from a training outcome (FLOPs measured, not estimated).
 
     ``flops_scoring_forward`` is what ranking the candidates cost: the online sifter's no-grad passes (with
-    ``sifting.score: proxy``, the proxy's passes and its training); ``flops_prefilter`` the offline
+    ``sifting.score: proxy``, the proxy's passes and its training, the part ``flops_scoring_proxy_training``
+    says: its backward passes, and its forwards over rows it learnt unscored); ``flops_prefilter`` the offline
     prefilter's (its reference models' training and scoring, or the champion's forward pass).
     ``samples_seen`` counts the candidates drawn: trained, ranked by the sifter and passed over, or left
     out unscored before sifting started. Without an outcome (a training stage that gave up or was
@@ -96,6 +97,7 @@ def compute_section(outcome, prefilter_flops: int = 0, done: dict | None = None)
     return {
         "flops_total": flops["forward"] + flops["backward"] + flops["evaluation"] + scoring + prefilter_flops,
         "flops_scoring_forward": scoring,
+        "flops_scoring_proxy_training": flops.get("proxy_training", 0),  # part of it, not beside it
         "flops_prefilter": prefilter_flops,
         "flops_forward": flops["forward"],
         "flops_backward": flops["backward"],
@@ -176,8 +178,9 @@ def sifting_section(job, report, outcome, done: dict | None = None) -> dict:
             f"FLOP ratio {ratio:.2f}, beta {job.sifting.beta:g}); raise sifting.beta, {cheaper}, "
             "or turn sifting off for this model"
         )
-    if prefilter_warning := _prefilter_cost_warning(job, report, outcome):
-        section["warning"] = " ".join(filter(None, [section.get("warning"), prefilter_warning]))
+    for warning in (_prefilter_cost_warning(job, report, outcome), _measure_cost_warning(report, outcome)):
+        if warning:
+            section["warning"] = " ".join(filter(None, [section.get("warning"), warning]))
     return section
 
 
@@ -214,6 +217,25 @@ def _prefilter_cost_warning(job, report, outcome) -> str | None:
         f"training the {dropped} rows it dropped for {epochs} epochs would have taken at most {saved_at_most:.3g}; "
         "let it drop exact duplicates only (sifting.prefilter.drop_learnt_fraction and drop_unlearnable_fraction 0), "
         "or turn it off (sifting.prefilter.enabled: false) for a job this short"
+    )
+
+
+def _measure_cost_warning(report, outcome) -> str | None:
+    """A warning when measuring the labels to pick online sifting's rule (``sifting.noisy_share``, the
+    default's) cost more than all the training filtering spared: every row sifting or pruning left out, and
+    at most every row the prefilter dropped in every epoch. A short job's measure (two reference models)
+    can cost more than the job."""
+    measure = ((report.label_noise or {}).get("flops", 0) if report else 0) or 0
+    if not measure or not outcome or not outcome.samples_trained:
+        return None
+    spared = untrained(outcome.sifting) * training_flops_per_sample(outcome)
+    spared += prefilter_flops_spared(outcome, report.total - report.kept)
+    if measure < spared:
+        return None
+    return (
+        f"measuring the labels to pick sifting's rule cost {measure:.3g} FLOPs, more than filtering spared in "
+        f"training ({spared:.3g} at most); for a job this short, state the rule (sifting.noisy_share: null prunes "
+        "without measuring) or turn sifting off"
     )
 
 

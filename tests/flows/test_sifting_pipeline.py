@@ -92,5 +92,6 @@ def test_a_job_trains_with_the_rule_its_labels_called_for(prefect_api, s3_server
     assert (section["beta"], section["score"], section["selection"]) == (3.0, "proxy", "top")
     assert "pruned_fraction_by_epoch" not in section and section["online"]["kept"] > 0
     assert compute["flops_prefilter"] == noise["flops"] > 0  # the reference models that measured the labels
-    assert compute["flops_scoring_forward"] > 0  # the proxy's forward passes and training
+    # the proxy's forward passes and training, the part its training took told apart
+    assert compute["flops_scoring_forward"] > compute["flops_scoring_proxy_training"] > 0
     assert abs(section["kept_fraction"] - 1 / 4) < 0.05  # 1 / (1 + beta)

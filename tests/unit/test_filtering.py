@@ -244,11 +244,49 @@ def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about(
     assert "warning" not in sifting_section(rho, report(30_000), outcome)  # its reference ranks every candidate
     # the measure of the labels that picked the rule (sifting.noisy_share) is not the prefilter's cost: it runs with the
     # prefilter off too (was: every default job on a noisy channel, 0 rows dropped, warned to turn the prefilter off)
-    measured = filtering.FilterReport("train.npz", total=1_010, kept=1_010, scoring_flops=2_000_000)
-    measured.label_noise = {"flops": 2_000_000, "noisy": True}
-    assert "warning" not in sifting_section(job, measured, outcome)
+    measured = filtering.FilterReport("train.npz", total=1_010, kept=1_010, scoring_flops=10_000)
+    measured.label_noise = {"flops": 10_000, "noisy": True}
+    sifted = {"kept_fraction": 1.0, "passed_over": 0, "pruned_learnt": 20}
+    pruned = SimpleNamespace(**vars(outcome) | {"sifting": sifted})
+    assert "warning" not in sifting_section(job, measured, pruned)  # 20 rows pruned spared 20,000: more than it cost
     measured.scoring_flops += 30_000  # and the prefilter's own scoring beside it, which dropped nothing
-    assert "scoring the rows took 3e+04 FLOPs" in sifting_section(job, measured, outcome)["warning"]
+    assert sifting_section(job, measured, pruned)["warning"].startswith("the prefilter cost more compute")
+
+
+def test_a_measure_of_the_labels_that_cost_more_than_filtering_spared_is_warned_about():
+    from types import SimpleNamespace
+
+    from trainyard.spec import parse_job
+    from trainyard.status import sifting_section
+
+    job = parse_job(
+        {
+            "name": "warn",
+            "algorithm": {"builtin": "mlp-classifier"},
+            "inputs": {"train": {"s3_uri": "s3://data/train/", "label": "label"}},
+            "output": {"s3_uri": "s3://data/out/"},
+            "sifting": {"enabled": True},
+        }
+    )
+    # 1,000 FLOPs to train a row once; 20 rows pruned and 10 dropped by the prefilter over 2 epochs spared 40,000
+    outcome = SimpleNamespace(
+        flops={"forward": 1_000_000, "backward": 2_000_000, "evaluation": 0, "scoring": 0},
+        samples_trained=3_000,
+        history=[{}, {}],
+        sifting={"kept_fraction": 1.0, "passed_over": 0, "pruned_learnt": 15, "pruned_hardest": 5},
+    )
+
+    def measured(flops: int) -> filtering.FilterReport:
+        report = filtering.FilterReport("train.npz", total=1_010, kept=1_000, scoring_flops=flops)
+        report.label_noise = {"flops": flops, "noisy": True}
+        return report
+
+    warning = sifting_section(job, measured(40_000), outcome)["warning"]
+    assert warning.startswith("measuring the labels to pick sifting's rule cost 4e+04 FLOPs")
+    assert "(4e+04 at most)" in warning and "sifting.noisy_share: null" in warning
+    assert "prefilter cost more" not in warning  # the prefilter itself scored nothing
+    assert "warning" not in sifting_section(job, measured(39_999), outcome)
+    assert "warning" not in sifting_section(job, filtering.FilterReport("train.npz", 1_010, 1_000), outcome)
 
 
 def test_a_channel_of_one_distinct_row_is_named_not_scored_as_nan():

@@ -81,6 +81,8 @@ def test_the_proxy_ranks_in_place_of_the_jobs_model_and_learns_what_it_trains_on
     # 32 it learnt from (their forward was the scoring's)
     assert data.meter.scoring == data.proxy.flops - spent_by_the_test > 0
     assert data.proxy.meter.forward == 0 and data.proxy.meter.backward > 0
+    # of it, the proxy's training is told apart (the summary's flops_scoring_proxy_training): its backward passes
+    assert data.meter.proxy_training == data.proxy.meter.backward
     assert data.meter.forward == data.meter.backward == 0  # (the job's own steps are the trainer's to count)
     # it learnt from the rows it was handed (the hardest third each step)
     assert losses(*every_row).mean() < 0.7 * first_loss

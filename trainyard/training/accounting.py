@@ -19,7 +19,7 @@ def work_done(job_dir: Path) -> dict:
     an outcome's ``sifting``), and the epochs the furthest attempt validated (``history``, as an outcome's).
     A training stage that gave up or was stopped has no outcome; its summary still counts the compute it
     spent and gives the last metrics it reached."""
-    flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0}
+    flops = {"forward": 0, "backward": 0, "evaluation": 0, "scoring": 0, "proxy_training": 0}
     samples, step = 0, 0
     sifted: list[dict] = []
     history: list[dict] = []

@@ -161,7 +161,9 @@ class StepData:
         learns its rows now (before sifting starts too), not when they were dealt, so a step torchft redoes
         ranks and picks as its first try did, and a healing group gets a proxy of committed steps only."""
         if self._proxy_learns is not None:
+            before = self.meter.scoring
             self._proxy_flops(self._proxy_learns)
+            self.meter.proxy_training += self.meter.scoring - before  # of scoring, what its training took
             self._proxy_learns = None
 
     def trained(self, losses: torch.Tensor) -> None:
@@ -193,7 +195,7 @@ class StepData:
             model.train()
             algorithms.check_per_sample(fresh, len(xs))
             self.meter.add_scoring(xs)
-            losses[scored] = fresh.cpu().numpy()
+            losses[scored] = fresh.float().cpu().numpy()  # numpy has no bfloat16
             if rows is not None and memory is not None:
                 memory.remember(rows[scored], losses[scored], epoch)
         return losses

@@ -35,6 +35,8 @@ class FlopMeter:
         self.backward = 0
         self.evaluation = 0
         self.scoring = 0
+        # of scoring, a proxy's training (sifting.score: proxy): its backward, and forwards of rows it had not scored
+        self.proxy_training = 0
 
     def add_train_step(self, x: torch.Tensor, y: torch.Tensor, forward: bool = True) -> None:
         """Record one training forward and backward pass over batch ``x``; the backward alone with
@@ -82,6 +84,7 @@ class FlopMeter:
             "backward": self.backward,
             "evaluation": self.evaluation,
             "scoring": self.scoring,
+            "proxy_training": self.proxy_training,
         }
 
 

@@ -13,10 +13,10 @@ the noise (that benchmark's tabular set).
 
 Its FLOPs (its forward over the candidates, and its backward over the rows it learns: their forward
 is the scoring's) are counted as the sifter's scoring (``FlopMeter.scoring``, the summary's
-``flops_scoring_forward``): what ranking the candidates cost. It learns a step's rows once the step
-commits (``StepData.committed``). Its state (weights and optimizer) travels with the group's torchft
-state, so a healed group ranks as its peer does; the proxy is each group's own, trained on that
-group's rows.
+``flops_scoring_forward``, its training also apart, ``flops_scoring_proxy_training``): what ranking the
+candidates cost. It learns a step's rows once the step commits (``StepData.committed``). Its state (weights
+and optimizer) travels with the group's torchft state, so a healed group ranks as its peer does; the proxy is
+each group's own, trained on that group's rows.
 """
 
 from __future__ import annotations
