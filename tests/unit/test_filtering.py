@@ -209,11 +209,11 @@ def test_reducible_loss_sifting_gets_every_kept_rows_reference_loss(tmp_path):
     assert np.median(reference[flipped]) > np.percentile(reference[clean], 90)
 
 
-def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about():
+def warned_job(**fields):
+    """A classifier's job, ``fields`` added, and an outcome of 1,000 FLOPs a row trained (forward and backward)."""
     from types import SimpleNamespace
 
     from trainyard.spec import parse_job
-    from trainyard.status import sifting_section
 
     job = parse_job(
         {
@@ -221,15 +221,24 @@ def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about(
             "algorithm": {"builtin": "mlp-classifier"},
             "inputs": {"train": {"s3_uri": "s3://data/train/", "label": "label"}},
             "output": {"s3_uri": "s3://data/out/"},
+            **fields,
         }
     )
-    # 3 epochs, 1,000 FLOPs to train a row once (forward and backward): 10 dropped rows spared at most 30,000
     outcome = SimpleNamespace(
         flops={"forward": 1_000_000, "backward": 2_000_000, "evaluation": 0, "scoring": 0},
         samples_trained=3_000,
         history=[{}, {}, {}],
         sifting=None,
     )
+    return job, outcome
+
+
+def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about():
+    from types import SimpleNamespace
+
+    from trainyard.status import sifting_section
+
+    job, outcome = warned_job()  # 3 epochs: 10 dropped rows spared at most 30,000 FLOPs
 
     def report(scoring_flops: int) -> filtering.FilterReport:
         return filtering.FilterReport("train.npz", total=1_010, kept=1_000, scoring_flops=scoring_flops)
@@ -254,27 +263,12 @@ def test_a_prefilter_that_cost_more_than_the_training_it_spared_is_warned_about(
 
 
 def test_a_measure_of_the_labels_that_cost_more_than_filtering_spared_is_warned_about():
-    from types import SimpleNamespace
-
-    from trainyard.spec import parse_job
     from trainyard.status import sifting_section
 
-    job = parse_job(
-        {
-            "name": "warn",
-            "algorithm": {"builtin": "mlp-classifier"},
-            "inputs": {"train": {"s3_uri": "s3://data/train/", "label": "label"}},
-            "output": {"s3_uri": "s3://data/out/"},
-            "sifting": {"enabled": True},
-        }
-    )
-    # 1,000 FLOPs to train a row once; 20 rows pruned and 10 dropped by the prefilter over 2 epochs spared 40,000
-    outcome = SimpleNamespace(
-        flops={"forward": 1_000_000, "backward": 2_000_000, "evaluation": 0, "scoring": 0},
-        samples_trained=3_000,
-        history=[{}, {}],
-        sifting={"kept_fraction": 1.0, "passed_over": 0, "pruned_learnt": 15, "pruned_hardest": 5},
-    )
+    job, outcome = warned_job(sifting={"enabled": True})
+    # 20 rows pruned and 10 dropped by the prefilter over 2 epochs spared 40,000 FLOPs
+    outcome.history = [{}, {}]
+    outcome.sifting = {"kept_fraction": 1.0, "passed_over": 0, "pruned_learnt": 15, "pruned_hardest": 5}
 
     def measured(flops: int) -> filtering.FilterReport:
         report = filtering.FilterReport("train.npz", total=1_010, kept=1_000, scoring_flops=flops)
