@@ -19,7 +19,7 @@ import io
 from trainyard import s3
 from trainyard.energy_journal import EARLIER_STAGE
 from trainyard.spec import Carbon
-from trainyard.status import prefilter_flops_spared, pruned_rows, training_flops_per_sample
+from trainyard.status import flops_spared, prefilter_flops_spared, pruned_rows, training_flops_per_sample
 
 LEDGER_FIELDS = (
     "job_id",
@@ -142,7 +142,7 @@ def _sifting_saved(carbon: dict, outcome, prefilter) -> dict | None:
     unscored = (sifting.get("skipped", 0) if sifting else 0) * per_sample
     by_pruning = (pruned_rows(sifting) if sifting else 0) * per_sample
     by_prefilter = prefilter_flops_spared(outcome, dropped_rows)
-    saved = by_rule + unscored + by_pruning + by_prefilter
+    saved = flops_spared(outcome, dropped_rows)  # the four together
     spent = flops.get("scoring", 0) + (prefilter.scoring_flops if prefilter else 0)
     train_kwh = carbon["by_stage"].get("training", {}).get("energy_kwh", 0.0)
     train_flops = flops["forward"] + flops["backward"] + flops.get("evaluation", 0) + flops.get("scoring", 0)

@@ -57,7 +57,7 @@ def champion_losses(
     chosen = np.flatnonzero(rows)
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            for part in np.array_split(chosen, max(1, math.ceil(len(chosen) / SCORING_BATCH))):
+            for part in _scoring_batches(chosen):
                 outputs = champion.model(torch.from_numpy(x[part]))
                 labels = torch.from_numpy(y[part])
                 _check_shape(outputs, task, num_outputs, len(part))
@@ -67,6 +67,11 @@ def champion_losses(
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None, 0, f"{HOLDOUT}; the champion {champion.label} does not fit this data ({detail})"
     return losses, counter.get_total_flops(), f"champion {champion.label}"
+
+
+def _scoring_batches(rows: np.ndarray) -> list[np.ndarray]:
+    """``rows`` in consecutive parts of at most ``SCORING_BATCH``, one scoring forward pass each."""
+    return np.array_split(rows, max(1, math.ceil(len(rows) / SCORING_BATCH)))
 
 
 def _check_shape(outputs: torch.Tensor, task: str, num_outputs: int, rows: int) -> None:
@@ -150,7 +155,7 @@ def held_out_losses(
     for train_rows, score_rows in ((halves[0], halves[1]), (halves[1], halves[0])):
         model, spent = _reference(x[train_rows], y[train_rows], config, task, num_outputs)
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            for part in np.array_split(score_rows, max(1, math.ceil(len(score_rows) / SCORING_BATCH))):
+            for part in _scoring_batches(score_rows):
                 scored, labels = model(torch.from_numpy(x[part])), torch.from_numpy(y[part])
                 # Not the loss the reference trained with: a regression one's is scaled by its half's labels'
                 # spread, where squared errors in the label's units put both halves on one scale.

@@ -195,6 +195,13 @@ def prefilter_flops_spared(outcome, dropped_rows: int) -> float:
     return dropped_rows * (len(outcome.history) or 1) * training_flops_per_sample(outcome)
 
 
+def flops_spared(outcome, dropped_rows: int) -> float:
+    """The training FLOPs filtering did not spend: every row online sifting or pruning left out (counted), and at
+    most the prefilter's ``dropped_rows`` in every epoch (``prefilter_flops_spared``)."""
+    left_out = untrained(outcome.sifting) * training_flops_per_sample(outcome)
+    return left_out + prefilter_flops_spared(outcome, dropped_rows)
+
+
 def _prefilter_cost_warning(job, report, outcome) -> str | None:
     """A warning when the prefilter's scoring cost more than the training passes of the rows it dropped
     could have: at most every dropped row trained (forward and backward) in every epoch that ran.
@@ -225,12 +232,10 @@ def _measure_cost_warning(report, outcome) -> str | None:
     default's) cost more than all the training filtering spared: every row sifting or pruning left out, and
     at most every row the prefilter dropped in every epoch. A short job's measure (two reference models)
     can cost more than the job."""
-    measure = ((report.label_noise or {}).get("flops", 0) if report else 0) or 0
-    if not measure or not outcome or not outcome.samples_trained:
+    if not report or not report.label_noise or not outcome or not outcome.samples_trained:
         return None
-    spared = untrained(outcome.sifting) * training_flops_per_sample(outcome)
-    spared += prefilter_flops_spared(outcome, report.total - report.kept)
-    if measure < spared:
+    measure, spared = report.label_noise.get("flops") or 0, flops_spared(outcome, report.total - report.kept)
+    if not measure or measure < spared:
         return None
     return (
         f"measuring the labels to pick sifting's rule cost {measure:.3g} FLOPs, more than filtering spared in "
