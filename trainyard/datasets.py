@@ -67,15 +67,6 @@ class Schema:
         return len(self.classes) if self.task == "classification" else 1
 
 
-def _decoded(table: pa.Table) -> pa.Table:
-    """``table`` with its dictionary-encoded columns (pandas' categories) as their values' type: one object's
-    category label and another's plain text one are then one column (concatenated as they are, they were refused)."""
-    for i, column in enumerate(table.schema):
-        if pa.types.is_dictionary(column.type):
-            table = table.set_column(i, column.name, table.column(i).cast(column.type.value_type))
-    return table
-
-
 def read_channel(
     manifest: ChannelManifest,
     layout: list[dict] | None = None,
@@ -122,7 +113,7 @@ def read_channel(
             continue
         table_checks.check_header(obj.uri, table, manifest.format)
         read.append(obj)
-        tables.append(_decoded(table))
+        tables.append(table_checks.decoded(table))
         if layout is not None:
             end = start + table.num_rows
             # the ETag: which bytes of the object these rows are (the id carries a pinned version)

@@ -116,7 +116,8 @@ def describe(
     if start == 0:
         raise DataError(f"{where}: the objects hold no rows")
     try:
-        table = pa.concat_tables([t for *_, t in sample], promote_options="permissive")
+        # category columns as their values (file mode's rule): one object's category and another's text are one column
+        table = pa.concat_tables([table_checks.decoded(t) for *_, t in sample], promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         uris = [unit.rpartition("#rg")[0] for unit, *_ in sample]
         raise table_checks.disagreement(where, uris, [t.schema for *_, t in sample], exc) from exc

@@ -14,6 +14,15 @@ from trainyard.errors import DataError
 from trainyard.spec import Channel
 
 
+def decoded(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary-encoded columns (pandas' categories) as their values' type: one object's
+    category label and another's plain text one are then one column (concatenated as they are, they were refused)."""
+    for i, column in enumerate(table.schema):
+        if pa.types.is_dictionary(column.type):
+            table = table.set_column(i, column.name, table.column(i).cast(column.type.value_type))
+    return table
+
+
 def check_header(uri: str, table: pa.Table, fmt: str) -> None:
     """Refuse an object whose columns cannot be told apart (a name twice in its header), or a CSV object
     whose header line appears again among its rows (files joined with their headers): every column with

@@ -48,6 +48,15 @@ def test_a_category_label_beside_a_text_one_is_one_kind_and_stages(s3_endpoint, 
     assert describe().schema["classes"] == ["0", "1"]
 
 
+def test_a_category_column_and_a_text_one_both_in_the_sample_are_one_column_in_stream_mode(s3_endpoint, tmp_path):
+    # both objects in the scaling sample: its row groups are concatenated (a column no feature uses counts too)
+    text = _as_text(blobs_table(100, seed=1)).append_column("note", pa.array(["x", "y"] * 50))
+    category = text.set_column(4, "label", text["label"].dictionary_encode())
+    category = category.set_column(5, "note", category["note"].dictionary_encode())
+    _, describe = _stage(s3_endpoint, tmp_path, {"a.parquet": text, "b.parquet": category}, features=["f0", "f1"])
+    assert describe().schema["classes"] == ["0", "1"]
+
+
 def test_first_objects_that_disagree_on_a_columns_type_are_named(s3_endpoint, tmp_path):
     first = blobs_table(100, seed=1)
     second = blobs_table(100, seed=2)
