@@ -1,6 +1,6 @@
-"""A fault-injecting HTTP proxy in front of an S3 endpoint: throttling (503 SlowDown), dropped
-connections (before or in the middle of a body) and corrupted bytes, on demand, for the requests a
-predicate picks. It forwards everything else verbatim, the Host header included, since SigV4 signs it.
+"""A fault-injecting HTTP proxy in front of an S3 endpoint: throttling (503 SlowDown), refusals (403
+AccessDenied), dropped connections (before or in the middle of a body) and corrupted bytes, on demand, for the
+requests a predicate picks. It forwards everything else verbatim, the Host header included, since SigV4 signs it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from trainyard.local_s3 import LOCAL_ENV
 Predicate = Callable[[str, str], bool]
 """``(method, target) -> bool``; ``target`` is the request path and query, percent-decoded."""
 
-FAULTS = ("throttle", "drop", "drop_mid_body", "corrupt")
+FAULTS = ("throttle", "deny", "drop", "drop_mid_body", "corrupt")
 
 SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
     b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+)
+ACCESS_DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>'
 )
 
 # Per connection, not end to end (RFC 9110 7.6.1); the proxy frames each side itself. Expect is
@@ -127,16 +130,20 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             with state.lock:
                 state.log.append((method, target, outcome))
 
-        if state.take("throttle", method, target):
-            self._drain_body()
-            record("throttle")
-            self.send_response(503, "Slow Down")
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(SLOW_DOWN)))
-            self.end_headers()
-            if method != "HEAD":
-                self.wfile.write(SLOW_DOWN)
-            return
+        for kind, status, reason, body in (
+            ("throttle", 503, "Slow Down", SLOW_DOWN),
+            ("deny", 403, "Forbidden", ACCESS_DENIED),
+        ):
+            if state.take(kind, method, target):
+                self._drain_body()
+                record(kind)
+                self.send_response(status, reason)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if method != "HEAD":
+                    self.wfile.write(body)
+                return
         if state.take("drop", method, target):
             self._drain_body()
             record("drop")
@@ -279,6 +286,7 @@ class FaultProxy:
     ``key`` substring of the path and query; all requests if none is given):
 
     - ``throttle``: 503 ``SlowDown`` instead of forwarding;
+    - ``deny``: 403 ``AccessDenied`` instead of forwarding;
     - ``drop``: the connection closes with no response at all;
     - ``drop_mid_body``: a GET's headers and half its body, then the connection closes;
     - ``corrupt``: a GET's body with one byte flipped (same length, headers untouched).
@@ -333,6 +341,12 @@ class FaultProxy:
     ) -> None:
         """Answer the next ``n`` matching requests with 503 SlowDown."""
         self._add("throttle", n, predicate, method, key)
+
+    def deny(
+        self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None
+    ) -> None:
+        """Answer the next ``n`` matching requests with 403 AccessDenied (what a role without the right gets)."""
+        self._add("deny", n, predicate, method, key)
 
     def drop(
         self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None

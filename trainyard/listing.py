@@ -13,13 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from urllib.parse import unquote
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from trainyard import s3
+from trainyard import parallel, s3
 from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel
 
@@ -139,12 +138,17 @@ def _list_prefix(uri: str, raw: bool = False) -> list[StagedObject]:
     """Every data object under a prefix (``_is_data_key``), or the one object it names."""
     root = s3.S3Uri.parse(uri)
     client = s3.client()
+    denied: ClientError | None = None
     if root.key and not root.key.endswith("/"):
         # "s3://bucket/key" may name one object; otherwise it is a prefix written without its slash.
         try:
             head = client.head_object(Bucket=root.bucket, Key=root.key)
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 403:
+                # A role that may read only what is under "key/" is refused the HEAD of "key" itself (S3 answers
+                # 403, not 404, to a HEAD without s3:ListBucket): taken as the prefix, unless nothing is under it.
+                denied = exc
+            elif exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
                 raise
         else:
             # An object that is also a folder of objects: staging either alone would lose the other silently.
@@ -171,6 +175,8 @@ def _list_prefix(uri: str, raw: bool = False) -> list[StagedObject]:
             rel = item["Key"][len(prefix) :]
             if _is_data_key(rel, raw):
                 objects.append(StagedObject(root.bucket, item["Key"], item["Size"], item["ETag"].strip('"'), rel))
+    if not objects and denied is not None:
+        raise denied  # no prefix of objects: the URI named an object this role may not read
     return objects
 
 
@@ -236,8 +242,7 @@ def _list_manifest(uri: str) -> list[StagedObject]:
         target, version = entry
         return head(client, target, _manifest_rel(target, prefix), version)
 
-    with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool:
-        return list(pool.map(described, parsed))
+    return parallel.map_in_threads(described, parsed, MAX_CONCURRENT_OBJECTS)
 
 
 def _manifest_rel(target: s3.S3Uri, prefix: str | None) -> str:

@@ -28,6 +28,9 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
                     f"{by_rel[above].uri} and {obj.uri}: the first would be laid out as a file where the second "
                     "needs a folder; rename one of them in S3"
                 )
+    if folder.is_dir():
+        # first: where a file was, the channel may now need a folder (S3's "a" gone, "a/b" new), or the reverse
+        _remove_unlisted(folder, set(by_rel))
     for obj in manifest.objects:
         target = (folder / obj.rel).resolve()
         if not target.is_relative_to(folder):
@@ -44,7 +47,6 @@ def mirror(manifest: ChannelManifest, folder: Path) -> Path:
                     "rename it in S3"
                 ) from exc
             raise StorageError(f"{obj.uri}: laying it out under {folder} failed ({exc}); check that folder") from exc
-    _remove_unlisted(folder, set(by_rel))
     return folder
 
 

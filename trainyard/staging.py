@@ -29,7 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumErro
 from s3transfer.exceptions import RetriesExceededError as TransferRetriesExceeded
 from s3transfer.exceptions import S3DownloadFailedError
 
-from trainyard import cache, env_settings, integrity, listing, progress, s3
+from trainyard import cache, env_settings, integrity, listing, parallel, progress, s3
 from trainyard.errors import DataError, StorageError
 from trainyard.home import write_json_atomic
 from trainyard.listing import ChannelManifest, StagedObject, list_channel
@@ -121,8 +121,7 @@ def fetch_channel(
         on_objects(1)
         return transferred
 
-    with ThreadPoolExecutor(max_workers=listing.MAX_CONCURRENT_OBJECTS) as pool:
-        moved = list(pool.map(lambda o: fetch(o, _get_small), small))
+    moved = parallel.map_in_threads(lambda o: fetch(o, _get_small), small, listing.MAX_CONCURRENT_OBJECTS)
     # Large objects one at a time: the transfer manager already fetches each in concurrent parts.
     moved += [fetch(o, _get_large) for o in large]
     manifest.bytes_downloaded = sum(n for n in moved if n is not None)

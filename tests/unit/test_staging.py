@@ -227,7 +227,7 @@ def test_throttling_and_dropped_connections_are_survived(s3_endpoint, fault_prox
     fault_proxy.drop_mid_body(1, lambda method, target: method == "GET" and "p1.parquet" in target)
     fault_proxy.drop_mid_body(1, lambda method, target: method == "GET" and target.endswith("zbig.bin"))
     m = stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
-    assert fault_proxy.applied == {"throttle": 3, "drop": 1, "drop_mid_body": 2, "corrupt": 0}
+    assert fault_proxy.applied == {"throttle": 3, "deny": 0, "drop": 1, "drop_mid_body": 2, "corrupt": 0}
     assert Path(m.objects[-1].path).read_bytes() == big
     assert all(o.verified_by for o in m.objects)
 

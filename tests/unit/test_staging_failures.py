@@ -20,6 +20,7 @@ from trainyard.errors import DataError, StorageError
 from trainyard.spec import Channel
 
 s3_endpoint = s3_endpoints.s3_endpoint
+fault_proxy = s3_endpoints.fault_proxy
 
 
 def test_traversal_keys_are_refused(s3_endpoint, tmp_path):
@@ -64,6 +65,11 @@ def test_a_channel_laid_out_again_holds_only_what_its_manifest_lists(tmp_path):
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == ["old", "old/notes.txt", "vocab.txt"]
     raw_layout.mirror(manifest("vocab.txt"), folder)
     assert [p.name for p in folder.iterdir()] == ["vocab.txt"]  # the emptied folder too
+    # a file where a folder was, and a folder where a file was (S3 keys "old/notes.txt" and "vocab.txt" gone)
+    raw_layout.mirror(manifest("vocab.txt", "old/notes.txt"), folder)
+    raw_layout.mirror(manifest("old", "vocab.txt/part-0"), folder)
+    laid_out = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+    assert laid_out == ["old", "vocab.txt", "vocab.txt/part-0"] and (folder / "old").is_file()
 
 
 def test_a_key_too_long_for_a_file_name_is_named_not_a_traceback(tmp_path):
@@ -117,6 +123,19 @@ def test_a_single_object_stages_for_a_role_that_may_not_list_its_bucket(s3_endpo
 
     monkeypatch.setattr(s3.client(), "list_objects_v2", denied)
     assert [o.key for o in stage(f"s3://{bucket}/d/only.bin", tmp_path, format="raw").objects] == ["d/only.bin"]
+
+
+def test_a_prefix_without_its_slash_stages_for_a_role_that_may_read_only_under_it(s3_endpoint, fault_proxy, tmp_path):
+    # s3:GetObject and s3:ListBucket on "d/*" only: S3 refuses the HEAD of the bare key "d" with 403, not 404
+    client, bucket = s3_endpoint.client(), s3_endpoint.new_bucket()
+    client.put_object(Bucket=bucket, Key="d/a.bin", Body=b"under the prefix")
+    fault_proxy.deny(100, lambda method, target: method == "HEAD" and target.split("?")[0] == f"/{bucket}/d")
+    assert [o.key for o in stage(f"s3://{bucket}/d", tmp_path, format="raw").objects] == ["d/a.bin"]
+    assert fault_proxy.applied["deny"] == 1
+    # nothing under it: the URI named an object the role may not read, and the refusal is what is said
+    fault_proxy.deny(100, lambda method, target: method == "HEAD" and target.split("?")[0] == f"/{bucket}/e")
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/e: access denied"):
+        stage(f"s3://{bucket}/e", tmp_path, format="raw")
 
 
 def test_denied_request_is_clear(s3_endpoint, tmp_path, monkeypatch):
