@@ -90,6 +90,31 @@ def test_a_bad_thread_count_from_the_worker_is_the_jobs_mistake_named_and_not_re
     assert error["message"].startswith("TRAINYARD_TORCH_THREADS='zero' is not a whole number of at least 1")
 
 
+FAILING = """
+import sys
+import trainyard.training.replica as replica
+import trainyard.training.trainer as trainer
+from trainyard.errors import StorageError
+replica.wait_for_plan = lambda *_: None
+def train_replica(*_, **__):
+    raise StorageError(sys.argv[2], transient=sys.argv[3] == "transient")
+trainer.train_replica = train_replica
+sys.exit(replica.main(["--job-dir", sys.argv[1], "--replica", "0"]))
+"""
+
+
+@pytest.mark.parametrize(("kind", "user_error"), [("transient", False), ("permanent", True)])
+def test_a_transient_storage_error_is_the_groups_to_retry_a_permanent_one_the_jobs(tmp_path, kind, user_error):
+    # a streamed row group S3 failed twice in a row is no mistake of the job's: the group restarts and heals
+    message = "s3://b/train/part-0.parquet: row group 3 cannot be read (connection reset)"
+    env = {**os.environ, "TRAINYARD_CARBON_METER": "off"}
+    command = [sys.executable, "-c", FAILING, str(tmp_path), message, kind]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    error = json.loads((tmp_path / "replicas/0/attempt-0/error.json").read_text())
+    assert error == {"message": f"StorageError: {message}", "kind": "StorageError", "user_error": user_error}
+
+
 def test_a_pool_api_failing_at_shutdown_still_stops_the_lighthouse(caplog, monkeypatch):
     from trainyard import launch
     from trainyard.launch import LaunchHandle, ReplicaProcess

@@ -139,14 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
         redact_exception(exc)  # a URL's password a bug's message quotes stays out of the logs and the summary
-        # A TrainyardError is the job's fault (data, algorithm) and would fail again: no retry.
+        # A TrainyardError is the job's fault (data, algorithm) and would fail again: no retry. Not a transient
+        # StorageError (a streamed row group S3 failed twice, a checkpoint read the network dropped): the group's
+        # restart, healing from a live peer, is what the elastic retries are for.
+        user_error = isinstance(exc, TrainyardError) and not getattr(exc, "transient", False)
         write_json_atomic(
             out / "error.json",
-            {
-                "message": f"{type(exc).__name__}: {exc}",
-                "kind": type(exc).__name__,
-                "user_error": isinstance(exc, TrainyardError),
-            },
+            {"message": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__, "user_error": user_error},
         )
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         return 1
