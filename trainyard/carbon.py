@@ -332,9 +332,13 @@ class LiveWatch:
         self.samples.append(sample)
         try:
             self.on_sample(sample)
-            over = self.budget_kg is not None and sample["emissions_kg"] > self.budget_kg
-            if over and not self._over and not final:
-                self._over = True
-                self.on_budget(sample["emissions_kg"])
         except Exception:  # noqa: BLE001 - a failing reporter must not stop the watch
             logging.getLogger(__name__).warning("carbon live reporting failed", exc_info=True)
+        # apart from the reporting: a Prefect or MLflow API that stays down must not leave the budget unwatched
+        over = self.budget_kg is not None and sample["emissions_kg"] > self.budget_kg
+        if over and not self._over and not final:
+            try:
+                self.on_budget(sample["emissions_kg"])
+                self._over = True
+            except Exception:  # noqa: BLE001 - tried again at the next sample
+                logging.getLogger(__name__).warning("stopping the job at its carbon budget failed", exc_info=True)

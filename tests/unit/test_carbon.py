@@ -132,6 +132,26 @@ def test_live_watch_reports_and_stops_once_past_the_budget():
     assert samples[-1]["emissions_kg"] > 1e-9 and over == []
 
 
+def test_live_watch_stops_at_the_budget_while_its_reporting_fails():
+    # the Prefect or MLflow API down for the rest of training: the budget is still watched
+    over, tries = [], []
+
+    def reporting(sample):
+        raise ConnectionError("the Prefect API did not answer")
+
+    def stopping(kg):  # the first try fails too (stop.json not written): tried again at the next sample
+        tries.append(kg)
+        if len(tries) == 1:
+            raise OSError("disk full")
+        over.append(kg)
+
+    with carbon.meter("training", Carbon(country_iso_code="IRL")) as record:
+        # (a first reading waits for codecarbon's import, about a second in a fresh process)
+        with carbon.LiveWatch(record, 0.05, 0.0, 1e-9, 1e-9, reporting, stopping):
+            busy(1.5)
+    assert len(tries) == 2 and len(over) == 1
+
+
 def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
     from typer.testing import CliRunner
 
