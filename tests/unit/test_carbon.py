@@ -145,10 +145,12 @@ def test_live_watch_stops_at_the_budget_while_its_reporting_fails():
             raise OSError("disk full")
         over.append(kg)
 
-    with carbon.meter("training", Carbon(country_iso_code="IRL")) as record:
-        # (a first reading waits for codecarbon's import, about a second in a fresh process)
-        with carbon.LiveWatch(record, 0.05, 0.0, 1e-9, 1e-9, reporting, stopping):
-            busy(1.5)
+    # (a first reading waits for codecarbon's import, about a second in a fresh process)
+    with (
+        carbon.meter("training", Carbon(country_iso_code="IRL")) as record,
+        carbon.LiveWatch(record, 0.05, 0.0, 1e-9, 1e-9, reporting, stopping),
+    ):
+        busy(1.5)
     assert len(tries) == 2 and len(over) == 1
 
 
