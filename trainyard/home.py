@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,7 +82,9 @@ def write_json_atomic(path: Path, data: Any, indent: int | None = 2) -> None:
     """Write JSON so a reader never sees half a file: a temporary name, then a rename. ``indent``: None for
     the most compact file (one rewritten often)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # one temporary name per thread: threads of one process write the same file (stop.json), and with one per
+    # process a writer could rename another's half-written file or find its own gone
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data, indent=indent, default=str))
     os.replace(tmp, path)
 
