@@ -76,6 +76,28 @@ def test_an_epoch_between_validations_is_told_with_the_last_validation(
     assert "validated_epoch" not in progress[2] and "validated_epoch" not in progress[4]
 
 
+def test_a_job_whose_progress_reports_fail_trains_and_registers(
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, caplog
+):
+    # the Prefect and MLflow APIs failing the training stage's reports past their clients' retries: the job's
+    # groups train on, and its model is registered (it was lost with the stage, for a progress bar or a plot)
+    def down(*_):
+        raise ConnectionError("the API did not answer")
+
+    monkeypatch.setattr(tasks.training, "update_progress_artifact", down)
+    monkeypatch.setattr(tasks.training.LiveRun, "log_file", down)
+    monkeypatch.setattr(tasks.training.LiveRun, "close", down)
+    caplog.set_level(logging.WARNING)
+    spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 1})
+    spec["hyperparameters"]["epochs"] = 2
+    summary, _ = run_pipeline(spec)
+    assert summary["status"] == "Completed", summary.get("failure_reason")
+    assert summary["model"]["version"] >= 1
+    warned = " ".join(caplog.messages)
+    assert "updating the progress artifact failed (the API did not answer); the job goes on" in warned
+    assert "logging the training curves to MLflow failed" in warned and "closing the live MLflow run failed" in warned
+
+
 def test_a_job_with_patience_registers_its_best_epoch_not_its_last(prefect_api, s3_server, bucket, mlflow_uri):
     uris = upload_dataset(bucket, rows=800)
     # validation labels flipped: the better the model learns, the worse its validation loss; the first epoch
