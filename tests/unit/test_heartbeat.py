@@ -47,3 +47,23 @@ def test_quick_work_at_a_new_step_leaves_that_step(tmp_path):
         pass
     assert _read(path)["unix"] == written
     heartbeat.close()
+
+
+def test_a_wait_on_the_peers_keeps_beating_and_ends_without_a_write(tmp_path):
+    # a step's quorum waiting for a peer's restart (or a heal's transfer) longer than the silence limit: the group
+    # is alive, and beats; the loop's own beat at its next step follows, so leaving the wait writes nothing
+    path = tmp_path / "heartbeat.json"
+    heartbeat = Heartbeat(path, busy_every=0.1)
+    heartbeat.beat(5, force=True)
+    started = time.time()
+    beats = []
+    with heartbeat.while_busy(5, closing_beat=False):
+        while time.time() - started < 0.6:
+            beats.append(_read(path)["unix"])
+            time.sleep(0.02)
+    assert len({b for b in beats if b > started}) >= 2
+    written = path.stat().st_mtime_ns
+    with heartbeat.while_busy(6, closing_beat=False):  # a quick quorum at the next step
+        pass
+    assert path.stat().st_mtime_ns == written and _read(path)["step"] == 5
+    heartbeat.close()

@@ -72,13 +72,18 @@ class Heartbeat:
                 self._write(step)
 
     @contextlib.contextmanager
-    def while_busy(self, step: int) -> Iterator[None]:
+    def while_busy(self, step: int, closing_beat: bool = True) -> Iterator[None]:
         """Beat from a thread, at least every ``busy_every`` seconds, while the group does slow work of its own
         (validation, saving its state). Every group validates at the same step, so a validation longer than the
         silence limit read as all of them hung: all were killed, with none left to heal from. Such work waits
         on no peer, so it cannot hang the way the limit is there to catch (a wedged collective). One watcher
         thread, started at the first such work (again if it died): starting one each time took 1 to 2 ms at every
-        epoch's end."""
+        epoch's end.
+
+        Also around each step's quorum and commit vote (``closing_beat`` False: the loop beats at its next step,
+        and a write there took half a millisecond), which wait for a peer's restart, a heal's transfer or a vote
+        from a peer that died: at a silence limit below torchft's timeouts a group waiting there was killed as
+        hung. Neither can hang: torchft gives up on them (``trainer.QUORUM_TIMEOUT``, ``MANAGER_TIMEOUT``)."""
         if self._watcher is None or not self._watcher.is_alive():
             self._watcher = threading.Thread(target=self._watch, name="heartbeat", daemon=True)
             self._watcher.start()
@@ -89,7 +94,7 @@ class Heartbeat:
             with self._lock:  # the watcher beats no more for it: a later step's beat is never followed by this one's
                 self._busy = None
                 # (a write took half a millisecond: not when this step's beat is recent)
-                if self._step != step or time.time() - self._last >= self.interval:
+                if closing_beat and (self._step != step or time.time() - self._last >= self.interval):
                     self._write(step)
 
     def close(self) -> None:

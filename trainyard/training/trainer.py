@@ -212,7 +212,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 write_json_atomic(out / DRILL_FILE, {"at_step": due, "step": manager.current_step()})
                 inject_fault(faults.pop(due))
             before = manager.current_step()
-            manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
+            with heartbeat.while_busy(before, closing_beat=False):  # it may wait on a peer's restart, or heal
+                manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             in_quorum = True
             if not leave_on_sigterm:
                 # From its first quorum on, SIGTERM (a spot interruption notice, a scale-down) is a graceful
@@ -271,7 +272,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 meter.add_train_step(xb, yb)
             buffers.reduce()
             stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
-            if not manager.should_commit():
+            with heartbeat.while_busy(step, closing_beat=False):  # a vote that may wait for a peer that died
+                committing = manager.should_commit()
+            if not committing:
                 continue  # a participant failed: nothing is applied and the step is redone
             data.committed()  # (sifting.score proxy: the proxy learns the step's rows only once it counts)
             stop_agreed = stopping
