@@ -30,3 +30,40 @@ def test_pool_variables_on_a_local_job_are_warned_of():
     ]
     pooled = parse_job(minimal(resources={"work_pool": "p", "job_variables": {"image": "x"}}))
     assert not [w for w in ignored_settings(pooled) if w.startswith("resources.job_variables")]
+
+
+def test_job_variables_of_a_type_the_pools_refuse_fail_at_parse_naming_the_fix():
+    # Prefect's API refused them only when the launch stage asked for the first group, after staging
+    pool = {"work_pool": "trainyard-gpu"}
+    assert problems(minimal(resources=pool | {"job_variables": {"env": {"OMP_NUM_THREADS": 4}}})) == [
+        "resources.job_variables: env.OMP_NUM_THREADS: 4 is a number; its values are text: quote it ('4')"
+    ]
+    assert problems(minimal(resources=pool | {"job_variables": {"image": 123}})) == [
+        "resources.job_variables: image: 123 is a number; give the image's name, as text"
+    ]
+    assert problems(minimal(resources=pool | {"job_variables": {"tolerations": "gpu"}})) == [
+        "resources.job_variables: tolerations: 'gpu' is text; give a list of mappings (key, operator, value, effect)"
+    ]
+    parse_job(minimal(resources=pool | {"job_variables": {"env": {"A": "1", "B": None}, "memory": 16, "cpu": "2"}}))
+
+
+def test_the_job_variables_check_agrees_with_the_pool_templates():
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    from trainyard.spec import job_variables
+    from trainyard.spec.sections import LAUNCHER_JOB_VARIABLES
+
+    samples = ["x", "", 2, 1.5, -1, True, None, [], [{"key": "a"}], ["a"], {}, {"A": "1"}, {"A": 1}, {"A": None}]
+    infra = Path(__file__).parents[2] / "infra"
+    for template in ("process-gpu-pool.json", "kubernetes-gpu-pool.json"):  # (ECS: whole cpu and memory only)
+        declared = json.loads((infra / template).read_text())["variables"]["properties"]
+        for name in LAUNCHER_JOB_VARIABLES:
+            if name not in declared:
+                continue
+            schema = {k: v for k, v in declared[name].items() if k not in ("default", "title", "description")}
+            for value in samples:  # what a pool's API would refuse is refused at parse (it may refuse more: -1 MiB)
+                if not jsonschema.Draft202012Validator(schema).is_valid(value):
+                    assert job_variables.problem(name, value) is not None, (template, name, value)

@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from trainyard import env_settings, grid_data
 from trainyard.errors import TrainyardError
+from trainyard.spec import job_variables
 from trainyard.spec.base import (
     _ENTRYPOINT_RE,
     METRICS,
@@ -160,9 +161,11 @@ class Resources(_Model):
                 f"{', '.join(unknown)}: not a variable of Trainyard's pool templates; {hint}"
                 f"use {', '.join(LAUNCHER_JOB_VARIABLES)}"
             )
+        for name, value in v.items():
+            wrong = job_variables.problem(name, value)
+            if wrong is not None:
+                raise ValueError(wrong)
         env = v.get("env")
-        if env is not None and not isinstance(env, dict):
-            raise ValueError(f"env: {env!r} is not a mapping of variable names to values; write NAME: value lines")
         if env and env.get(env_settings.THREADS_ENV) is not None:
             try:  # read by each group as it starts: refused here, not as every group failing three times
                 env_settings.count(env_settings.THREADS_ENV, 1, env[env_settings.THREADS_ENV])
