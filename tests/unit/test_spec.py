@@ -358,6 +358,16 @@ def test_channels_whose_settings_would_be_ignored_or_read_wrongly_are_refused():
         "this job's outputs as that channel's data; write the outputs under another prefix"
     ]
     assert parse_job(minimal(output={"s3_uri": "s3://bkt/train-out/"})).output.s3_uri == "s3://bkt/train-out/"
+    # an input written without its slash lists the prefix of that name (or the whole bucket): outputs under it too
+    for uri in ("s3://bkt/train", "s3://bkt"):
+        channels = {"train": {"s3_uri": uri, "label": "y"}}
+        found = problems(minimal(inputs=channels, output={"s3_uri": "s3://bkt/train/runs/"}))
+        assert found == [
+            f"output.s3_uri: s3://bkt/train/runs/ is inside inputs.train.s3_uri ({uri}), so later jobs would read "
+            "this job's outputs as that channel's data; write the outputs under another prefix"
+        ]
+    channels = {"train": {"s3_uri": "s3://bkt/train", "label": "y"}}
+    parse_job(minimal(inputs=channels, output={"s3_uri": "s3://bkt/train-out/"}))
 
 
 def test_a_value_of_none_of_a_fields_types_is_one_problem_naming_them():

@@ -218,13 +218,15 @@ class TrainingJob(_Model):
 
     def _output_problems(self) -> list[str]:
         """An output prefix inside an input prefix: the job's model and summary would be read as that
-        channel's data by the next job (``model.pt``, ``summary.json`` are objects under its prefix)."""
+        channel's data by the next job (``model.pt``, ``summary.json`` are objects under its prefix). An input
+        without its closing slash counts as the prefix it is listed as when no object has that key (``s3://b/data``
+        lists ``data/``; ``s3://b`` the bucket); were it one object, outputs under it would make it a prefix too."""
         out = self.output.s3_uri.rstrip("/") + "/"
         return [
             f"output.s3_uri: {self.output.s3_uri} is inside inputs.{name}.s3_uri ({channel.s3_uri}), so later jobs "
             "would read this job's outputs as that channel's data; write the outputs under another prefix"
             for name, channel in self.channels().items()
-            if channel.s3_data_type == "prefix" and channel.s3_uri.endswith("/") and out.startswith(channel.s3_uri)
+            if channel.s3_data_type == "prefix" and out.startswith(channel.s3_uri.rstrip("/") + "/")
         ]
 
     @property
