@@ -319,7 +319,10 @@ def test_an_output_prefix_with_dot_or_empty_segments_is_refused(uri):
             {"resources": {"job_variables": {"env": {"TRAINYARD_TORCH_THREADS": "zero"}}}},
             "resources.job_variables: env: TRAINYARD_TORCH_THREADS='zero' is not a whole number of at least 1",
         ),
-        ({"resources": {"job_variables": {"env": ["A=1"]}}}, "resources.job_variables: env: ['A=1'] is a list, not a mapping"),
+        (
+            {"resources": {"job_variables": {"env": ["A=1"]}}},
+            "resources.job_variables: env: ['A=1'] is a list, not a mapping",
+        ),
         ({"hyperparameters": {"seed": 1_700_000_000_000_000}}, "hyperparameters.seed: Input should be less than or"),
         (
             {"sifting": {"prefilter": {"seed": -3}}},

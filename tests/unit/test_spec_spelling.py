@@ -37,3 +37,15 @@ def test_an_unknown_field_in_any_section_names_the_closest_known_one():
     assert "output.colour: unknown field; remove it or fix its spelling" in problems(
         minimal(output={"s3_uri": "s3://bkt/out/", "colour": "red"})
     )
+
+
+def test_a_capitalised_unknown_field_or_a_key_that_is_no_name_is_named_as_such():
+    # "Label" and "S3_URI" look like the names pydantic gives the types it tried: they were taken for them
+    found = problems(minimal(inputs={"train": {"s3_uri": "s3://bkt/train/", "label": "y", "Label": "z"}}))
+    assert found == ["inputs.train.Label: unknown field; did you mean label? remove it or fix its spelling"]
+    found = problems(minimal(output={"S3_URI": "s3://bkt/out/"}))
+    assert "output.S3_URI: unknown field; did you mean s3_uri? remove it or fix its spelling" in found
+    found = problems(minimal(algorithm={"entrypoint": "a.b:c"}, hyperparameters={None: 1}))
+    assert found == [
+        "hyperparameters: the key None is not a name (YAML reads null, true and numbers as values); quote it"
+    ]

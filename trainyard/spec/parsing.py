@@ -31,7 +31,14 @@ def problems_of(exc: ValidationError) -> list[str]:
     inputs: dict[str, Any] = {}
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
-        if len(loc) > 1 and _UNION_TAG.fullmatch(loc[-1]) and not err["type"].startswith("value_error"):
+        kind = err["type"]
+        if (
+            len(loc) > 1
+            and _UNION_TAG.fullmatch(loc[-1])
+            # (not a key of the user's: an unknown "Label" or "S3_URI", or YAML's null:, looks like a type's name)
+            and kind not in ("extra_forbidden", "invalid_key")
+            and not kind.startswith("value_error")
+        ):
             field = ".".join(loc[:-1])
             if field not in tried:
                 lines.append(field)  # a placeholder, filled in below, where its first error came
@@ -53,9 +60,12 @@ def problems_of_error(err: Any) -> list[str]:
     if kind == "missing":
         msg = "required; add it"
     elif kind == "extra_forbidden":
-        close = difflib.get_close_matches(str(err["loc"][-1]), _known_fields(err["loc"]), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(str(err["loc"][-1]).lower(), _known_fields(err["loc"]), n=1, cutoff=0.6)
         msg = f"unknown field; did you mean {close[0]}? " if close else "unknown field; "
         msg += "remove it or fix its spelling"
+    elif kind == "invalid_key":  # YAML's null:, true: or 3: as a key
+        loc = ".".join(str(p) for p in err["loc"][:-1])
+        msg = f"the key {err.get('input')!r} is not a name (YAML reads null, true and numbers as values); quote it"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         msg = f"a section: give its fields as a mapping, e.g. {{field: value}} (got {err.get('input')!r})"
     elif not isinstance(err.get("input"), dict | list) and "input" in err and not kind.startswith("value_error"):
