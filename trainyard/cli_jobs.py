@@ -163,6 +163,9 @@ def _call(fn, *args):
         return fn(*args)
     except TimeoutError:  # client.WaitTimeout: the caller says the job goes on
         raise
+    except ConnectionError as exc:  # prefect_api.ApiUnreachable: a service problem, not the command's (exit 1)
+        say(console, exc, "red")
+        raise typer.Exit(1) from None
     except TrainyardError as exc:  # a run id that is not one, or that the API does not know (client.py)
         say(console, exc, "red")
         raise typer.Exit(2) from None

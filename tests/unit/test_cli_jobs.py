@@ -34,6 +34,14 @@ def test_without_an_api_url_the_jobs_commands_say_so(command, tmp_path, monkeypa
     assert "PREFECT_API_URL is not set" in result.stderr and not result.stdout, result.output
 
 
+def test_an_api_that_does_not_answer_exits_1_a_service_problem_not_2_the_commands():
+    # scripts tell "fix the command" (2) from "try again" (1), as the models commands do
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing listens there
+        result = CliRunner().invoke(app, ["jobs", "list"])
+    assert result.exit_code == 1, result.output
+    assert "did not answer" in result.stderr and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("deployment", ["nope", "training-pipeline/", "/on-demand", "a/b/c"])
 def test_a_deployment_name_not_flow_slash_deployment_is_a_mistake_named_before_the_api_is_asked(deployment, tmp_path):
     spec = tmp_path / "job.yaml"
