@@ -175,6 +175,9 @@ def test_proxy_settings_with_the_keep_rule_off_are_named_and_the_proxy_reuses_no
     assert ignored_settings(job) == ["sifting.reuse_loss_epochs: the proxy scores every candidate afresh (score proxy)"]
     job = parse_job(base | {"sifting": {"enabled": True, "beta": 2, "proxy": {"learning_rate": 0.1}}})
     assert ignored_settings(job) == ["sifting.proxy: the proxy model of sifting.score proxy; the score is loss"]
+    # a spec dumped whole (the UI's form sends every field) gives the proxy's defaults: nothing to warn of
+    job = parse_job(base | {"sifting": {"enabled": True, "beta": 2}})
+    assert ignored_settings(parse_job(job.model_dump(mode="json"))) == []
     regression = base | {"algorithm": {"builtin": "linear-regression"}}
     job = parse_job(
         regression | {"sifting": {"enabled": True, "beta": 2, "score": "proxy", "proxy": {"hidden_sizes": [8]}}}

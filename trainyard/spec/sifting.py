@@ -313,14 +313,15 @@ class Sifting(_Model):
         if not self.enabled or not self.beta:
             return []
         if self.score != "proxy":
-            given = "proxy" in self.model_fields_set
+            # (given: not its default. Not model_fields_set, which a spec dumped whole, as the UI's form sends it, has)
+            given = self.proxy != Proxy()
             return (
                 [f"sifting.proxy: the proxy model of sifting.score proxy; the score is {self.score}"] if given else []
             )
         said = []
         if self.reuse_loss_epochs:
             said.append("sifting.reuse_loss_epochs: the proxy scores every candidate afresh (score proxy)")
-        if regression and "hidden_sizes" in self.proxy.model_fields_set:
+        if regression and self.proxy.hidden_sizes != Proxy().hidden_sizes:
             said.append(
                 "sifting.proxy.hidden_sizes: a regression job's proxy is a linear regression (no hidden layers)"
             )
