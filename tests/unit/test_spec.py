@@ -116,6 +116,17 @@ def test_replica_bounds_and_algorithm_choice():
 
 def test_regression_builtin_sets_task():
     assert parse_job(minimal(algorithm={"builtin": "linear-regression"})).algorithm.task == "regression"
+    # a built-in's task is its own: a classifier asked for a regression is a contradiction, named
+    assert problems(minimal(algorithm={"builtin": "mlp-classifier", "task": "regression"})) == [
+        "algorithm: task: regression, but the built-in mlp-classifier is a classifier; use builtin linear-regression, "
+        "or leave task out (a built-in implies it)"
+    ]
+    # classes on a regression's channel: read by no one, warned of
+    channels = {"train": {"s3_uri": "s3://bkt/train/", "label": "y", "classes": [0, 1]}}
+    job = parse_job(minimal(algorithm={"builtin": "linear-regression"}, inputs=channels))
+    assert "inputs.train.classes: a classifier's; a regression's labels are numbers, read as they are" in (
+        ignored_settings(job)
+    )
 
 
 def test_job_schema_has_descriptions_for_the_ui_form():

@@ -43,6 +43,8 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 "params, the job's lineage, Prefect's run parameters); give the entrypoint a secret through the "
                 "work pool's env, from a secret store"
             )
+    if job.algorithm.task == "regression" and job.inputs.train.classes:
+        ignored.append("inputs.train.classes: a classifier's; a regression's labels are numbers, read as they are")
     if job.stopping.validate_every_epochs > 1 and job.inputs.validation is None:
         ignored.append("stopping.validate_every_epochs: the job has no validation channel; add inputs.validation")
     if job.carbon.region is not None and grid_data.regions(job.carbon.country_iso_code) is None:

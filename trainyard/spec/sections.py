@@ -53,6 +53,11 @@ class Algorithm(_Model):
     def _exactly_one(self) -> Algorithm:
         if (self.builtin is None) == (self.entrypoint is None):
             raise ValueError("set exactly one of 'builtin' (mlp-classifier, linear-regression) or 'entrypoint'")
+        if self.builtin == "mlp-classifier" and self.task == "regression":  # (not the default: the user's)
+            raise ValueError(
+                "task: regression, but the built-in mlp-classifier is a classifier; use builtin linear-regression, "
+                "or leave task out (a built-in implies it)"
+            )
         if self.builtin == "linear-regression":
             object.__setattr__(self, "task", "regression")
         elif self.builtin == "mlp-classifier":
