@@ -171,8 +171,10 @@ def log_summary(run_id: str, summary: dict) -> None:
     name, number = model["name"], str(model["version"])
     tags = dict(client.get_model_version(name, number).tags or {})
     final = {}
-    if promotion.EMISSIONS_TAG in tags and "carbon.emissions_kg_at_gate" not in tags:
-        # first: a process killed after the gate's figure is overwritten would lose it for good
+    gated = promotion.GATE_TAG in tags  # (a job that ended inside its registration leaves its version ungated)
+    if gated and promotion.EMISSIONS_TAG in tags and "carbon.emissions_kg_at_gate" not in tags:
+        # first: a process killed after the gate's figure is overwritten would lose it for good. A version not yet
+        # gated gets none: its gate (models gate, a rerun) judges the final figure, which it has from here on
         final["carbon.emissions_kg_at_gate"] = tags[promotion.EMISSIONS_TAG]
     final["carbon.energy_kwh"] = f"{carbon['energy_kwh']:.6g}"
     final["carbon.emissions_kg"] = f"{carbon['emissions_kg']:.6g}"

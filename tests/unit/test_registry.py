@@ -325,6 +325,19 @@ def test_the_versions_carbon_figures_become_the_jobs_final_ones(tracking, tmp_pa
     assert client.get_run(info["run_id"]).data.tags["carbon.emissions_kg"] == "0.0031"
 
 
+def test_a_version_not_yet_gated_takes_the_final_carbon_and_no_figure_as_judged_at_its_gate(tracking, tmp_path):
+    # a job that ended inside its registration: its gate runs later (models gate, a rerun) on the final figure
+    job, model, x = trained()
+    info = register(job, model, x, "job-1", 0.9, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    client.set_model_version_tag("reg-test", "1", "carbon.emissions_kg", "0.002")  # registration's figure
+    client.delete_model_version_tag("reg-test", "1", promotion.GATE_TAG)  # ended before its gate
+    summary = {"job_id": "job-1", "model": info, "carbon": {"energy_kwh": 0.0125, "emissions_kg": 0.0031}}
+    registry.log_summary(info["run_id"], summary)
+    tags = client.get_model_version("reg-test", "1").tags
+    assert tags["carbon.emissions_kg"] == "0.0031" and "carbon.emissions_kg_at_gate" not in tags
+
+
 def test_a_process_killed_while_it_gives_the_version_its_final_carbon_keeps_the_gates_figure(
     tracking, tmp_path, monkeypatch
 ):
