@@ -75,10 +75,10 @@ def register(
     try:
         version = _one_version_of_job(client, name, job_id)
         if version is None:
-            created = _create_version(
+            version = _create_version(
                 client, uri, model, job, job_id, example, history, params, tags, artifacts, schema, model_epoch
-            )
-            version = _one_version_of_job(client, name, job_id) or created
+            )  # (known before the look-up below, which may fail too: the message then names it as made, ungated)
+            version = _one_version_of_job(client, name, job_id) or version
         _gate_once(client, job, version, one_gate_at_a_time)
         return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except service_errors() as exc:

@@ -60,6 +60,24 @@ def test_a_failure_before_any_version_still_says_none_was_left(tracking, tmp_pat
         register(job, model, x, "a", 0.80, tmp_path)
 
 
+def test_a_failure_looking_the_new_version_up_names_it_as_made(tracking, tmp_path, monkeypatch):
+    # the version made, then the look-up that checks it is the job's only one fails: it is there, and ungated
+    job, model, x = trained()
+    real, looks = registry._one_version_of_job, []
+
+    def second_fails(*args):
+        looks.append(args)
+        if len(looks) == 2:
+            raise OSError("simulated: the tracking server went away after the version was made")
+        return real(*args)
+
+    monkeypatch.setattr(registry, "_one_version_of_job", second_fails)
+    with pytest.raises(registry.RegistryUnavailable) as failed:
+        register(job, model, x, "a", 0.80, tmp_path)
+    assert "Version 1 of 'reg-test' is registered" in str(failed.value)
+    assert "No version was left half-made" not in str(failed.value)
+
+
 def test_a_version_rejected_before_its_gate_ran_takes_no_alias(tracking, tmp_path, gate_fails):
     job, model, x = trained()
     heal = gate_fails()
