@@ -6,6 +6,7 @@ missing (NaN / null) labels, non-numeric features, a validation class never seen
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,13 @@ BLOCK_ROWS = 1 << 16  # rows of features converted at a time (to_arrays): 64Ki x
 # "", "NA", "NaN", "null"... are missing in a string column too (by default only in numeric ones): a label
 # written so is refused as missing rather than becoming a class
 _CSV_OPTIONS = {"convert_options": pa_csv.ConvertOptions(strings_can_be_null=True)}
-# A compressed text object (.csv.gz, .jsonl.zst) by its first bytes: its cached copy has no extension to say so
-_COMPRESSIONS = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\x28\xb5\x2f\xfd": "zstd"}
+# A compressed text object (.csv.gz, .jsonl.zst) by its first bytes: its cached copy has no extension to say so.
+# bzip2's "BZh" is followed by its block size, a digit 1-9: without it, a CSV whose first column is "BZhx" read as one.
+_COMPRESSIONS = {
+    re.compile(rb"\x1f\x8b"): "gzip",
+    re.compile(rb"BZh[1-9]"): "bz2",
+    re.compile(rb"\x28\xb5\x2f\xfd"): "zstd",
+}
 
 
 def read_object(fmt: str, path: str) -> pa.Table:
@@ -37,7 +43,7 @@ def read_object(fmt: str, path: str) -> pa.Table:
         return pq.read_table(path)
     with open(path, "rb") as f:
         head = f.read(4)
-    compression = next((name for magic, name in _COMPRESSIONS.items() if head.startswith(magic)), None)
+    compression = next((name for magic, name in _COMPRESSIONS.items() if magic.match(head)), None)
 
     def read(**options) -> pa.Table:
         with pa.input_stream(path, compression=compression) as source:

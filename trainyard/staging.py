@@ -320,8 +320,11 @@ def _get_large(client, obj: StagedObject, tmp: Path, on_bytes: ProgressFn | None
     except (ClientError, BotoCoreError, Boto3Error, TransferRetriesExceeded, OSError) as exc:
         # botocore's timeouts are OSErrors too, as are a dropped connection's and a full disk's
         network = isinstance(exc, BotoCoreError | ConnectionError | TimeoutError)
-        if isinstance(exc, OSError) and not network and not s3.disk_full(exc):
-            raise  # ours already (StorageError), or a bug, with its traceback
+        # ours already (StorageError), or a bug, with its traceback; the part file's disk failing (EIO, a read-only
+        # or unwritable folder: an errno) is named for the object below, as a small object's is
+        local = isinstance(exc, OSError) and not network and not s3.disk_full(exc)
+        if local and (isinstance(exc, StorageError) or exc.errno is None):
+            raise
         # boto3 and s3transfer wrap the last error of a failed transfer (S3TransferFailedError's cause,
         # RetriesExceededError's last_exception): describe that one, naming the object.
         wrapped = isinstance(exc, Boto3Error | TransferRetriesExceeded)

@@ -175,6 +175,23 @@ def test_no_credentials_are_named_as_such_and_not_retried_as_a_network_error(s3_
 
 
 @pytest.mark.parametrize("size", ["small", "large"])
+def test_a_local_disk_error_is_named_for_the_object_not_raised_bare(s3_endpoint, tmp_path, monkeypatch, size):
+    client, bucket = s3_endpoint.client(), s3_endpoint.new_bucket()
+    if size == "small":
+        client.put_object(Bucket=bucket, Key="ch/a.bin", Body=b"x" * 1000)
+    else:
+        put_big(client, bucket, "ch/a.bin", tmp_path)
+
+    def failing_disk(self, data):
+        raise OSError(errno.EIO, "Input/output error")
+
+    writer = (integrity.Digester, "update") if size == "small" else (integrity.FollowingDigest, "write")
+    monkeypatch.setattr(*writer, failing_disk)
+    with pytest.raises(StorageError, match=rf"^s3://{bucket}/ch/a.bin: .*Input/output error"):
+        stage(f"s3://{bucket}/ch/", tmp_path, format="raw")
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
 def test_a_full_disk_is_named_not_retried_and_leaves_no_partial_file(s3_endpoint, tmp_path, monkeypatch, size):
     client = s3_endpoint.client()
     bucket = s3_endpoint.new_bucket()

@@ -51,3 +51,9 @@ def test_compressed_csv_and_json_lines_read_as_their_text(tmp_path, fmt, body):
     # a cached copy has no .gz or .zst to say so: its first bytes do
     table = _read(tmp_path, fmt, "part-0", body)
     assert table.to_pylist() == ROWS
+
+
+def test_a_csv_whose_header_begins_as_bzip2_does_is_read_as_text(tmp_path):
+    # bzip2's magic is "BZh" and a block-size digit: a first column named BZhx is plain text
+    table = _read(tmp_path, "csv", "part-0", b"BZhx,label\n1.5,cat\n2.5,dog\n")
+    assert table.to_pylist() == [{"BZhx": 1.5, "label": "cat"}, {"BZhx": 2.5, "label": "dog"}]
