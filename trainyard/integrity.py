@@ -88,13 +88,15 @@ def checksum_of(response: dict) -> dict | None:
     """The flexible checksum in a GetObject / HeadObject response, if the object has one.
 
     Without an ``x-amz-checksum-type`` header, a checksum of a multipart object (its ETag ends in
-    ``-<parts>``) is taken as composite: some endpoints send a composite value without its suffix.
+    ``-<parts>``) is taken as composite: some endpoints send a composite value without its suffix. Not a
+    CRC64NVME, which S3 keeps only of the whole object (a composite one could never match it).
     """
     multipart = "-" in str(response.get("ETag", ""))
     for algorithm in ALGORITHMS:
         value = response.get(f"Checksum{algorithm}")
         if value:
-            kind = response.get("ChecksumType") or ("COMPOSITE" if "-" in value or multipart else "FULL_OBJECT")
+            guess = "COMPOSITE" if ("-" in value or multipart) and algorithm != "CRC64NVME" else "FULL_OBJECT"
+            kind = response.get("ChecksumType") or guess
             return {"algorithm": algorithm, "value": value, "type": kind}
     return None
 

@@ -138,3 +138,14 @@ def test_every_s3_checksum_algorithm_is_computed_as_botocore_computes_it(algorit
         wrong.update(data[:-1] + bytes([data[-1] ^ 1]))
         problem, _ = wrong.result(len(data))
         assert problem.startswith(f"{algorithm} ") and problem.endswith(checksum["value"].split("-")[0])
+
+
+def test_a_multipart_objects_checksum_without_its_type_is_composite_but_a_crc64nvme_whole():
+    from trainyard.integrity import checksum_of
+
+    multipart = {"ETag": '"abc-3"'}  # an endpoint that sends no x-amz-checksum-type
+    assert checksum_of(multipart | {"ChecksumCRC32": "AAAAAA=="})["type"] == "COMPOSITE"
+    # S3 keeps a CRC64NVME of the whole object only: a composite one, computed from the parts, never matched
+    assert checksum_of(multipart | {"ChecksumCRC64NVME": "AAAAAAAAAAA="})["type"] == "FULL_OBJECT"
+    said = multipart | {"ChecksumCRC32": "AAAAAA==", "ChecksumType": "FULL_OBJECT"}
+    assert checksum_of(said)["type"] == "FULL_OBJECT"
