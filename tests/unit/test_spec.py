@@ -56,6 +56,12 @@ def test_every_problem_is_reported_with_its_field():
     assert any("remove it" in p for p in found if p.startswith("colour"))
 
 
+def test_a_failing_field_a_whole_job_check_reads_is_not_judged_at_its_default():
+    # batch_size 1024.5 dropped for its default 256 made sifting's draw check judge a batch the user never wrote
+    found = problems(minimal(hyperparameters={"batch_size": 1024.5}, sifting={"enabled": True, "beta": 0.0015}))
+    assert [p.split(":")[0] for p in found] == ["hyperparameters.batch_size"], found
+
+
 def test_missing_required_fields():
     found = problems({"name": "j"})
     assert "algorithm: required; add it" in found

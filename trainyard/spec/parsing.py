@@ -165,6 +165,7 @@ READ_ACROSS_SECTIONS = (
     "resources",
     "elastic",
     "sifting",
+    "hyperparameters.batch_size",  # (sifting's draw per step)
     "stopping.target_metric",
     "stopping.patience_epochs",
     "stopping.restore_best",
