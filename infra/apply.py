@@ -235,6 +235,7 @@ def apply(
 
     import httpx
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: api_url} if api_url else {}):
@@ -251,6 +252,16 @@ def apply(
                 changes.append(_apply_automation(client, automation, dry_run))
         except httpx.TransportError as exc:
             raise ApiUnreachable(f"cannot reach the Prefect API at {url}: {exc}") from exc
+        except PrefectHTTPStatusError as exc:  # it answered, and refused or failed: said, not a traceback
+            status = exc.response.status_code
+            check = {
+                401: "check PREFECT_API_KEY (or the server's auth string)",
+                403: "check PREFECT_API_KEY's permissions on the workspace",
+                404: "check the URL: a Prefect API's ends in /api (Prefect Cloud's in /workspaces/<id>)",
+            }.get(status, "try again, or look at the server's log")
+            raise ApiUnreachable(
+                f"the Prefect API at {url} answered {status} to {exc.request.url.path}; {check}"
+            ) from None
     return changes
 
 
