@@ -155,6 +155,21 @@ def test_stream_sampler_covers_each_share_once_per_epoch(s3_endpoint, tmp_path):
     )
 
 
+def test_a_group_covering_many_slots_reads_each_row_group_once(s3_endpoint, tmp_path):
+    # the epoch dealt to 8 groups, 7 of them gone: the one left covers every slot, a row group each; with room
+    # for 4 shuffled row groups and 8 loads, every step dropped and read again those the other slots needed
+    job, plan = numbered_rows_job(s3_endpoint, tmp_path, objects=((800, 25),))  # 32 row groups
+    sampler = StreamSampler(job, plan, tmp_path / "cache")
+    loads, real = [], sampler.source.load
+    sampler.source.load = lambda unit: loads.append(unit) or real(unit)
+    rows = []
+    for index in range(sampler.steps_per_epoch(8)):
+        x, _, _ = step_batch(sampler, 0, index, 8, 0, 1)
+        rows += x[:, 0].int().tolist()
+    assert sorted(rows) == list(range(800))
+    assert len(loads) == len(set(loads)) == 32
+
+
 def test_more_groups_than_row_groups_cut_the_rows_into_even_shares(s3_endpoint, tmp_path):
     job, plan = numbered_rows_job(s3_endpoint, tmp_path)  # 8 row groups of 50 rows
     sampler = StreamSampler(job, plan, tmp_path / "cache")

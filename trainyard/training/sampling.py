@@ -219,6 +219,11 @@ class StreamSampler:
         self._loaded: dict[str, Future] = {}
         self._shuffled: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
+        # The slots this group's steps cover (more than one while fewer groups than the epoch's slots train): each
+        # needs its current row group and its read-ahead kept, or every step drops and reads again another's.
+        self._step: tuple[int, int] | None = None
+        self._covered: set[int] = set()
+        self._covering = 1  # the most slots a recent step covered
 
     def steps_per_epoch(self, slots: int, epoch: int = 0) -> int:
         """Steps in an epoch dealt to ``slots`` groups (the same every epoch)."""
@@ -231,6 +236,10 @@ class StreamSampler:
 
     def slot_batch(self, epoch: int, index: int, slots: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of slot ``slot``'s batch at step ``index`` of ``epoch``."""
+        if self._step != (epoch, index):  # a new step: room for as many slots as the last one covered, to start
+            self._step, self._covering, self._covered = (epoch, index), max(1, len(self._covered)), set()
+        self._covered.add(slot)
+        self._covering = max(self._covering, len(self._covered))
         units, ends = self._order(epoch, slots, slot)
         b = self._slot_batch(slots)
         positions = np.arange(index * b, min((index + 1) * b, self._rows_per_slot(slots)))
@@ -289,7 +298,7 @@ class StreamSampler:
                 x, y = x[part], y[part]
             order = default_rng([self.seed, epoch, unit[1]]).permutation(len(x))
             # Batches walk a row group in order; a group covering other slots walks a few at once.
-            while len(self._shuffled) >= 4:
+            while len(self._shuffled) >= max(4, 2 * self._covering):
                 self._shuffled.pop(next(iter(self._shuffled)))
             self._shuffled[key] = (x, y, order)
         return self._shuffled[key]
@@ -311,6 +320,6 @@ class StreamSampler:
         with self._lock:
             if unit_id not in self._loaded:
                 self._loaded[unit_id] = self._pool.submit(self.source.load, unit_id)
-                while len(self._loaded) > self.KEEP_IN_MEMORY:
+                while len(self._loaded) > max(self.KEEP_IN_MEMORY, (self.READ_AHEAD + 1) * self._covering):
                     self._loaded.pop(next(iter(self._loaded)))
             return self._loaded[unit_id]
