@@ -320,6 +320,8 @@ class StreamSampler:
         with self._lock:
             if unit_id not in self._loaded:
                 self._loaded[unit_id] = self._pool.submit(self.source.load, unit_id)
-                while len(self._loaded) > max(self.KEEP_IN_MEMORY, (self.READ_AHEAD + 1) * self._covering):
+                # a slot's last row group, its current one and its read-ahead (with one fewer, a slot covering
+                # test re-read 3 of 32): a few row groups a slot, only while one group covers several
+                while len(self._loaded) > max(self.KEEP_IN_MEMORY, (self.READ_AHEAD + 2) * self._covering):
                     self._loaded.pop(next(iter(self._loaded)))
             return self._loaded[unit_id]
