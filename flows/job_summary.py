@@ -11,7 +11,6 @@ from prefect.runtime import flow_run
 
 from tasks import _events as events
 from trainyard import STAGES, carbon, esg, outputs, registry, status
-from trainyard.errors import TrainyardError
 from trainyard.home import job_dir as make_job_dir
 from trainyard.redaction import redact_text
 from trainyard.spec import TrainingJob
@@ -115,26 +114,43 @@ def lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, model
 
 
 def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, logger) -> None:
-    """Summary to S3, to the flow run as an artifact, and to the MLflow run; failures here are logged."""
+    """Summary to S3, to the flow run as an artifact, and to the MLflow run. Each is best effort, its failure
+    logged: the job is over and its summary written, and one raised here (a Prefect API's 500 on an artifact)
+    ended a completed, registered job's run Failed, with no ended event for the callers waiting on it."""
     if summary["sifting"].get("warning"):
         logger.warning(summary["sifting"]["warning"])
-    try:
+
+    def attempt(what: str, work) -> None:
+        try:
+            work()
+        except Exception as exc:  # noqa: BLE001 - see above
+            # masked: MLflow's and boto's errors may quote a URI, password and all
+            logger.warning("could not %s: %s", what, redact_text(str(exc)))
+
+    def uploaded() -> None:
         summary["summary_uri"] = outputs.upload_summary(job, job_id, summary)
         summary["carbon"]["ledger_uri"] = esg.write_ledger_row(job.output.s3_uri, esg.ledger_row(summary))
-    except TrainyardError as exc:
-        logger.warning("could not upload the summary or the carbon ledger row: %s", exc)
-    create_markdown_artifact(key=f"carbon-{job.name.lower()}", markdown=esg.markdown(job_id, summary["carbon"]))
+
+    attempt("upload the summary or the carbon ledger row", uploaded)
+    attempt(
+        "create the carbon artifact",
+        lambda: create_markdown_artifact(
+            key=f"carbon-{job.name.lower()}", markdown=esg.markdown(job_id, summary["carbon"])
+        ),
+    )
     if model is not None:
-        try:
-            registry.log_summary(model["run_id"], summary)
-        except Exception as exc:  # noqa: BLE001 - the job is done and its summary written: a registry hiccup is logged
-            # masked: MLflow's errors quote the tracking URI, password and all
-            logger.warning("could not attach the summary to MLflow run %s: %s", model["run_id"], redact_text(str(exc)))
-    _emit_ended(job_id, summary, model)
+        attempt(
+            f"attach the summary to MLflow run {model['run_id']}",
+            lambda: registry.log_summary(model["run_id"], summary),
+        )
+    attempt("send the job's ended event", lambda: _emit_ended(job_id, summary, model))
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
-    create_markdown_artifact(
-        key=f"job-summary-{job.name.lower()}",
-        markdown=f"# {job_id}: {summary['status']}\n\n| metric | value |\n|---|---|\n{rows}\n\n"
-        f"```json\n{json.dumps(summary, indent=2, default=str)}\n```",
-        description=f"Trainyard job summary of {job_id}",
+    attempt(
+        "create the summary artifact",
+        lambda: create_markdown_artifact(
+            key=f"job-summary-{job.name.lower()}",
+            markdown=f"# {job_id}: {summary['status']}\n\n| metric | value |\n|---|---|\n{rows}\n\n"
+            f"```json\n{json.dumps(summary, indent=2, default=str)}\n```",
+            description=f"Trainyard job summary of {job_id}",
+        ),
     )

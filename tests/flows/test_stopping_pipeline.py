@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import flows.job_summary
 import tasks.training
 from flows import client
 from tests.conftest import job_dict, put_table, upload_dataset
@@ -81,21 +82,24 @@ def test_a_job_whose_progress_reports_fail_trains_and_registers(
 ):
     # the Prefect and MLflow APIs failing the training stage's reports past their clients' retries: the job's
     # groups train on, and its model is registered (it was lost with the stage, for a progress bar or a plot)
-    def down(*_):
+    def down(*_, **__):
         raise ConnectionError("the API did not answer")
 
     monkeypatch.setattr(tasks.training, "update_progress_artifact", down)
     monkeypatch.setattr(tasks.training.LiveRun, "log_file", down)
     monkeypatch.setattr(tasks.training.LiveRun, "close", down)
+    monkeypatch.setattr(flows.job_summary, "create_markdown_artifact", down)  # the summary's and carbon's artifacts
     caplog.set_level(logging.WARNING)
     spec = job_dict(upload_dataset(bucket, rows=400), resources={"replicas": 1})
     spec["hyperparameters"]["epochs"] = 2
     summary, _ = run_pipeline(spec)
     assert summary["status"] == "Completed", summary.get("failure_reason")
-    assert summary["model"]["version"] >= 1
+    assert summary["model"]["version"] >= 1 and summary["summary_uri"].startswith("s3://")
+    assert flow_run_state(summary["prefect_flow_run_id"]).type.value == "COMPLETED"  # as its summary says
     warned = " ".join(caplog.messages)
     assert "updating the progress artifact failed (the API did not answer); the job goes on" in warned
     assert "logging the training curves to MLflow failed" in warned and "closing the live MLflow run failed" in warned
+    assert "could not create the summary artifact: the API did not answer" in warned
 
 
 def test_a_job_with_patience_registers_its_best_epoch_not_its_last(prefect_api, s3_server, bucket, mlflow_uri):
