@@ -14,7 +14,7 @@ from rich.table import Table
 
 from flows.client import DEFAULT_DEPLOYMENT  # the client imports Prefect only when it is called
 from trainyard.cli_spec import SetOption, SpecArgument, load, warn
-from trainyard.cli_text import out, say
+from trainyard.cli_text import out, plain, say
 from trainyard.errors import TrainyardError
 
 jobs_app = typer.Typer(
@@ -107,7 +107,7 @@ def list_jobs(limit: Annotated[int, typer.Option(help="How many, newest first.")
         started = r["started"] or (f"due {r['expected_start']}" if r["expected_start"] else "")
         reason = r["reason"] or ""
         reason = reason if len(reason) <= 120 else reason[:117] + "..."
-        table.add_row(job, r["status"], r["prefect_state"] or "", started, r["flow_run_id"], reason)
+        table.add_row(*plain(job, r["status"], r["prefect_state"] or "", started, r["flow_run_id"], reason))
     out().print(table)
 
 

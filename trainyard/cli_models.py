@@ -16,7 +16,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from trainyard import registry_admin, tracking_store
-from trainyard.cli_text import out, say
+from trainyard.cli_text import out, plain, say
 from trainyard.errors import TrainyardError
 from trainyard.redaction import redact_text
 from trainyard.registry_errors import ModelNotFound
@@ -64,7 +64,7 @@ def list_(
         aliases = ", ".join(r["aliases"])
         metrics = ", ".join(f"{k} {v}" for k, v in r["metrics"].items())  # to compare versions at a glance
         row = (r["name"], str(r["version"]), aliases, r["approval_status"], metrics, r["job_id"] or "", r["gate"] or "")
-        table.add_row(*row)
+        table.add_row(*plain(*row))
     out().print(table)
 
 
@@ -73,11 +73,12 @@ def show(name: Name, version: Ref) -> None:
     """Show one version: its lineage tags (data, code, job spec, compute, carbon, metrics) and model card."""
     info = _call(registry_admin.describe, name, version)
     aliases = f" ({', '.join(info['aliases'])})" if info["aliases"] else ""
-    table = Table(title=f"{name} version {info['version']}{aliases}: {info['approval_status']}")
+    (title,) = plain(f"{name} version {info['version']}{aliases}: {info['approval_status']}")
+    table = Table(title=title)
     table.add_column("tag")
     table.add_column("value", overflow="fold")
     for key, value in sorted(info["tags"].items()):
-        table.add_row(key, value if len(value) <= 300 else value[:300] + "...")
+        table.add_row(*plain(key, value if len(value) <= 300 else value[:300] + "..."))
     out().print(table)
     say(out(), f"source: {info['source']}  run: {info['run_id']}")
     if info["card"]:

@@ -19,6 +19,13 @@ def say(console: Console, message: object, style: str | None = None) -> None:
     console.print(Text(str(message), style=style or ""), soft_wrap=True)
 
 
+def plain(*values: object) -> list[Text]:
+    """Table cells (or a title) shown as they are: a tag's value, a reason given with ``--reason``, an error
+    quoted in a job's reason. Given as ``str``, rich reads them as markup (``[/docs]`` raised MarkupError,
+    ``[leak]`` vanished from the cell)."""
+    return [Text(str(value)) for value in values]
+
+
 # Wider than any table prints: a table is drawn at its own width, never padded out to this.
 _UNWRAPPED = 10_000
 

@@ -121,6 +121,19 @@ def test_the_card_leaves_the_approval_and_the_gate_to_the_versions_tags(tracking
     assert "## Lineage" in card and "trainyard.job_id" in card
 
 
+def test_a_reason_with_brackets_is_shown_as_written_not_read_as_markup(tracking, tmp_path):
+    # rich read table cells as markup: "[/docs]" raised MarkupError (a traceback), "[leak]" vanished
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    reason = "[leak] label leak, see [/docs] for why"
+    assert CliRunner().invoke(app, ["models", "reject", "reg-test", "1", "--reason", reason]).exit_code == 0
+    for command in (["models", "show", "reg-test", "1"], ["models", "list"]):
+        result = CliRunner().invoke(app, command, env={"COLUMNS": "400"})
+        assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output
+    assert reason in CliRunner().invoke(app, ["models", "show", "reg-test", "1"], env={"COLUMNS": "400"}).output
+
+
 def test_the_embedded_store_is_created_under_a_lock(trainyard_home, monkeypatch):
     """Two jobs starting at once on a fresh home both ran MLflow's migrations into one file: one failed, and a
     store could be left half migrated. Its creation (MLflow's first request) now holds a lock of the home."""
