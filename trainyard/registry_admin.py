@@ -68,7 +68,16 @@ def set_approval(name: str, ref: str, status: str, reason: str | None = None) ->
         for key, value in record.items():
             client.set_model_version_tag(name, version.version, key, value)
 
-    return _with_version(name, ref, f"setting {APPROVAL_TAG} of", judge)
+    def judged(client, version) -> None:
+        # A rejection waits for a job's gate in progress: landing between the gate's look at the version and its
+        # move of the alias, it was not seen, and the rejected version became champion.
+        if status != "Rejected":
+            judge(client, version)
+            return
+        with _gate_held(name):
+            judge(client, version)
+
+    return _with_version(name, ref, f"setting {APPROVAL_TAG} of", judged)
 
 
 def _who() -> str:

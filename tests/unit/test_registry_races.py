@@ -83,6 +83,24 @@ def test_a_rerun_finishes_the_gate_an_earlier_run_never_reached(tracking, tmp_pa
     assert registry.finish_gate(job, "never-registered") is None
 
 
+def test_a_rejection_waits_for_a_gate_in_progress(tracking, tmp_path):
+    # landing between a job's gate reading the version and moving champion to it, it went unseen
+    from trainyard import registry_admin
+    from trainyard.home import flocked
+    from trainyard.registry import gate_lock
+
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    with flocked(gate_lock("reg-test"), wait_seconds=0):  # a job's gate of the model runs
+        rejecting = threading.Thread(target=registry_admin.set_approval, args=("reg-test", "1", "Rejected"))
+        rejecting.start()
+        time.sleep(1.0)
+        client = mlflow.MlflowClient(tracking)
+        assert client.get_model_version("reg-test", "1").tags.get("approval_status") != "Rejected"
+    rejecting.join(timeout=30)
+    assert client.get_model_version("reg-test", "1").tags["approval_status"] == "Rejected"
+
+
 def test_two_first_registrations_of_a_model_name_at_once_both_register(tracking, monkeypatch):
     # each job looked before the other created the experiment and the registered model: one create fails
     client = mlflow.MlflowClient(tracking)
