@@ -75,8 +75,7 @@ def training_pipeline(
     progress.outlive_closed_output()  # a worker that shut down mid-job takes no job with it
     logger = get_run_logger()
     if not job_id:  # started from the UI or a schedule: the run takes the job's id as its name
-        job_id = new_job_id(job.name)
-        _name_run(job_id)
+        job_id = _run_job_id(job.name)
     job_dir = make_job_dir(job_id)
     try:
         lock = job_folder.RunLock(job_dir)
@@ -330,13 +329,22 @@ def _add_failed_stage(stages: dict, exc: BaseException) -> None:
         stages[record["stage"]] = record
 
 
-def _name_run(job_id: str) -> None:
-    """The run's name, and a tag, for the job id it made (``flows.prefect_api.job_id_of`` reads the tag)."""
+def _run_job_id(name: str) -> str:
+    """The job id of a run started without one. A new one, the run named and tagged for it
+    (``flows.prefect_api.job_id_of`` reads the tag); but the id an earlier try of this same run made, where it
+    has one (Prefect runs a run again: rescheduled on SIGTERM, a retry): one job, registered once, and the
+    status its callers read. A new id each try added a second tag, and ``status`` read the first try's job."""
     run_id = flow_run.get_id()
-    if run_id:
-        with get_client(sync_client=True) as client:
-            tags = client.read_flow_run(UUID(run_id)).tags or []
-            client.update_flow_run(UUID(run_id), name=job_id, tags=sorted({*tags, f"{status.JOB_TAG}{job_id}"}))
+    if not run_id:
+        return new_job_id(name)
+    with get_client(sync_client=True) as client:
+        tags = client.read_flow_run(UUID(run_id)).tags or []
+        earlier = sorted(t.removeprefix(status.JOB_TAG) for t in tags if t.startswith(status.JOB_TAG))
+        if earlier:
+            return earlier[0]
+        job_id = new_job_id(name)
+        client.update_flow_run(UUID(run_id), name=job_id, tags=sorted({*tags, f"{status.JOB_TAG}{job_id}"}))
+        return job_id
 
 
 def _emit_status(job_id: str, transition: dict) -> None:

@@ -150,3 +150,24 @@ def _flow(name: str):
         """Another team's flow."""
 
     return etl
+
+
+def test_a_run_started_without_a_job_id_keeps_the_id_its_first_try_made(prefect_api):
+    # Prefect runs a run again (rescheduled on SIGTERM, a retry): a new id each try made it a second job, tagged
+    # twice, registered again, and the first try's status was what callers read
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    from flows import training_pipeline
+
+    @flow
+    def tries() -> tuple[str, str, str]:
+        first = training_pipeline._run_job_id("churn")
+        return first, training_pipeline._run_job_id("churn"), flow_run.get_id()  # the second try's look
+
+    first, second, run_id = tries()
+    assert first == second and first.startswith("churn-")
+    with get_client(sync_client=True) as api:
+        run = api.read_flow_run(run_id)
+    assert run.name == first and [t for t in run.tags if t.startswith("trainyard-job:")] == [f"trainyard-job:{first}"]
