@@ -8,6 +8,12 @@ from trainyard.status import PROGRESS_EVENT
 
 FINAL = {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped"}
 """The secondary statuses that end a job, and the primary status each is."""
+STATUS_EVENTS = [
+    f"trainyard.job.{status.lower()}" for status in ("Starting", "Downloading", "Training", "Uploading", *FINAL)
+] + ["trainyard.job.ended"]
+"""The events ``read`` reads: each secondary status as it begins, and the job's end. By name, not by the prefix
+``trainyard.job.``, which the job's other events share (``job.scaled``, one per change of size): a job that scaled
+often pushed its first transitions out of the newest page."""
 
 
 def _events(api, job_id: str, run_id, since, names: dict, limit: int) -> list:
@@ -43,8 +49,8 @@ def read(api, job_id: str, run_id, since) -> tuple[list[dict], dict | None]:
     """The job's secondary status transitions as flow run ``run_id`` ran it, each closed by the next (an event
     is sent as a status begins, its end time not yet known), and its outcome (the ``trainyard.job.ended``
     event's; None before)."""
-    # the API's most per page; a job has under ten transitions
-    events = _events(api, job_id, run_id, since, {"prefix": ["trainyard.job."]}, limit=50)
+    # the API's most per page; a job has under ten transitions a try
+    events = _events(api, job_id, run_id, since, {"name": STATUS_EVENTS}, limit=50)
     # A retried run (the same run id) starts the job again: only what its last try said is the job's now
     starts = [i for i, e in enumerate(events) if e.payload.get("status") == "Starting"]
     events = events[starts[-1] :] if starts else events

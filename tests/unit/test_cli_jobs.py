@@ -126,6 +126,33 @@ def test_a_jobs_status_is_its_last_tries_with_each_status_ended_by_the_next():
     assert [t["status"] for t in transitions] == ["Starting", "Downloading", "Training"]
 
 
+def test_a_job_that_scaled_often_keeps_its_first_transitions():
+    # a trainyard.job.scaled event each change of size, on the job's resource: read by the prefix, the newest
+    # page of 50 held only those, and the job's Starting and Training were gone
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from flows import job_events
+
+    t0 = datetime(2026, 12, 5, tzinfo=UTC)
+    sent = [("trainyard.job.starting", {"status": "Starting", "start_time": "t0", "end_time": None, "message": ""})]
+    sent += [("trainyard.job.training", {"status": "Training", "start_time": "t1", "end_time": None, "message": ""})]
+    sent += [("trainyard.job.scaled", {"replicas": 2 + i % 2}) for i in range(60)]
+    events = [SimpleNamespace(event=n, occurred=t0 + timedelta(seconds=i), payload=p) for i, (n, p) in enumerate(sent)]
+
+    def read_events(filter, limit):  # as the API answers: matching names, the newest page
+        names = filter.event
+        matching = [
+            e
+            for e in events
+            if (names.name and e.event in names.name) or any(e.event.startswith(p) for p in names.prefix or [])
+        ]
+        return SimpleNamespace(events=sorted(matching, key=lambda e: e.occurred, reverse=True)[:limit])
+
+    transitions, _ = job_events.read(SimpleNamespace(read_events=read_events), "j", "run-1", t0)
+    assert [t["status"] for t in transitions] == ["Starting", "Training"]
+
+
 def test_a_status_entered_again_with_a_new_message_is_told_again_and_stays_one_transition():
     from trainyard.status import StatusLog
 
