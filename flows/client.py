@@ -202,16 +202,17 @@ def wait(
     """Block until the job ends (or ``timeout_seconds`` pass: ``WaitTimeout``); returns ``status``.
     ``on_transition`` is called with each secondary status transition once, in order, as it is seen."""
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
-    seen = 0
+    # Told by status and start, not by count: a run Prefect runs again reads as its new try's transitions alone,
+    # fewer than were told, and counting skipped the new try's first ones.
+    told: set[tuple[str, str]] = set()
 
     def read() -> dict[str, Any]:
-        nonlocal seen
         current = _status_through_outages(run_id, poll_seconds, deadline)
-        transitions = current["secondary_status_transitions"]
-        if on_transition is not None:
-            for transition in transitions[seen:]:
+        for transition in current["secondary_status_transitions"]:
+            key = (transition["status"], transition["start_time"])
+            if on_transition is not None and key not in told:
                 on_transition(transition)
-        seen = max(seen, len(transitions))
+            told.add(key)
         return current
 
     while True:

@@ -153,6 +153,31 @@ def test_a_job_that_scaled_often_keeps_its_first_transitions():
     assert [t["status"] for t in transitions] == ["Starting", "Training"]
 
 
+def test_wait_tells_a_retried_runs_transitions_once_each_the_new_try_included(monkeypatch):
+    from flows import client
+
+    def state(*statuses: tuple[str, str], status: str = "InProgress") -> dict:
+        transitions = [{"status": s, "start_time": t, "end_time": None, "message": ""} for s, t in statuses]
+        final = status != "InProgress"
+        said = {"status": status, "secondary_status": statuses[-1][0], "secondary_status_transitions": transitions}
+        return said | {"started": True, "metrics": {"val_accuracy": 0.9} if final else None}
+
+    answers = [
+        state(("Starting", "t0"), ("Downloading", "t1"), ("Training", "t2")),
+        state(("Starting", "t10")),  # the run again (rescheduled): its new try's transitions alone
+        state(("Starting", "t10"), ("Downloading", "t11")),
+        state(("Starting", "t10"), ("Downloading", "t11"), ("Completed", "t12"), status="Completed"),
+    ]
+    monkeypatch.setattr(client, "status", lambda run_id: answers.pop(0) if len(answers) > 1 else answers[0])
+    told = []
+    client.wait("r", poll_seconds=0.01, on_transition=lambda t: told.append((t["status"], t["start_time"])))
+    assert told == [("Starting", "t0"), ("Downloading", "t1"), ("Training", "t2")] + [
+        ("Starting", "t10"),
+        ("Downloading", "t11"),
+        ("Completed", "t12"),
+    ]
+
+
 def test_a_status_entered_again_with_a_new_message_is_told_again_and_stays_one_transition():
     from trainyard.status import StatusLog
 
