@@ -23,7 +23,7 @@ from prefect.states import Cancelled, Cancelling, Crashed
 
 from infra.apply import ZOMBIE_MESSAGE
 from trainyard import env_settings
-from trainyard.errors import SpecError
+from trainyard.errors import SpecError, TrainingError
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import Resources
 from trainyard.status import JOB_TAG, REPLICA_TAG
@@ -35,6 +35,9 @@ STATE_CACHE_SECONDS = 1.0
 # Cancelling after this long has lost its worker.
 CANCEL_CONFIRM_SECONDS = 15.0
 CANCEL_CONFIRM_SECONDS_ENV = "TRAINYARD_CANCEL_CONFIRM_SECONDS"
+# How long the supervisor rides out an API that does not answer about a group's run (its client's own retries
+# spent), on the last state it read: as long as flows.client.wait's outage (API_OUTAGE_SECONDS there).
+API_OUTAGE_SECONDS = 300.0
 _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2, StateType.CANCELLED: -15}
 
 
@@ -73,6 +76,7 @@ class WorkPoolLauncher:
         # run id -> (when read, exit code, state type, the state)
         self._states: dict[UUID, tuple[float, int | None, StateType | None, State | None]] = {}
         self._cancelled: dict[UUID, float] = {}  # run id -> when we asked for the cancellation
+        self._unanswered: dict[UUID, float] = {}  # run id -> since when the API has not answered about it
 
     def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
         run = run_deployment(
@@ -123,11 +127,30 @@ class WorkPoolLauncher:
         return self._read(proc)[1] == StateType.SCHEDULED  # no worker with room has taken it yet
 
     def _read(self, proc: ReplicaProcess) -> tuple[int | None, StateType | None]:
-        """The run's exit code (None while it runs) and state type, read at most every STATE_CACHE_SECONDS."""
+        """The run's exit code (None while it runs) and state type, read at most every STATE_CACHE_SECONDS.
+        While the API does not answer (past its client's own retries), the last state read stands, for up to
+        ``API_OUTAGE_SECONDS``: one failed read ended the job as an internal error, its groups shut down."""
+        import httpx
+
         run_id = _run_id(proc)
-        seen, code, kind, _ = self._states.get(run_id, (0.0, None, None, None))
+        seen, code, kind, state = self._states.get(run_id, (0.0, None, None, None))
         if time.monotonic() - seen < STATE_CACHE_SECONDS:
             return code, kind
+        try:
+            code, kind = self._read_now(proc, run_id)
+        except httpx.HTTPError as exc:  # (Prefect's HTTP status errors among them)
+            self._states[run_id] = (time.monotonic(), code, kind, state)  # asked again at the usual pace
+            since = self._unanswered.setdefault(run_id, time.monotonic())
+            if time.monotonic() - since > API_OUTAGE_SECONDS:
+                raise TrainingError(
+                    f"the Prefect API has not answered for replica group {proc.replica}'s run {run_id} for "
+                    f"{API_OUTAGE_SECONDS:g} s ({exc}); is it up?"
+                ) from None
+            return code, kind
+        self._unanswered.pop(run_id, None)
+        return code, kind
+
+    def _read_now(self, proc: ReplicaProcess, run_id: UUID) -> tuple[int | None, StateType | None]:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(run_id).state
             kind = state.type if state else None

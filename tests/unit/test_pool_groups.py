@@ -1,8 +1,10 @@
 """Replica groups on a work pool, with launchers that stand in for the pool (a fake launcher per test): the
-fill-up to max_replicas, a group told by its run's state where it wrote no error, and a run Prefect crashed for
-missed heartbeats whose group trains on."""
+fill-up to max_replicas, a group told by its run's state where it wrote no error, a run Prefect crashed for
+missed heartbeats whose group trains on, and the Prefect API not answering about a group's run for a while."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -126,3 +128,39 @@ def test_a_pool_run_marked_crashed_whose_group_still_beats_is_not_restarted_besi
         )
     assert time.monotonic() - started >= 2.0 + 1.0
     group.join()
+
+
+def test_a_pool_groups_run_state_rides_out_an_api_that_does_not_answer_for_a_while(monkeypatch):
+    # one failed read of a group's run ended the job as an internal error, its groups shut down
+    import contextlib
+    from types import SimpleNamespace
+
+    import httpx
+    from prefect.client.schemas.objects import StateType
+
+    from tasks import pool_launcher
+    from trainyard.errors import TrainingError
+    from trainyard.launch import ReplicaProcess
+    from trainyard.spec import Resources
+
+    answers = ["running", "down", "down", "completed"]
+
+    class Api:
+        def read_flow_run(self, run_id):
+            answer = answers.pop(0) if len(answers) > 1 else answers[0]
+            if answer == "down":
+                raise httpx.ConnectError("the Prefect API did not answer")
+            kind = StateType.RUNNING if answer == "running" else StateType.COMPLETED
+            return SimpleNamespace(state=SimpleNamespace(type=kind))
+
+    monkeypatch.setattr(pool_launcher, "get_client", lambda **_: contextlib.nullcontext(Api()))
+    monkeypatch.setattr(pool_launcher, "STATE_CACHE_SECONDS", 0.0)
+    launcher = pool_launcher.WorkPoolLauncher("gpu", Resources())
+    group = ReplicaProcess(0, 0, 0, "", run_id="0" * 32)
+    assert [launcher.exit_code(group) for _ in range(4)] == [None, None, None, 0]  # the outage: still running
+    answers[:] = ["down"]
+    monkeypatch.setattr(pool_launcher, "API_OUTAGE_SECONDS", 0.05)
+    launcher.exit_code(group)  # the outage begins
+    time.sleep(0.1)
+    with pytest.raises(TrainingError, match=r"the Prefect API has not answered for replica group 0's run .* 0.05 s"):
+        launcher.exit_code(group)
