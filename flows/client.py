@@ -166,10 +166,7 @@ def status(run_id: str) -> dict[str, Any]:
         since = datetime.fromisoformat(transitions[0]["start_time"]) if training else None
         progress = job_events.progress(api, job_id, run.id, since) if training and job_id else None
     state = run.state.type.value if run.state else "PENDING"
-    primary = _run_status(run.state)
-    if state in ("COMPLETED", "CRASHED") and transitions:  # its last status says how the job itself ended:
-        # a Stopped job's run completes, and one told to stop by something else (a worker shut down) is Crashed
-        primary = FINAL.get(transitions[-1]["status"], primary)
+    primary = _job_status(run.state, transitions)
     if transitions:
         secondary = transitions[-1]["status"]
     else:  # the job has said nothing yet; a run that ended before it started (cancelled while queued) ended so
@@ -347,22 +344,44 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
             sort=FlowRunSort.START_TIME_DESC,
             limit=limit,
         )
-    return [
-        {
-            "flow_run_id": str(r.id),
-            # a run from the UI, a schedule or REST makes its job id as it starts (before, its name is Prefect's)
-            "job_id": job_id_of(r),
-            "job_name": (r.parameters.get("job") or {}).get("name"),
-            "status": _run_status(r.state),
-            "prefect_state": r.state.name if r.state else None,
-            "started": r.start_time.isoformat() if r.start_time else None,
-            # a scheduled run's: when it is due
-            "expected_start": r.expected_start_time.isoformat() if r.expected_start_time else None,
-            # why a Failed or Stopped job ended, as its run's state says
-            "reason": r.state.message if r.state and _run_status(r.state) in ("Failed", "Stopped") else None,
-        }
-        for r in runs
-    ]
+        # A Crashed run's job may have ended Stopped (a worker shut down, a reclaim: SIGTERM): its events say so,
+        # as status() reads them. Asked for those runs alone (one read each; the rest's state says it all).
+        said = {}
+        for r in runs:
+            job_id = job_id_of(r)
+            if job_id and r.state and r.state.type.value == "CRASHED":
+                said[r.id] = job_events.read(api, job_id, r.id, r.created)
+    rows = []
+    for r in runs:
+        transitions, ended = said.get(r.id, ([], None))
+        status_ = _job_status(r.state, transitions)
+        # why a Failed or Stopped job ended: as the job said, or as its run's state says
+        reason = (ended or {}).get("failure_reason") or (r.state.message if r.state else None)
+        rows.append(
+            {
+                "flow_run_id": str(r.id),
+                # a run from the UI, a schedule or REST makes its job id as it starts (before, its name is Prefect's)
+                "job_id": job_id_of(r),
+                "job_name": (r.parameters.get("job") or {}).get("name"),
+                "status": status_,
+                "prefect_state": r.state.name if r.state else None,
+                "started": r.start_time.isoformat() if r.start_time else None,
+                # a scheduled run's: when it is due
+                "expected_start": r.expected_start_time.isoformat() if r.expected_start_time else None,
+                "reason": reason if status_ in ("Failed", "Stopped") else None,
+            }
+        )
+    return rows
+
+
+def _job_status(state, transitions: list[dict]) -> str:
+    """A pipeline run's job status: its state's (``_run_status``), or, for a run that ended Completed or Crashed,
+    how the job itself said it ended (a Stopped job's run completes, and one told to stop by something else, a
+    worker shut down, is Crashed)."""
+    primary = _run_status(state)
+    if state is not None and state.type.value in ("COMPLETED", "CRASHED") and transitions:
+        primary = FINAL.get(transitions[-1]["status"], primary)
+    return primary
 
 
 def _run_status(state) -> str:

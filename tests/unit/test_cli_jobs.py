@@ -178,6 +178,37 @@ def test_wait_tells_a_retried_runs_transitions_once_each_the_new_try_included(mo
     ]
 
 
+def test_jobs_lists_a_crashed_runs_job_as_it_ended_as_status_does(monkeypatch):
+    # SIGTERM from a worker shut down: the job wrote its summary as Stopped, Prefect marked its run Crashed
+    import contextlib
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from flows import client, job_events
+
+    def run(name: str, kind: str, message: str) -> SimpleNamespace:
+        state = SimpleNamespace(type=SimpleNamespace(value=kind), name=kind.title(), message=message)
+        return SimpleNamespace(
+            id=name,
+            name=name,
+            state=state,
+            parameters={"job_id": name, "job": {"name": "churn"}},
+            tags=[],
+            created=datetime(2026, 12, 7, tzinfo=UTC),
+            start_time=None,
+            expected_start_time=None,
+            run_count=1,
+        )
+
+    runs = [run("reclaimed", "CRASHED", "Flow run infrastructure exited"), run("broke", "CRASHED", "exit 137")]
+    api = SimpleNamespace(read_flow_runs=lambda **_: runs)
+    monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(api))
+    said = {"reclaimed": ([{"status": "Stopped"}], {"failure_reason": "Terminated"}), "broke": ([], None)}
+    monkeypatch.setattr(job_events, "read", lambda api, job_id, run_id, since: said[job_id])
+    rows = {r["job_id"]: (r["status"], r["reason"]) for r in client.jobs()}
+    assert rows == {"reclaimed": ("Stopped", "Terminated"), "broke": ("Failed", "exit 137")}
+
+
 def test_a_status_entered_again_with_a_new_message_is_told_again_and_stays_one_transition():
     from trainyard.status import StatusLog
 
