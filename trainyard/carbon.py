@@ -18,9 +18,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from trainyard import carbon_probe
+from trainyard.home import write_json_atomic
 from trainyard.spec import Carbon
 
 
@@ -97,6 +99,9 @@ def meter(
     def live() -> tuple[float, float]:
         with reading:
             emissions = tracker.flush()  # measures now; with no output configured it writes nothing
+            for device in ("cpu", "gpu", "ram"):  # the split so far, into the record (the final one replaces it)
+                total = getattr(tracker, f"_total_{device}_energy", None)
+                setattr(record, f"{device}_energy_kwh", float(total.kWh) if total is not None else 0.0)
             return float(tracker._total_energy.kWh), float(emissions or 0.0)  # codecarbon has no public getter
 
     record.reading = live  # type: ignore[method-assign]  # the live figures until the meter stops
@@ -259,6 +264,9 @@ def rollup(records: list[StageEnergy], settings: Carbon) -> dict:
     }
 
 
+PARTIAL_RECORD_SECONDS = 30.0  # how often a group writes its energy so far (BackgroundMeter.keep_writing)
+
+
 class BackgroundMeter:
     """A replica group's own tracker, in process mode (this process and its children), started in
     a thread so that a restarted group never waits on it before it heals. The hardware probe comes
@@ -273,6 +281,8 @@ class BackgroundMeter:
         self._record: StageEnergy | None = None
         self._thread = threading.Thread(target=self._start, name="trainyard-carbon", daemon=True)
         self._thread.start()
+        self._writing: threading.Event = threading.Event()  # keep_writing's
+        self._writer: threading.Thread | None = None
 
     def _start(self) -> None:
         try:
@@ -280,8 +290,38 @@ class BackgroundMeter:
         except Exception:  # noqa: BLE001 - metering must never stop training
             logging.getLogger(__name__).warning("carbon meter did not start", exc_info=True)
 
+    def keep_writing(self, path: Path, extra: dict, every: float = PARTIAL_RECORD_SECONDS) -> None:
+        """Write the group's figures so far to ``path`` every ``every`` seconds (``partial``: true), until
+        ``stop``: a group killed outright (SIGKILL, the OOM killer, a silent group's kill) wrote nothing, and
+        its energy was in no job total (a group on another machine's nowhere at all); now all but its last
+        ``every`` seconds are. ``extra`` is added to each record (the machine)."""
+
+        def write() -> None:
+            while not self._writing.wait(every):
+                record = self._partial()
+                if record is not None:
+                    write_json_atomic(path, record | extra | {"partial": True})
+
+        self._writer = threading.Thread(target=write, name="trainyard-carbon-partial", daemon=True)
+        self._writer.start()
+
+    def _partial(self) -> dict | None:
+        """The figures so far (the writer's; ``stop`` joins it before the meter stops)."""
+        if self._record is None:
+            return None
+        try:
+            kwh, _ = self._record.reading()  # (fills the record's split by device so far too)
+        except Exception:  # noqa: BLE001 - metering must never stop training
+            return None
+        record = self._record.to_dict() | {"energy_kwh": kwh}
+        del record["emissions_kg"]
+        return record
+
     def stop(self) -> dict | None:
         """Stop the tracker; the energy record (no emissions), or None if it never started."""
+        self._writing.set()
+        if self._writer is not None:
+            self._writer.join()
         self._thread.join()
         if self._record is None:
             return None

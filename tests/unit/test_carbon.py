@@ -229,6 +229,42 @@ def test_a_group_meter_measures_energy_without_the_emissions_lookup(tmp_path):
     assert not result["geo_imported"]
 
 
+PARTIAL_METER = """
+import json, sys, time
+from pathlib import Path
+from trainyard.carbon import BackgroundMeter
+path = Path(sys.argv[1])
+meter = BackgroundMeter("replica-0")
+meter.keep_writing(path, {"machine": "m-1"}, every=0.2)
+end = time.monotonic() + 30  # (the meter's start probes the hardware first: a second or two)
+while time.monotonic() < end and not path.exists():
+    sum(range(1000))
+time.sleep(0.3)  # written again, at least once
+partial = json.loads(path.read_text())
+record = meter.stop()
+stopped = path.read_text()
+time.sleep(0.5)
+print(json.dumps({"partial": partial, "record": record, "written_after_stop": path.read_text() != stopped}))
+"""
+
+
+def test_a_group_meter_writes_its_figures_so_far_while_it_runs(tmp_path):
+    # a group killed outright (SIGKILL, the OOM killer) wrote no energy.json: its energy was in no job total
+    env = {**os.environ, "TRAINYARD_HOME": str(tmp_path)}
+    path = tmp_path / "energy.json"
+    command = [sys.executable, "-c", PARTIAL_METER, str(path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    partial, record = result["partial"], result["record"]
+    assert partial["partial"] is True and partial["machine"] == "m-1" and "emissions_kg" not in partial
+    assert 0 < partial["energy_kwh"] <= record["energy_kwh"]
+    assert partial["energy_kwh"] == pytest.approx(
+        partial["cpu_energy_kwh"] + partial["gpu_energy_kwh"] + partial["ram_energy_kwh"]
+    )
+    assert not result["written_after_stop"]  # (the group writes its final record itself)
+
+
 def test_a_stage_stopped_while_its_meter_starts_raises_the_stop_not_a_key_error(monkeypatch):
     import contextlib
 

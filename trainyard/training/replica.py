@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     if gone is not None:
         write_json_atomic(out / "error.json", {"message": gone, "user_error": False})
         return 3
+    if energy is not None:  # its figures so far, every half minute: a group killed outright is counted too
+        from trainyard.carbon_probe import machine_id
+
+        energy.keep_writing(out / "energy.json", {"machine": machine_id()})
     try:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
