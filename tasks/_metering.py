@@ -115,8 +115,9 @@ def _journaling(journal: energy_journal.Journal | None, stage: str, energy, star
     def write(stop: threading.Event) -> None:
         while True:
             try:
-                kwh, kg = energy.reading()
-                journal.running(stage, kwh, kg, time.monotonic() - started)
+                kwh, kg = energy.reading()  # (and the record's split by device so far)
+                devices = {f"{d}_energy_kwh": getattr(energy, f"{d}_energy_kwh") for d in ("cpu", "gpu", "ram")}
+                journal.running(stage, kwh, kg, time.monotonic() - started, devices)
             except Exception:  # noqa: BLE001 - the journal must never stop a stage
                 logging.getLogger(__name__).warning("could not write the energy journal", exc_info=True)
             if stop.wait(JOURNAL_SECONDS):

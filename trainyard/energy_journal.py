@@ -50,11 +50,14 @@ class Journal:
             self._running = None
             self._write()
 
-    def running(self, stage: str, energy_kwh: float, emissions_kg: float, seconds: float) -> None:
-        """The running stage's figures so far (its earlier failed attempts are already ``ended``)."""
+    def running(
+        self, stage: str, energy_kwh: float, emissions_kg: float, seconds: float, devices: dict | None = None
+    ) -> None:
+        """The running stage's figures so far (its earlier failed attempts are already ``ended``); ``devices``:
+        its energy by device so far (``cpu_energy_kwh``...), so a killed run's split adds up to its total."""
         with self._lock:
             self._running = {"stage": stage, "energy_kwh": energy_kwh, "emissions_kg": emissions_kg}
-            self._running["duration_seconds"] = seconds
+            self._running |= {"duration_seconds": seconds, **(devices or {})}
             self._write()
 
     def _write(self) -> None:

@@ -78,3 +78,8 @@ def test_a_run_killed_outright_mid_stage_leaves_what_it_spent_for_the_next_run(t
     record = energy_journal.earlier(tmp_path, "rerun")
     assert record["runs"] == 1 and record["energy"]["energy_kwh"] > written["stages"]["staging"]["energy_kwh"] > 0
     assert record["energy"]["emissions_kg"] > 0
+    # its split by device adds up to its total, the running stage's too (the report's by_device_kwh)
+    running = written["running"]
+    assert running["energy_kwh"] == pytest.approx(sum(running[f"{d}_energy_kwh"] for d in ("cpu", "gpu", "ram")))
+    devices = sum(record["energy"][f"{d}_energy_kwh"] for d in ("cpu", "gpu", "ram"))
+    assert devices == pytest.approx(record["energy"]["energy_kwh"])
