@@ -299,8 +299,11 @@ class BackgroundMeter:
         def write() -> None:
             while not self._writing.wait(every):
                 record = self._partial()
-                if record is not None:
-                    write_json_atomic(path, record | extra | {"partial": True})
+                try:
+                    if record is not None:
+                        write_json_atomic(path, record | extra | {"partial": True})
+                except OSError as exc:  # (a full disk): the final record is written all the same, if it can be
+                    logging.getLogger(__name__).warning("carbon: the group's energy so far not written: %s", exc)
 
         self._writer = threading.Thread(target=write, name="trainyard-carbon-partial", daemon=True)
         self._writer.start()
