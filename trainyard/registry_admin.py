@@ -41,7 +41,8 @@ def list_versions(name: str | None = None) -> list[dict]:
         # search_model_versions leaves out the aliases: the registered model holds them
         aliases = {n: client.get_registered_model(n).aliases or {} for n in {r["name"] for r in rows}}
     except service_errors() as exc:
-        raise translate(exc, f"listing {name or 'registered models'}", uri, registering=False) from exc
+        wrong = _named_wrong(exc, name or "")
+        raise wrong or translate(exc, f"listing {name or 'registered models'}", uri, registering=False) from exc
     for row in rows:
         row["aliases"] = sorted(a for a, v in aliases[row["name"]].items() if int(v) == row["version"])
     return sorted(rows, key=lambda r: (r["name"], -r["version"]))
@@ -171,5 +172,15 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
         action(client, version)
         version = client.get_model_version(name, version.version)
     except service_errors() as exc:
-        raise translate(exc, f"{what} {label}", uri, registering=False) from exc
+        raise _named_wrong(exc, label) or translate(exc, f"{what} {label}", uri, registering=False) from exc
     return {**model_summary(client, name, version, uri), "tags": dict(version.tags or {}), "card": version.description}
+
+
+def _named_wrong(exc: BaseException, label: str) -> ModelNotFound | None:
+    """A name MLflow refuses as no model's ("a/b", ""): the command's mistake, said as not found (exit 2), where it
+    read as a refusal by the service (exit 1)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException) and exc.error_code == "INVALID_PARAMETER_VALUE":
+        return ModelNotFound(f"{label}: no such registered model ({exc.message})")
+    return None

@@ -210,6 +210,18 @@ def test_a_crash_after_the_model_is_logged_leaves_no_second_model_or_live_run_af
     assert [r.info.status for r in killed] == ["KILLED"]
 
 
+def test_a_model_name_mlflow_refuses_is_the_commands_mistake(tracking):
+    # "a/b" can name no model: said as not found (exit 2), where it read as the service refusing (exit 1)
+    from typer.testing import CliRunner
+
+    from trainyard.cli import app
+
+    for command in (["models", "show", "a/b", "1"], ["models", "list", "a/b"], ["models", "approve", "a/b", "1"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert "a/b" in result.output and "no such registered model" in result.output
+
+
 def test_models_cli_lists_shows_approves_rejects_and_promotes(tracking, tmp_path):
     job, model, x = trained()
     register(job, model, x, "a", 0.80, tmp_path)
