@@ -181,6 +181,8 @@ def _named_wrong(exc: BaseException, label: str) -> ModelNotFound | None:
     read as a refusal by the service (exit 1)."""
     from mlflow.exceptions import MlflowException
 
-    if isinstance(exc, MlflowException) and exc.error_code == "INVALID_PARAMETER_VALUE":
+    # (the name's: "Invalid model name 'a/b'", "Missing value for required parameter 'name'"; the same code also
+    # says a tracking URI has no registry, which is the service's)
+    if isinstance(exc, MlflowException) and exc.error_code == "INVALID_PARAMETER_VALUE" and "name" in exc.message:
         return ModelNotFound(f"{label}: no such registered model ({exc.message})")
     return None
