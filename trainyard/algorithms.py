@@ -86,8 +86,12 @@ def _scaled_mse(y_std: float) -> LossFn:
     return loss
 
 
-def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
-    """Fail clearly when a loss function reduces over the batch."""
+def check_per_sample(loss: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``loss``, one per sample; fail clearly when a loss function reduces over the batch. A batch of one row's
+    loss may be a scalar (a per-sample loss ending in ``.squeeze()``: its mean is its one loss): returned as (1,),
+    where a short last step, one group's share of a step or a single candidate to score failed the job."""
+    if isinstance(loss, torch.Tensor) and batch_size == 1 and loss.dim() == 0:
+        return loss.reshape(1)
     if not isinstance(loss, torch.Tensor):
         raise TrainingError(
             f"algorithm.entrypoint: the loss function returned a {type(loss).__name__}; it must return a tensor "
@@ -110,6 +114,7 @@ def check_per_sample(loss: torch.Tensor, batch_size: int) -> None:
             f"algorithm.entrypoint: the loss function returned shape {tuple(loss.shape)} for a batch of {batch_size}; "
             f"it must return shape ({batch_size},), one loss per sample ({fix})"
         )
+    return loss
 
 
 def check_outputs(out, batch_size: int, num_outputs: int, task: str) -> None:

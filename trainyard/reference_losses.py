@@ -108,8 +108,7 @@ class JobLoss:
             outputs = softmax(outputs.float(), dim=-1)
         # reshaped to what the job's model gives (a regression model may give (N, 1) where the reference gives (N,))
         losses = self._loss_fn(outputs.reshape(len(outputs), *self._tail), labels)
-        algorithms.check_per_sample(losses, len(outputs))
-        return losses.detach().float()
+        return algorithms.check_per_sample(losses, len(outputs)).detach().float()
 
 
 def job_loss(algorithm: Algorithm, hp: Hyperparameters, x: np.ndarray, y: np.ndarray, num_outputs: int) -> JobLoss:

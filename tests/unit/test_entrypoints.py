@@ -42,6 +42,21 @@ def test_a_per_sample_loss_with_a_trailing_dimension_is_told_how_to_reduce_it():
     check_per_sample(torch.zeros(4), 4)
 
 
+def test_a_one_row_batchs_scalar_loss_is_its_one_loss_per_sample():
+    # a per-sample loss ending in .squeeze() gives () for one row (a short last step, one group's share of a
+    # step, a single candidate to score): the job failed there, told to use reduction='none', which it did
+    from trainyard.algorithms import check_per_sample
+
+    def squeezed(outputs, labels):
+        return torch.nn.functional.mse_loss(outputs, labels.unsqueeze(1), reduction="none").squeeze()
+
+    assert check_per_sample(squeezed(torch.zeros(4, 1), torch.ones(4)), 4).shape == (4,)
+    one = check_per_sample(squeezed(torch.zeros(1, 1), torch.ones(1)), 1)
+    assert one.shape == (1,) and one.tolist() == [1.0]
+    with pytest.raises(TrainingError, match=r"shape \(\) for a batch of 2"):  # a mean over two rows still refused
+        check_per_sample(torch.zeros(()), 2)
+
+
 def test_a_loss_broadcast_to_every_output_against_every_label_is_not_told_to_average_it():
     from trainyard.algorithms import check_per_sample
 

@@ -193,7 +193,7 @@ class StepData:
             with torch.no_grad():
                 fresh = self.loss_fn(model(xs), ys)
             model.train()
-            algorithms.check_per_sample(fresh, len(xs))
+            fresh = algorithms.check_per_sample(fresh, len(xs))
             self.meter.add_scoring(xs)
             losses[scored] = fresh.float().cpu().numpy()  # numpy has no bfloat16
             if rows is not None and memory is not None:

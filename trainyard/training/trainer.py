@@ -262,7 +262,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 first_batch_seconds = time.monotonic() - started
             with algorithms.one_row_batch_norm(model, len(xb)):
                 losses = loss_fn(forward()(xb), yb)
-            algorithms.check_per_sample(losses, len(xb))
+            losses = algorithms.check_per_sample(losses, len(xb))
             data.trained(losses)  # with sifting.reuse_loss_epochs, these rows need no scoring pass for a while
             # torchft averages gradients over the quorum's groups, whose batches may differ in size:
             # scaled so, the average is the gradient of the mean loss over the whole global batch.
