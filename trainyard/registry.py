@@ -187,7 +187,8 @@ def log_summary(run_id: str, summary: dict) -> None:
 
 
 # Each epoch's metrics logged to the run: the ones a job can stop or promote on, and sifting's
-# (candidate_loss: the mean loss of every candidate ranked, to compare with an unsifted run's train_loss;
+# (candidate_loss: the job's model's mean loss over every candidate ranked, to compare with an unsifted run's
+# train_loss, none with score: proxy;
 # pruned_fraction: the share of the epoch's rows sifting.prune left out).
 LOGGED_METRICS = (*METRICS, "candidate_loss", "kept_fraction", "mean_keep_probability", "pruned_fraction")
 

@@ -86,6 +86,10 @@ def test_the_proxy_ranks_in_place_of_the_jobs_model_and_learns_what_it_trains_on
     assert data.meter.forward == data.meter.backward == 0  # (the job's own steps are the trainer's to count)
     # it learnt from the rows it was handed (the hardest third each step)
     assert losses(*every_row).mean() < 0.7 * first_loss
+    # the kept fraction is reported; candidate_loss is not: the losses ranked by are the proxy's, no loss of the
+    # job's model (it read beside train_loss, as if it were)
+    metrics = data.epoch_metrics()
+    assert metrics["kept_fraction"] == pytest.approx(1 / 3) and "candidate_loss" not in metrics
 
 
 @pytest.mark.parametrize(

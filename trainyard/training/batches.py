@@ -129,7 +129,8 @@ class StepData:
         else:
             xb, yb = xb.to(self.device), yb.to(self.device)
             scores = self._losses(model, xb, yb, rows, epoch)
-            self._candidate_losses[step] = (float(scores.sum()), len(scores))
+            if self.proxy is None:  # (the proxy's losses are a side model's: no loss of the job's model to report)
+                self._candidate_losses[step] = (float(scores.sum()), len(scores))
             if reference is not None:  # RHO-LOSS: what is left to learn, not noise the reference could not fit either
                 scores = scores - reference
             chosen = self.sifter.select(scores, labels, keep, step, rank)
@@ -211,8 +212,9 @@ class StepData:
     def epoch_metrics(self) -> dict:
         """The kept fraction since the last call (an epoch's), overall and per class, of the candidates
         the keep rule ranked (None before sifting started), their mean keep probability (the share the
-        rule would keep on its own), and their mean loss (``candidate_loss``, the loss they were ranked
-        by, without the reference loss), when sifting is on."""
+        rule would keep on its own), and their mean loss (``candidate_loss``, the job's model's loss they were
+        ranked by, fresh or remembered (``reuse_loss_epochs``), without the reference loss; none with
+        ``score: proxy``, whose ranking losses are the proxy's), when sifting is on."""
         if self.sifter is None:
             return {}
         now, then = self.sifter.counts() | (self.pruner.counts() if self.pruner else {}), self._mark
