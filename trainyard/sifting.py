@@ -238,12 +238,19 @@ class Sifter:
         kept[donors[:swaps]], kept[spare[:swaps]] = False, True
         return np.flatnonzero(kept)
 
-    def _remember(self, losses: np.ndarray, labels: np.ndarray | None, chosen: np.ndarray) -> None:
-        length = self.config.loss_history_length
+    def remember_trained(self, losses: np.ndarray) -> None:
+        """Losses of rows trained before sifting starts (``delay_steps``; the training forward's, free) into the
+        history the first sifted steps rank against. Part of the step's try: a redone step undoes them (_begin)."""
+        self._add_history(losses)
+
+    def _add_history(self, losses: np.ndarray) -> None:
         # A loss that is not a number is trained on (ranked hardest: the job's divergence check sees it) but
         # not remembered: in the history it would sit above every real loss for ``loss_history_length`` steps.
         finite = losses[np.isfinite(losses)].astype(np.float32)
-        self.history = np.concatenate([self.history, finite])[-length:]
+        self.history = np.concatenate([self.history, finite])[-self.config.loss_history_length :]
+
+    def _remember(self, losses: np.ndarray, labels: np.ndarray | None, chosen: np.ndarray) -> None:
+        self._add_history(losses)
         self.scored += len(losses)
         self.kept += len(chosen)
         self.passed_over += len(losses) - len(chosen)

@@ -30,6 +30,22 @@ def test_sifting_is_off_for_the_first_delay_steps_and_their_rows_are_not_counted
     assert metrics["mean_keep_probability"] == pytest.approx((64 * 1.0 + 5 * 64 * 0.5) / (6 * 64))
 
 
+def test_the_delays_training_losses_are_the_history_the_first_sifted_step_ranks_against(tmp_path):
+    # the delay is there to gather the keep rule's history: its steps' training losses (free) join it, and the first
+    # sifted step ranks against them, where it kept every candidate alike against an empty history
+    data, model, _ = reducible_step_data(tmp_path, beta=1.0, score="loss", delay_steps=10, reuse_loss_epochs=0)
+    for epoch, steps in ((0, range(8)), (1, range(8))):
+        for index in steps:
+            step = 8 * epoch + index
+            for _ in range(2 if step == 3 else 1):  # step 3 did not commit and is done again: counted once
+                xb, yb, _ = data.batch(model, epoch, index, step, 1, 0, 1)
+                data.trained(data.loss_fn(model(xb), yb))
+            if step == 9:
+                assert len(data.sifter.history) == 10 * 32
+    # every row's loss is the same: the 50th percentile from step 10 on (not 1 against an empty history)
+    assert data.epoch_metrics()["mean_keep_probability"] == pytest.approx(0.5)
+
+
 def test_kept_fractions_per_class_are_named_by_the_classes_label_values(tmp_path):
     data, model, _ = reducible_step_data(tmp_path, classes=["ant", "moose"], score="loss", reuse_loss_epochs=0)
     for step in range(4):

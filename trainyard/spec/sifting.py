@@ -144,7 +144,8 @@ class Sifting(_Model):
         "many small jobs). Nothing is scored meanwhile: each step still draws batch_size * (1 + beta) candidates and "
         "trains on the first batch_size of them, so the data is seen at the same pace as when sifting. Default: 10; "
         "0 with score proxy and selection top (the delay lets the keep rule gather a history of losses to rank "
-        "against; the proxy's top selection ranks each step's candidates among themselves, from its first step).",
+        "against, the trained rows' training losses; the proxy's top selection ranks each step's candidates among "
+        "themselves, from its first step).",
     )
     score: Literal["loss", "reducible_loss", "proxy"] = Field(
         default="loss",

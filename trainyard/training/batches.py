@@ -66,6 +66,9 @@ class StepData:
         # the proxy's learning of the last batch handed out, done at the step's commit (committed)
         self._proxy_learns: Callable[[], None] | None = None
         self._pass: Pass | None = None  # the proxy's scoring pass over this step's candidates
+        # Before sifting starts: the trained rows' reference losses (zeros where none), their training losses then
+        # joining the keep rule's history (trained); None on a step that ranks
+        self._before_sifting: np.ndarray | None = None
         if self.sifter and job.sifting.score == "proxy" and self.sifter.beta > 0:
             outputs = plan.schema["num_outputs"]
             self.proxy = ProxyScorer(
@@ -123,9 +126,13 @@ class StepData:
         keeps = self.sifter.keep_counts(member_sizes(self.sampler, epoch, index, slots, members), step)
         keep, global_count = keeps[rank], sum(keeps)
         labels = yb.numpy() if self.classification else None
+        self._before_sifting = None
         if not self.sifter.active(step) or keep == 0:
             self.sifter.record_uniform(len(xb), keep, step, rank)  # candidates are in random order already
             chosen = np.arange(min(keep, len(xb)))
+            # (with the keep rule on, in its delay; not with a proxy, whose history holds its own losses)
+            if self.sifter.beta > 0 and not self.sifter.active(step) and self.proxy is None:
+                self._before_sifting = reference[chosen] if reference is not None else np.zeros(len(chosen))
         else:
             xb, yb = xb.to(self.device), yb.to(self.device)
             scores = self._losses(model, xb, yb, rows, epoch)
@@ -169,10 +176,18 @@ class StepData:
 
     def trained(self, losses: torch.Tensor) -> None:
         """The per-sample losses of the training forward pass over the last batch handed out: with
-        ``reuse_loss_epochs``, remembered as those rows' latest losses (no scoring pass needed for them)."""
+        ``reuse_loss_epochs``, remembered as those rows' latest losses (no scoring pass needed for them); during
+        the keep rule's ``delay_steps``, added to its history (less their reference losses, ranking by reducible
+        loss), free: the delay is there to gather the history its first sifted steps rank against, which was
+        empty then (a first sifted step kept every candidate alike)."""
+        values = None
         if self.memory is not None and self._trained is not None:
             rows, epoch = self._trained
-            self.memory.remember(rows, losses.detach().float().cpu().numpy(), epoch)
+            values = losses.detach().float().cpu().numpy()
+            self.memory.remember(rows, values, epoch)
+        if self.sifter is not None and self._before_sifting is not None:
+            values = losses.detach().float().cpu().numpy() if values is None else values
+            self.sifter.remember_trained(values.astype(np.float64) - self._before_sifting)
 
     def _losses(self, model, xb: torch.Tensor, yb: torch.Tensor, rows: np.ndarray | None, epoch: int) -> np.ndarray:
         """Each candidate's loss: a no-grad forward pass over those without a recent enough known loss (or
