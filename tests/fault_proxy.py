@@ -279,6 +279,18 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away; nothing more to do for it
 
 
+def _fault(kind: str, doc: str):
+    """A ``FaultProxy`` method that applies fault ``kind`` to the next ``n`` matching requests (``FaultProxy._add``)."""
+
+    def add(
+        self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None
+    ) -> None:
+        self._add(kind, n, predicate, method, key)
+
+    add.__name__, add.__doc__ = kind, doc
+    return add
+
+
 class FaultProxy:
     """An HTTP reverse proxy on 127.0.0.1 in front of an S3 endpoint that fails on demand.
 
@@ -336,35 +348,14 @@ class FaultProxy:
         with self._state.lock:
             self._state.rules[kind].append(_Rule(n, predicate))
 
-    def throttle(
-        self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None
-    ) -> None:
-        """Answer the next ``n`` matching requests with 503 SlowDown."""
-        self._add("throttle", n, predicate, method, key)
-
-    def deny(
-        self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None
-    ) -> None:
-        """Answer the next ``n`` matching requests with 403 AccessDenied (what a role without the right gets)."""
-        self._add("deny", n, predicate, method, key)
-
-    def drop(
-        self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None
-    ) -> None:
-        """Close the connection of the next ``n`` matching requests without a response."""
-        self._add("drop", n, predicate, method, key)
-
-    def drop_mid_body(
-        self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None
-    ) -> None:
-        """Send the next ``n`` matching GET responses' headers and half their body, then close."""
-        self._add("drop_mid_body", n, predicate, method, key)
-
-    def corrupt(
-        self, n: int, predicate: Predicate | None = None, *, method: str | None = None, key: str | None = None
-    ) -> None:
-        """Flip one byte in the body of the next ``n`` matching GET responses."""
-        self._add("corrupt", n, predicate, method, key)
+    # Each fault by name: apply it to the next ``n`` requests that match (``_fault``)
+    throttle = _fault("throttle", "Answer the next ``n`` matching requests with 503 SlowDown.")
+    deny = _fault("deny", "Answer the next ``n`` matching requests with 403 AccessDenied (a role without the right).")
+    drop = _fault("drop", "Close the connection of the next ``n`` matching requests without a response.")
+    drop_mid_body = _fault(
+        "drop_mid_body", "Send the next ``n`` matching GET responses' headers and half their body, then close."
+    )
+    corrupt = _fault("corrupt", "Flip one byte in the body of the next ``n`` matching GET responses.")
 
     def clear_faults(self) -> None:
         """Forget the faults not yet applied (the counters stay)."""
