@@ -137,7 +137,7 @@ class WorkPoolLauncher:
         if time.monotonic() - seen < STATE_CACHE_SECONDS:
             return code, kind
         try:
-            code, kind = self._read_now(proc, run_id)
+            code, kind = self._read_now(run_id)
         except httpx.HTTPError as exc:  # (Prefect's HTTP status errors among them)
             self._states[run_id] = (time.monotonic(), code, kind, state)  # asked again at the usual pace
             since = self._unanswered.setdefault(run_id, time.monotonic())
@@ -150,7 +150,7 @@ class WorkPoolLauncher:
         self._unanswered.pop(run_id, None)
         return code, kind
 
-    def _read_now(self, proc: ReplicaProcess, run_id: UUID) -> tuple[int | None, StateType | None]:
+    def _read_now(self, run_id: UUID) -> tuple[int | None, StateType | None]:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(run_id).state
             kind = state.type if state else None
