@@ -20,9 +20,8 @@ import functools
 import logging
 import os
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -32,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from trainyard import cache, datasets, kept_rowgroups, progress, s3, sharding, table_checks
+from trainyard import cache, datasets, kept_rowgroups, parallel, progress, s3, sharding, table_checks
 from trainyard.errors import DataError, StorageError
 from trainyard.listing import MAX_CONCURRENT_OBJECTS, ChannelManifest, StagedObject
 from trainyard.spec import Channel
@@ -343,20 +342,12 @@ def _opened(manifest: ChannelManifest, filesystem) -> Iterator[tuple[StagedObjec
     progress bar: each is a HEAD and a footer read, and one after another, 10,000 objects at S3's round trips
     took minutes with nothing shown. At most twice that many are open at once."""
     objects = manifest.objects
-    with (
-        ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OBJECTS) as pool,
-        progress.bar(f"reading the footers of {manifest.name}", len(objects)) as advance,
-    ):
-        window: deque = deque()
-        for obj in objects:
-            window.append((obj, pool.submit(_open, filesystem(obj.bucket), f"{obj.bucket}/{obj.key}")))
-            if len(window) >= 2 * MAX_CONCURRENT_OBJECTS:
-                done, opening = window.popleft()
-                yield done, opening.result()
-                advance(1)
-        while window:
-            done, opening = window.popleft()
-            yield done, opening.result()
+    with progress.bar(f"reading the footers of {manifest.name}", len(objects)) as advance:
+        opened = parallel.in_threads(
+            lambda obj: _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}"), objects, MAX_CONCURRENT_OBJECTS
+        )
+        for obj, opening in zip(objects, opened, strict=True):
+            yield obj, opening
             advance(1)
 
 
