@@ -10,9 +10,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from tasks import _events as events
+from tasks._reporting import best_effort
 from trainyard import STAGES, carbon, esg, outputs, registry, status
 from trainyard.home import job_dir as make_job_dir
-from trainyard.redaction import redact_text
 from trainyard.spec import TrainingJob
 from trainyard.training import accounting
 
@@ -120,33 +120,30 @@ def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, lo
     if summary["sifting"].get("warning"):
         logger.warning(summary["sifting"]["warning"])
 
-    def attempt(what: str, work) -> None:
-        try:
-            work()
-        except Exception as exc:  # noqa: BLE001 - see above
-            # masked: MLflow's and boto's errors may quote a URI, password and all
-            logger.warning("could not %s: %s", what, redact_text(str(exc)))
-
     def uploaded() -> None:
         summary["summary_uri"] = outputs.upload_summary(job, job_id, summary)
         summary["carbon"]["ledger_uri"] = esg.write_ledger_row(job.output.s3_uri, esg.ledger_row(summary))
 
-    attempt("upload the summary or the carbon ledger row", uploaded)
-    attempt(
-        "create the carbon artifact",
+    best_effort(logger, "could not upload the summary or the carbon ledger row: %s", uploaded)
+    best_effort(
+        logger,
+        "could not create the carbon artifact: %s",
         lambda: create_markdown_artifact(
             key=f"carbon-{job.name.lower()}", markdown=esg.markdown(job_id, summary["carbon"])
         ),
     )
     if model is not None:
-        attempt(
-            f"attach the summary to MLflow run {model['run_id']}",
-            lambda: registry.log_summary(model["run_id"], summary),
+        run_id = model["run_id"]  # (MLflow's hex id: no % to read as a format)
+        best_effort(
+            logger,
+            f"could not attach the summary to MLflow run {run_id}: %s",
+            lambda: registry.log_summary(run_id, summary),
         )
-    attempt("send the job's ended event", lambda: _emit_ended(job_id, summary, model))
+    best_effort(logger, "could not send the job's ended event: %s", lambda: _emit_ended(job_id, summary, model))
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
-    attempt(
-        "create the summary artifact",
+    best_effort(
+        logger,
+        "could not create the summary artifact: %s",
         lambda: create_markdown_artifact(
             key=f"job-summary-{job.name.lower()}",
             markdown=f"# {job_id}: {summary['status']}\n\n| metric | value |\n|---|---|\n{rows}\n\n"

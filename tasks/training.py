@@ -18,6 +18,7 @@ from prefect.runtime import flow_run
 
 from tasks import _events as events
 from tasks._metering import in_background, stage_meter
+from tasks._reporting import best_effort
 from trainyard import carbon, plots, progress
 from trainyard.carbon_probe import machine_id
 from trainyard.launch import LaunchHandle
@@ -77,7 +78,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             if untold is None:
                 return
             (epochs, metrics), untold = untold, None
-            _best_effort(logger, "updating the progress artifact", update_progress_artifact, artifact, percent)
+            failed = "updating the progress artifact failed (%s); the job goes on"
+            best_effort(logger, failed, update_progress_artifact, artifact, percent)
             # an epoch between validations is shown with the last validation's metrics, and that epoch's number
             metrics = with_last_validation(metrics, validated) if metrics else metrics
             shown = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}
@@ -119,11 +121,13 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
                 path = Path(plan.train_data).parent / "training_curves.png"
                 outcome = record["outcome"]
                 curves = plots.plot_history(outcome.history, path, plan.job_id, outcome.restored_epoch)
-                _best_effort(logger, "logging the training curves to MLflow", live.log_file, curves)
+                best_effort(
+                    logger, "logging the training curves to MLflow failed (%s); the job goes on", live.log_file, curves
+                )
         finally:
             # groups on other nodes: outside this machine's meter, added to the stage (stopped or failed too)
             record["elsewhere"] = _energy_elsewhere(Path(handle.job_dir), logger)
-            _best_effort(logger, "closing the live MLflow run", live.close)
+            best_effort(logger, "closing the live MLflow run failed (%s); the job goes on", live.close)
         record["carbon_live"] = watch.samples
     outcome = record["outcome"]
     logger.info(
@@ -209,13 +213,3 @@ def _stop_when_tagged(job_dir: Path, logger) -> Iterator[None]:
     # a call in flight to a hung API is left to end by itself (a daemon)
     with in_background(watch, "trainyard-stop-request", join_seconds=1.0):
         yield
-
-
-def _best_effort(logger, what: str, call, *args) -> None:
-    """``call(*args)``, a report to the Prefect or MLflow API while or just after the groups train: one that fails
-    (the API down past its client's retries) is logged, not raised. It failed the stage, the groups shut down and a
-    trained model lost, for a progress bar or a plot (the registry stage logs the curves with the model too)."""
-    try:
-        call(*args)
-    except Exception as exc:  # noqa: BLE001 - reporting only
-        logger.warning("%s failed (%s); the job goes on", what, exc)
