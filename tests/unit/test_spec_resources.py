@@ -1,5 +1,6 @@
 """``resources.job_variables`` against the rest of ``resources``: GPUs reserved that a group would not see, or that
-``gpus_per_replica`` overrides, are refused; pool variables on a local job are warned of."""
+``gpus_per_replica`` overrides, are refused; pool variables on a local job and GPUs a group would leave idle are
+warned of."""
 
 from __future__ import annotations
 
@@ -67,3 +68,14 @@ def test_the_job_variables_check_agrees_with_the_pool_templates():
             for value in samples:  # what a pool's API would refuse is refused at parse (it may refuse more: -1 MiB)
                 if not jsonschema.Draft202012Validator(schema).is_valid(value):
                     assert job_variables.problem(name, value) is not None, (template, name, value)
+
+
+def test_more_than_one_gpu_a_group_is_warned_of_as_idle():
+    # a group is one process on cuda:0 (training/device.py): the GPUs past the first are reserved and never used
+    two = parse_job(minimal(resources={"work_pool": "trainyard-gpu", "gpus_per_replica": 2}))
+    assert [w for w in ignored_settings(two) if w.startswith("resources.gpus_per_replica")] == [
+        "resources.gpus_per_replica: 2: a group trains on one GPU (more a group is not built yet), so the others "
+        "it reserves stay idle; give 1 and raise resources.replicas instead"
+    ]
+    one = parse_job(minimal(resources={"work_pool": "trainyard-gpu", "gpus_per_replica": 1}))
+    assert not [w for w in ignored_settings(one) if w.startswith("resources.gpus_per_replica")]

@@ -43,6 +43,11 @@ def ignored_settings(job: TrainingJob) -> list[str]:
                 "params, the job's lineage, Prefect's run parameters); give the entrypoint a secret through the "
                 "work pool's env, from a secret store"
             )
+    if job.resources.gpus_per_replica > 1:
+        ignored.append(
+            f"resources.gpus_per_replica: {job.resources.gpus_per_replica}: a group trains on one GPU (more a group "
+            "is not built yet), so the others it reserves stay idle; give 1 and raise resources.replicas instead"
+        )
     if job.algorithm.task == "regression" and job.inputs.train.classes:
         ignored.append("inputs.train.classes: a classifier's; a regression's labels are numbers, read as they are")
     if job.stopping.validate_every_epochs > 1 and job.inputs.validation is None:

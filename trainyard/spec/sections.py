@@ -146,7 +146,12 @@ class Resources(_Model):
         description="Where the groups run: 'local' (processes beside the pipeline) or the name of a Prefect work "
         "pool, whose 'train-replica' deployment of the same name runs each group as a flow run.",
     )
-    gpus_per_replica: int = Field(default=0, ge=0, description="GPUs each group asks for (0 on CPU machines).")
+    gpus_per_replica: int = Field(
+        default=0,
+        ge=0,
+        description="GPUs each group asks for (0 on CPU machines). A group trains on one GPU (more a group is not "
+        "built yet): give 1 and raise replicas to use more.",
+    )
     job_variables: dict[str, Any] = Field(
         default_factory=dict,
         # the default said in the schema too: without one, the API's check took null for it (the form's empty field)
