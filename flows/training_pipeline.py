@@ -239,6 +239,7 @@ def _check_settings() -> None:
     silent_seconds_limit()
     cache.max_bytes()
     env_settings.flag(cache.CACHE_VERIFY_ENV)
+    env_settings.flag(progress.PROGRESS_ENV, default=True)
     advertised_host()  # TRAINYARD_HOST
 
 

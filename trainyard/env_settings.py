@@ -40,11 +40,13 @@ def count(name: str, default: int, value: object = None) -> int:
     return int(text)
 
 
-def flag(name: str) -> bool:
-    """The environment variable ``name`` as on or off (unset or empty: off). Anything but ``1``, ``true``,
-    ``yes``, ``on``, ``0``, ``false``, ``no`` or ``off`` (any case) fails naming the variable."""
+def flag(name: str, default: bool = False) -> bool:
+    """The environment variable ``name`` as on or off (``default`` where unset or empty). Anything but ``1``,
+    ``true``, ``yes``, ``on``, ``0``, ``false``, ``no`` or ``off`` (any case) fails naming the variable."""
     text = os.environ.get(name, "").strip().lower()
-    if text in ("", "0", "false", "no", "off"):
+    if not text:
+        return default
+    if text in ("0", "false", "no", "off"):
         return False
     if text in ("1", "true", "yes", "on"):
         return True

@@ -1,5 +1,5 @@
-"""Progress bars (rich) for long work; ``TRAINYARD_PROGRESS=0`` turns them off. And what a process does when the
-reader of its output goes away (``outlive_closed_output``)."""
+"""Progress bars (rich) for long work; ``TRAINYARD_PROGRESS=0`` (or ``false``, ``no``, ``off``) turns them off.
+And what a process does when the reader of its output goes away (``outlive_closed_output``)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from trainyard import env_settings
+
 PROGRESS_ENV = "TRAINYARD_PROGRESS"
 
 
 def _shown() -> bool:
-    return os.environ.get(PROGRESS_ENV, "1") != "0"
+    return env_settings.flag(PROGRESS_ENV, default=True)
 
 
 @contextmanager

@@ -75,6 +75,7 @@ def test_a_bad_trainyard_setting_fails_the_job_before_it_stages_anything(
         ("TRAINYARD_CANCEL_CONFIRM_SECONDS", "soon"),
         ("TRAINYARD_CACHE_MAX_BYTES", "lots"),
         ("TRAINYARD_CACHE_VERIFY", "sometimes"),
+        ("TRAINYARD_PROGRESS", "quiet"),
         ("TRAINYARD_HOST", "fd00::7"),
     ],
 )
