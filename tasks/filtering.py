@@ -68,4 +68,4 @@ def _champion(job: TrainingJob) -> filtering.Champion:
         return filtering.Champion(None, f"the registry could not be read ({exc})")
     if found is None:
         return filtering.Champion(None, f"{job.model_name!r} has no champion yet")
-    return filtering.Champion(*found)
+    return found

@@ -14,6 +14,8 @@ import torch
 from trainyard import promotion, tracking_store
 from trainyard.errors import RegistryError
 from trainyard.redaction import redact_text
+from trainyard.reference_losses import Champion
+from trainyard.registry import IO_METADATA_KEY
 from trainyard.registry_errors import service_errors, translate
 
 
@@ -21,9 +23,9 @@ class ChampionUnloadable(RegistryError):
     """The champion was fetched but cannot be loaded here: pickled, damaged, or saved by another torch."""
 
 
-def load(name: str) -> tuple[torch.nn.Module, str] | None:
-    """The current ``champion`` of ``name`` as a torch module, and ``"<name> v<N>"``; None if there is none;
-    ``ChampionUnloadable`` for one that cannot be loaded here or was Rejected.
+def load(name: str) -> Champion | None:
+    """The current ``champion`` of ``name``: its torch module, ``"<name> v<N>"`` and the inputs and outputs it was
+    logged with; None if there is none; ``ChampionUnloadable`` for one that cannot be loaded here or was Rejected.
 
     Used as the prefilter's reference model (``sifting.prefilter.reference: champion``).
     """
@@ -45,9 +47,20 @@ def load(name: str) -> tuple[torch.nn.Module, str] | None:
             # fetched, then loaded: a failure to fetch is the registry's (unavailable, or not found), one to
             # load is the archive's (damaged, pickled, or saved by a torch this one cannot read)
             local = mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}", dst_path=folder)
-            return _load_reference(mlflow, local, f"{name} v{version.version}"), f"{name} v{version.version}"
+            label = f"{name} v{version.version}"
+            return Champion(_load_reference(mlflow, local, label), label, _logged_io(mlflow, local))
     except service_errors() as exc:
         raise translate(exc, f"loading the champion of {name!r}", uri, registering=False) from exc
+
+
+def _logged_io(mlflow, local: str) -> dict | None:
+    """The columns and classes the version was logged with (``registry.IO_METADATA_KEY``), None where not said."""
+    try:
+        metadata = mlflow.models.Model.load(local).metadata
+    except Exception:  # noqa: BLE001 - an MLmodel file MLflow cannot read: judged by its outputs' shape instead
+        return None
+    io = (metadata or {}).get(IO_METADATA_KEY)
+    return io if isinstance(io, dict) else None
 
 
 def _load_reference(mlflow, local: str, label: str) -> torch.nn.Module:

@@ -35,7 +35,15 @@ from trainyard import label_noise
 from trainyard.datasets import StagedData
 from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
-from trainyard.reference_losses import HOLDOUT, Champion, JobLoss, champion_losses, held_out_losses, job_loss
+from trainyard.reference_losses import (
+    HOLDOUT,
+    Champion,
+    JobLoss,
+    champion_losses,
+    fitting,
+    held_out_losses,
+    job_loss,
+)
 from trainyard.spec import Algorithm, Hyperparameters, Prefilter, Sifting
 from trainyard.training import proxy
 
@@ -141,6 +149,8 @@ def filter_samples(
         report.label_noise, report.scoring_flops = noise.to_dict(), noise.flops
         if not sifting.prefilter_on:
             return report
+    if champion is not None:
+        champion = fitting(champion, staged.schema)
     loss_fn = None
     if algorithm is not None and algorithm.entrypoint and needs_reference(sifting):
         loss_fn = job_loss(algorithm, hyperparameters or Hyperparameters(), x, y, num_outputs)

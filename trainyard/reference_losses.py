@@ -37,6 +37,33 @@ class Champion:
     model: torch.nn.Module | None
     label: str
     """``"<name> v<N>"``, or why no champion can be used."""
+    io: dict | None = None
+    """What the version was logged as taking and giving (``model_card.io_metadata``: features and classes in
+    order), where it says."""
+
+
+def fitting(champion: Champion, schema: dict) -> Champion:
+    """``champion``, or no champion (saying why) where its logged inputs or outputs are not this data's: the same
+    count of columns in another order, or of classes with other names, would pass the shape check and score every
+    row by the wrong features or the wrong class. A version logged without them is judged by its outputs' shape."""
+    if champion.model is None or not champion.io:
+        return champion
+    theirs, ours = champion.io, schema
+    for what in ("features", "classes"):
+        logged, given = theirs.get(what), ours.get(what)
+        if logged is None or given is None:
+            continue
+        if [str(v) for v in logged] != [str(v) for v in given]:
+            return Champion(
+                None,
+                f"the champion {champion.label} takes other {what} ({_listed(logged)}; this data's: {_listed(given)})",
+            )
+    return champion
+
+
+def _listed(values: list) -> str:
+    shown = ", ".join(str(v) for v in values[:6])
+    return shown + (f", ... {len(values)} in all" if len(values) > 6 else "")
 
 
 def champion_losses(
@@ -86,6 +113,9 @@ def _reference_loss(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> t
     """Per-row loss of a reference model's outputs: cross-entropy, or for regression the squared error
     in the label's units (``prefilter`` puts it on the training loss's scale once the kept rows are known)."""
     if task == "classification":
+        if _output_form(outputs, outputs.shape[-1]) == "probabilities":  # a champion ending in Softmax
+            return torch.nn.functional.nll_loss(outputs.float().clamp_min(1e-12).log(), labels, reduction="none")
+        # logits, or log-probabilities (a LogSoftmax's: cross-entropy reads them as they are)
         return torch.nn.functional.cross_entropy(outputs.float(), labels, reduction="none")
     return (outputs.reshape(-1).float() - labels.float()) ** 2
 

@@ -23,8 +23,9 @@ def test_the_champion_loads_as_the_prefilters_reference(tracking, tmp_path):
     job, model, x = trained()
     register(job, model, x, "a", 0.80, tmp_path)
     register(job, model, x, "b", 0.90, tmp_path)
-    champion, label = load_champion("reg-test")
-    assert label == "reg-test v2"
+    loaded = load_champion("reg-test")
+    champion, label = loaded.model, loaded.label
+    assert label == "reg-test v2" and loaded.io is None  # registered without the plan's schema
     with torch.no_grad():
         np.testing.assert_allclose(champion(torch.from_numpy(x)).numpy(), model(torch.from_numpy(x)).numpy(), atol=1e-5)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
@@ -57,8 +58,8 @@ def test_a_pickled_champion_is_not_unpickled_as_the_prefilters_reference(trackin
     assert "could not be loaded here" in str(refused.value) and not isinstance(refused.value, RegistryUnavailable)
     assert "MLFLOW_ALLOW_PICKLE_DESERIALIZATION" not in os.environ  # as it was
     monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")  # the operator's choice stands
-    champion, label = load_champion("reg-test")
-    assert isinstance(champion, Untraceable) and label == "reg-test v1"
+    loaded = load_champion("reg-test")
+    assert isinstance(loaded.model, Untraceable) and loaded.label == "reg-test v1"
 
 
 def test_the_champion_loads_from_the_embedded_store_in_a_process_that_did_not_register_it(tmp_path, monkeypatch):
@@ -74,7 +75,7 @@ def test_the_champion_loads_from_the_embedded_store_in_a_process_that_did_not_re
     # A new process (the filtering task's, before any registration): MLflow's process-wide store is its
     # default there, ./mlflow.db, not ours.
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    code = "from trainyard.champion import load; print(load('reg-test')[1])"
+    code = "from trainyard.champion import load; print(load('reg-test').label)"
     root = Path(__file__).parents[2]
     env["PYTHONPATH"] = str(root)
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -129,3 +130,54 @@ def test_a_rejected_champion_is_not_the_prefilters_reference(tracking, tmp_path)
     registry_admin.set_approval("reg-test", "1", "Rejected")  # a person judged it unfit: its losses too
     with pytest.raises(ChampionUnloadable, match="the champion reg-test v1 is Rejected; not used as a reference"):
         load_champion("reg-test")
+
+
+def test_a_champion_of_other_columns_or_classes_is_not_the_reference_even_where_its_shapes_fit(tracking, tmp_path):
+    # The same count of columns in another order (a new export of the table), or of classes under other names,
+    # passes the outputs' shape check: each row would be scored by the wrong features, or against the wrong class.
+    from trainyard import registry
+    from trainyard.datasets import StagedData
+    from trainyard.spec import Sifting
+
+    job, model, x = trained()
+    logged = {"features": ["a", "b", "c"], "label": "y", "task": "classification", "classes": ["no", "yes"]}
+    history = [{"epoch": 1, "train_loss": 0.5, "val_accuracy": 0.9}]
+    registry.register(model, job, "a", x[:5], history, {}, {}, {}, schema=logged)
+    loaded = load_champion("reg-test")
+    assert loaded.io is not None and loaded.io["features"] == ["a", "b", "c"]
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    sifting = Sifting(prefilter=Prefilter(enabled=True, drop_unlearnable_fraction=0.05, reference="champion"))
+
+    def reference(**schema) -> str:
+        staged = StagedData(str(tmp_path / "train.npz"), None, logged | schema | {"num_outputs": 2}, {"train": 400})
+        return filtering.filter_samples(staged, sifting, "classification", loaded).reference
+
+    assert reference() == "champion reg-test v1"
+    reordered = reference(features=["b", "a", "c"])
+    assert reordered.startswith(filtering.HOLDOUT)
+    assert "the champion reg-test v1 takes other features (a, b, c; this data's: b, a, c)" in reordered
+    renamed = reference(classes=["no", "maybe"])
+    assert "the champion reg-test v1 takes other classes (no, yes; this data's: no, maybe)" in renamed
+
+
+def test_a_champion_giving_probabilities_is_scored_by_their_log():
+    # a champion ending in Softmax (an entrypoint's model, say): cross-entropy read probabilities as logits, every
+    # row's loss near ln(classes), and RHO-LOSS's reducible loss subtracted that from each row's training loss
+    x = np.random.default_rng(0).normal(size=(300, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    logits = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        logits.weight.copy_(torch.tensor([[-3.0, 0, 0], [3.0, 0, 0]]))
+        logits.bias.zero_()
+    config = Prefilter(enabled=True, drop_learnt_fraction=0.3, reference="champion")
+
+    def scored(model, label):
+        return filtering.prefilter(
+            x, y, config, "classification", 2, filtering.Champion(model, label), with_losses=True
+        )
+
+    by_logits = scored(logits, "m v1")
+    by_probabilities = scored(torch.nn.Sequential(logits, torch.nn.Softmax(dim=1)), "m v2")
+    assert (by_probabilities.keep == by_logits.keep).all()
+    np.testing.assert_allclose(by_probabilities.losses, by_logits.losses, rtol=1e-4, atol=1e-6)
