@@ -291,26 +291,34 @@ def _guard_classes(
     """Positions (in ``labels``, rows ranked by loss, lowest first) of the learnt and unlearnable drops:
     the first ``n_learnt`` and last ``n_unlearnable``, less the rows given back to each class these
     would leave below ``floor`` of its proportional share of the kept rows (rounded up), its dropped
-    rows nearest the kept band first. A class of easy rows would otherwise go almost whole as learnt."""
+    rows nearest the kept band first. A class of easy rows would otherwise go almost whole as learnt.
+
+    The floor is of the rows finally kept: rows given back raise that count, and with it every class's
+    floor, so the guard gives back until no class is short (a few rounds; each gives back at least one row)."""
     total = len(labels)
     rank = np.arange(total)
     dropped = (rank < n_learnt) | (rank >= total - n_unlearnable)
     if floor > 0:
-        kept_total = total - n_learnt - n_unlearnable
         # how far each dropped row is from the kept band: learnt ranks count down to it, unlearnable up
         distance = np.where(rank < n_learnt, n_learnt - rank, rank - (total - n_unlearnable) + 1)
-        for cls in np.unique(labels):
-            members = labels == cls
-            need = math.ceil(floor * kept_total * members.sum() / total)
-            short = need - int((members & ~dropped).sum())
-            if short > 0:
-                candidates = np.flatnonzero(members & dropped)
-                dropped[candidates[np.argsort(distance[candidates], kind="stable")][:short]] = False
+        classes = [(labels == cls) for cls in np.unique(labels)]
+        gave = True
+        while gave:
+            gave, kept_total = False, total - int(dropped.sum())
+            for members in classes:
+                need = math.ceil(floor * kept_total * members.sum() / total)
+                short = need - int((members & ~dropped).sum())
+                if short > 0:
+                    candidates = np.flatnonzero(members & dropped)
+                    back = candidates[np.argsort(distance[candidates], kind="stable")][:short]
+                    dropped[back], gave = False, gave or len(back) > 0
     return np.flatnonzero(dropped & (rank < n_learnt)), np.flatnonzero(dropped & (rank >= total - n_unlearnable))
 
 
 def duplicates(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """True for each row that repeats an earlier one exactly (features and label)."""
+    """True for each row that repeats an earlier one exactly (features and label, as the float32 training reads
+    them: 0.0 and -0.0 are one value)."""
+    x, y = _signless_zeros(x), _signless_zeros(y)
     rows = np.concatenate([np.ascontiguousarray(x).view(np.uint8).reshape(len(x), -1), _label_bytes(y)], axis=1)
     _, first = np.unique(rows, axis=0, return_index=True)
     repeated = np.ones(len(x), dtype=bool)
@@ -326,6 +334,13 @@ def filtered_layout(layout: list[dict], keep: np.ndarray) -> list[dict]:
         out.append({"id": obj["id"], "start": start, "end": start + kept, "row_groups": [kept]})
         start += kept
     return out
+
+
+def _signless_zeros(values: np.ndarray) -> np.ndarray:
+    """Floats with -0.0 made 0.0 (their bytes differ; rounding small negatives gives them), others as they are."""
+    if values.dtype.kind != "f" or not (values == 0).any():
+        return values
+    return np.where(values == 0, values.dtype.type(0), values)
 
 
 def _label_bytes(y: np.ndarray) -> np.ndarray:

@@ -54,8 +54,8 @@ def test_the_class_balance_guard_keeps_a_class_of_easy_rows_from_being_dropped_a
     unguarded = filtering.prefilter(x, y, config, "classification", 3)
     assert unguarded.keep[y == 2].sum() < 60 and unguarded.kept_for_balance == 0  # what the guard is for
     guarded = filtering.prefilter(x, y, config, "classification", 3, min_class_fraction=0.5)
-    # the floor: half of class 2's proportional share of the 2,400 rows kept
-    assert guarded.keep[y == 2].sum() == math.ceil(0.5 * 2400 * 300 / 3000)
+    # the floor: half of class 2's proportional share of the rows kept (those given back included: 2,474)
+    assert guarded.keep[y == 2].sum() == math.ceil(0.5 * guarded.keep.sum() * 300 / 3000) == 124
     assert guarded.kept_for_balance == guarded.keep[y == 2].sum() - unguarded.keep[y == 2].sum()
     assert guarded.dropped["learnt"] == 600 - guarded.kept_for_balance
     assert (guarded.keep[y < 2] == unguarded.keep[y < 2]).all()  # the other classes' drops are as they were
@@ -96,6 +96,22 @@ def test_the_stage_writes_a_filtered_training_file_and_its_layout(tmp_path):
     np.testing.assert_array_equal(source[sorted(set(range(500)) - gone)], kept["x"])  # what training reads
     again = filtering.filter_samples(staged, Sifting(prefilter=LOSS_BASED), "classification")
     assert again.manifest_digest == report.manifest_digest  # the same selection, the same lineage
+
+
+def test_the_class_floor_is_of_the_rows_finally_kept_and_signed_zeros_are_one_value():
+    # The easiest rows are all of class 1: a floor of the rows the drops alone keep gave back 8 of 20 (under the 9
+    # of the 88 then kept) and 13 of 50 (under 17 of the 67)
+    for labels, n_learnt, kept in (([1] * 20 + [0] * 80, 20, 9), ([1] * 50 + [0] * 50, 50, 17)):
+        learnt, _ = filtering._guard_classes(np.array(labels), n_learnt, 0, 0.5)
+        share = np.mean(labels)
+        assert np.sum(labels) - np.isin(np.flatnonzero(labels), learnt).sum() == kept
+        assert kept == math.ceil(0.5 * (len(labels) - len(learnt)) * share)
+    zeros = filtering.duplicates(np.array([[0.0], [-0.0]], np.float32), np.array([1.5, 1.5], np.float32))
+    assert zeros.tolist() == [False, True]  # rounding small negatives gives -0.0; its bytes differ
+    assert filtering.duplicates(np.ones((2, 1), np.float32), np.array([0.0, -0.0], np.float32)).tolist() == [
+        False,
+        True,
+    ]
 
 
 def test_the_keep_rule_alone_prefilters_duplicates_only_without_a_reference_model(tmp_path):
