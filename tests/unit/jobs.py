@@ -166,3 +166,42 @@ def stop_while_validating_build(num_features, num_outputs, hyperparameters):
             return super().forward(x)
 
     return StopsTheJob(num_features, num_outputs), _per_row_cross_entropy
+
+
+def stop_then_slow_validation_build(num_features, num_outputs, hyperparameters):
+    """A linear model whose first validation asks the job to stop (as `trainyard stop` does), then validates for
+    ``validation_seconds``: longer than the stop's grace. (Not at the forward in eval mode before training starts.)"""
+    import sys
+    import time
+    from pathlib import Path
+
+    from trainyard.training.attempt_files import job_step
+    from trainyard.training.plan import request_stop
+
+    job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1]) if "--job-dir" in sys.argv else None
+
+    class StopsThenValidates(torch.nn.Linear):
+        def forward(self, x):
+            validating = not self.training and job_dir is not None and job_step(job_dir) > 0
+            if validating and not (job_dir / "stop.json").exists():
+                request_stop(job_dir, "Stopped", "asked as the group validated")
+                time.sleep(hyperparameters["validation_seconds"])
+            return super().forward(x)
+
+    return StopsThenValidates(num_features, num_outputs), _per_row_cross_entropy
+
+
+def slow_upload_build(num_features, num_outputs, hyperparameters):
+    """A linear model whose group's checkpoint uploads each take ``upload_seconds`` longer (a large state)."""
+    import time
+
+    from trainyard.training import checkpoint
+
+    put = checkpoint.Checkpointer._put
+
+    def slow_put(self, *args, **kwargs):
+        time.sleep(hyperparameters["upload_seconds"])
+        return put(self, *args, **kwargs)
+
+    checkpoint.Checkpointer._put = slow_put
+    return torch.nn.Linear(num_features, num_outputs), _per_row_cross_entropy

@@ -48,6 +48,23 @@ def silent_seconds(out: Path) -> float:
         return 0.0
 
 
+# A beat of a group's own slow work this recent shows it still at it (the heartbeat's watcher beats every second).
+BUSY_FRESH_SECONDS = 5.0
+
+
+def moving(out: Path, group: tuple[int, int], stepped: dict[tuple[int, int], int]) -> bool:
+    """Whether an attempt's heartbeat shows it moving since last looked at (``stepped``: each group's step then): a
+    step further, or a fresh beat of slow work of its own (``Heartbeat.while_busy``: validating, saving its state
+    or its model), not of a wait on its peers."""
+    try:
+        beat = json.loads((out / "heartbeat.json").read_text())
+        step, busy = int(beat["step"]), bool(beat.get("own_work")) and time.time() - beat["unix"] < BUSY_FRESH_SECONDS
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return False
+    before, stepped[group] = stepped.get(group), step
+    return (before is not None and step > before) or busy
+
+
 def job_step(job_dir: Path) -> int:
     """The furthest step any group of the job has reported, 0 if none."""
     return max((last_step(path.parent) for path in job_dir.glob("replicas/*/attempt-*/heartbeat.json")), default=0)
@@ -63,6 +80,7 @@ class Heartbeat:
         # the group's loop and the watcher (while_busy) both beat, through one temporary file: one at a time
         self._lock = threading.Lock()
         self._busy: int | None = None  # the step of the slow work under way
+        self._own_work = False  # whether that work is the group's own (not a wait on its peers)
         self._watcher: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -72,7 +90,7 @@ class Heartbeat:
                 self._write(step)
 
     @contextlib.contextmanager
-    def while_busy(self, step: int, closing_beat: bool = True) -> Iterator[None]:
+    def while_busy(self, step: int, closing_beat: bool = True, own_work: bool = True) -> Iterator[None]:
         """Beat from a thread, at least every ``busy_every`` seconds, while the group does slow work of its own
         (validation, saving its state). Every group validates at the same step, so a validation longer than the
         silence limit read as all of them hung: all were killed, with none left to heal from. Such work waits
@@ -83,16 +101,19 @@ class Heartbeat:
         Also around each step's quorum and commit vote (``closing_beat`` False: the loop beats at its next step,
         and a write there took half a millisecond), which wait for a peer's restart, a heal's transfer or a vote
         from a peer that died: at a silence limit below torchft's timeouts a group waiting there was killed as
-        hung. Neither can hang: torchft gives up on them (``trainer.QUORUM_TIMEOUT``, ``MANAGER_TIMEOUT``)."""
+        hung. Neither can hang: torchft gives up on them (``trainer.QUORUM_TIMEOUT``, ``MANAGER_TIMEOUT``).
+
+        ``own_work`` (not for those waits): the watcher's beats say so (``moving``), so that a stop's
+        grace lasts while a group validates or saves, and not while it waits on peers that have left."""
         if self._watcher is None or not self._watcher.is_alive():
             self._watcher = threading.Thread(target=self._watch, name="heartbeat", daemon=True)
             self._watcher.start()
-        self._busy = step
+        self._busy, self._own_work = step, own_work
         try:
             yield
         finally:
             with self._lock:  # the watcher beats no more for it: a later step's beat is never followed by this one's
-                self._busy = None
+                self._busy, self._own_work = None, False
                 # (a write took half a millisecond: not when this step's beat is recent)
                 if closing_beat and (self._step != step or time.time() - self._last >= self.interval):
                     self._write(step)
@@ -106,13 +127,14 @@ class Heartbeat:
             with self._lock:
                 if self._busy is not None and time.time() - self._last >= self.busy_every:
                     try:
-                        self._write(self._busy)
+                        self._write(self._busy, self._own_work)
                     except OSError as exc:  # (a full disk): the group's own beats will say so; keep watching
                         log.warning("heartbeat: %s", exc)
 
-    def _write(self, step: int) -> None:
+    def _write(self, step: int, own_work: bool = False) -> None:
         now = time.time()
-        write_json_atomic(self.path, {"step": step, "unix": now, "pid": os.getpid()})
+        beat = {"step": step, "unix": now, "pid": os.getpid()} | ({"own_work": True} if own_work else {})
+        write_json_atomic(self.path, beat)
         self._last, self._step = now, step
 
 

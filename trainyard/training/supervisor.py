@@ -23,24 +23,20 @@ from trainyard.training.attempt_files import (
     best_epoch_file,
     finished_the_job,
     last_step,
+    moving,
     report_progress,
     silent_seconds,
 )
 from trainyard.training.failures import failure_record, recoveries, training_failed
-from trainyard.training.plan import (
-    SUPERVISOR_FILE,
-    TrainingPlan,
-    attempt_dir,
-    request_stop,
-    stop_requested,
-)
+from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
 from trainyard.training.preflight import preflight
 from trainyard.training.scaling import Scaler
 from trainyard.training.start_barrier import QueuedGroups, mark_ready
 from trainyard.training.trainer import PG_TIMEOUT, load_arrays
 
 POLL_SECONDS = 0.1
-# After a stop request, groups get this long to reach a step boundary and write their result.
+# After a stop request, groups get this long to reach a step boundary and write their result (from the request, or
+# from their last sign of moving towards it: attempt_files.moving).
 STOP_GRACE_SECONDS = 30.0
 # A group whose heartbeat is older than this is hung (its peers have dropped it): it is killed and
 # restarted. Longer than any step and the process-group timeout; TRAINYARD_SILENT_GROUP_SECONDS overrides.
@@ -116,6 +112,7 @@ def _supervise(
 ):
     deadline = time.monotonic() + job.stopping.max_runtime_seconds
     stop_deadline: float | None = None
+    stepped: dict[tuple[int, int], int] = {}  # each group's step when last looked at, while a stop is pending
     shut_down = False
     live = {r.replica: r for r in handle.replicas}
     failures: list[dict] = []
@@ -251,8 +248,14 @@ def _supervise(
         now = time.monotonic()
         if now > deadline and not stop_requested(job_dir):
             request_stop(job_dir, "MaxRuntimeExceeded", f"max_runtime_seconds={job.stopping.max_runtime_seconds}")
-        if stop_requested(job_dir) and stop_deadline is None:
-            stop_deadline = now + STOP_GRACE_SECONDS
+        if stop_requested(job_dir) and not shut_down:
+            # The grace runs from the request, and again from each sign that a group is on its way to the step all
+            # stop at (a step committed, or a fresh beat of its own slow work: a validation, its model's save): a
+            # fixed 30 s killed groups validating or saving for longer, and the job lost the model it was stopped
+            # to keep. Groups waiting on peers that have left show neither, and are shut down when it runs out.
+            moved = any(moving(attempt_dir(job_dir, r, p.attempt), (r, p.attempt), stepped) for r, p in live.items())
+            if stop_deadline is None or moved:
+                stop_deadline = max(stop_deadline or now, now + STOP_GRACE_SECONDS)
         if done_deadline is None and job_finished:
             done_deadline = now + STOP_GRACE_SECONDS
         if done_deadline is not None and now > done_deadline:

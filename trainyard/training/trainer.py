@@ -212,7 +212,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 write_json_atomic(out / DRILL_FILE, {"at_step": due, "step": manager.current_step()})
                 inject_fault(faults.pop(due))
             before = manager.current_step()
-            with heartbeat.while_busy(before, closing_beat=False):  # it may wait on a peer's restart, or heal
+            with heartbeat.while_busy(
+                before, closing_beat=False, own_work=False
+            ):  # it may wait on a peer's restart, or heal
                 manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             in_quorum = True
             if not leave_on_sigterm:
@@ -272,7 +274,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 meter.add_train_step(xb, yb)
             buffers.reduce()
             stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
-            with heartbeat.while_busy(step, closing_beat=False):  # a vote that may wait for a peer that died
+            with heartbeat.while_busy(
+                step, closing_beat=False, own_work=False
+            ):  # a vote that may wait for a peer that died
                 committing = manager.should_commit()
             if not committing:
                 continue  # a participant failed: nothing is applied and the step is redone
@@ -321,13 +325,12 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if checkpointer is not None and rank == 0 and checkpointer.due(manager.current_step()):
                 with heartbeat.while_busy(manager.current_step()):
                     checkpointer.save(manager.current_step(), state_dict(), manager.state_dict())
-    finally:
-        counts.close()
-        heartbeat.close()
-        manager.shutdown(wait=False)
-        devices.close_process_group(pg)
-        if checkpointer is not None:
-            checkpointer.close()
+    except BaseException:
+        _close(counts, heartbeat, manager, pg, checkpointer)
+        raise
+    counts.close()
+    manager.shutdown(wait=False)
+    devices.close_process_group(pg)
     result = report()
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
@@ -337,10 +340,30 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         "wall_seconds": time.monotonic() - started,
         "finished": True,
     }
-    torch.save(devices.cpu_state(model), out / ".model.pt.tmp")
-    os.replace(out / ".model.pt.tmp", out / "model.pt")
-    write_json_atomic(out / "result.json", result)
+    # The model and the result first, then the wait for a checkpoint upload still in flight: a stop's grace, or the
+    # silence limit, ran out during that wait and the group was killed with its model unsaved (a job stopped to
+    # keep its model so far ended failed). The group beats meanwhile: the supervisor knows it is saving.
+    with heartbeat.while_busy(manager.current_step()):
+        torch.save(devices.cpu_state(model), out / ".model.pt.tmp")
+        os.replace(out / ".model.pt.tmp", out / "model.pt")
+        write_json_atomic(out / "result.json", result)
+        if checkpointer is not None:
+            checkpointer.close()  # (a later checkpoint's object only: none is needed once the result is written)
+    heartbeat.close()
     return result
+
+
+def _close(counts, heartbeat, manager, pg, checkpointer) -> None:
+    """What a group that fails lets go of: its files, torchft's manager, its process group, and the upload of a
+    checkpoint in flight (waited for: a later restart may resume from it)."""
+    from trainyard.training import device as devices
+
+    counts.close()
+    heartbeat.close()
+    manager.shutdown(wait=False)
+    devices.close_process_group(pg)
+    if checkpointer is not None:
+        checkpointer.close()
 
 
 def _optimizer(model: torch.nn.Module, hp) -> torch.optim.Optimizer:
