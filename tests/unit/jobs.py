@@ -205,3 +205,25 @@ def slow_upload_build(num_features, num_outputs, hyperparameters):
 
     checkpoint.Checkpointer._put = slow_put
     return torch.nn.Linear(num_features, num_outputs), _per_row_cross_entropy
+
+
+def stop_at_step_build(num_features, num_outputs, hyperparameters):
+    """A linear model whose group asks the job to stop (as `trainyard stop` does) at its ``stop_at_step``-th training
+    forward pass (about that step: the heartbeat a step is read by lags fast steps)."""
+    import sys
+    from pathlib import Path
+
+    from trainyard.training.plan import request_stop
+
+    job_dir = Path(sys.argv[sys.argv.index("--job-dir") + 1]) if "--job-dir" in sys.argv else None
+
+    class StopsAtAStep(torch.nn.Linear):
+        forwards = 0
+
+        def forward(self, x):
+            StopsAtAStep.forwards += self.training
+            if job_dir is not None and StopsAtAStep.forwards == hyperparameters["stop_at_step"]:
+                request_stop(job_dir, "Stopped", f"asked at step {hyperparameters['stop_at_step']}")
+            return super().forward(x)
+
+    return StopsAtAStep(num_features, num_outputs), _per_row_cross_entropy

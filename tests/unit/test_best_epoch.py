@@ -63,6 +63,24 @@ def test_without_restore_best_the_model_is_the_last_epochs(trainyard_home):
     assert _val_loss_of(outcome, job, plan) == pytest.approx(outcome.history[-1]["val_loss"], rel=1e-5)
 
 
+def test_a_stop_mid_epoch_after_the_best_epoch_keeps_the_best_epochs_parameters(trainyard_home):
+    # the best epoch is the last whole one, and the stop came mid-way through the next: the model had trained past it
+    job, job_id, folder, plan = make_job(
+        trainyard_home,
+        algorithm={"entrypoint": "tests.unit.jobs:stop_at_step_build"},
+        hyperparameters={"epochs": 10, "batch_size": 64, "learning_rate": 0.01, "stop_at_step": 14},
+        stopping={"patience_epochs": 5},
+        resources={"replicas": 1},
+    )
+    _validation_against_training(folder)
+    outcome, _ = run(job, job_id, folder, plan)
+    assert outcome.stop_reason == "Stopped" and len(outcome.history) == 1 and outcome.steps > 10  # (10 an epoch)
+    assert outcome.best_epoch == outcome.restored_epoch == 1  # was: the model of step 16, described as epoch 1's
+    kept = torch.load(outcome.model_path, weights_only=True)
+    (saved,) = folder.glob("replicas/0/attempt-0/best-epoch-1.pt")
+    assert all(torch.equal(kept[k], v) for k, v in torch.load(saved, weights_only=True).items())
+
+
 def _spec(**stopping) -> dict:
     return {
         "name": "best",

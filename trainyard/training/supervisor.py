@@ -326,7 +326,7 @@ def _collect(
 ) -> TrainingOutcome:
     """Pick the result (the group that got furthest; a group that left early is not it), check the
     groups agree, and add up what every attempt spent. With ``restore_best``, the model is the best
-    epoch's parameters that some attempt kept, where that epoch was not the last."""
+    epoch's parameters that some attempt kept, where the model trained past that epoch."""
     # of those level, one that did not leave (a SIGTERM in the last step: the others completed the job), and a
     # first attempt's: a restart's first_batch_seconds counts from its restart
     first = max(
@@ -358,7 +358,10 @@ def _collect(
                 f"(max difference {worst:.3g}); the model is not registered"
             )
     best, restored = result.get("best_epoch"), None
-    if restore_best and best is not None and best < result["epochs"][-1]["epoch"]:
+    # where the best epoch is the last whole one, a stop mid-epoch (trainyard stop, max runtime, the carbon budget)
+    # left steps past it: the model is not that epoch's either
+    past_it = result["step"] > result.get("epoch_end_step", result["step"])
+    if restore_best and best is not None and (best < result["epochs"][-1]["epoch"] or past_it):
         kept = best_epoch_file(job_dir, best)
         if kept is not None:
             model_path, restored = kept, best

@@ -335,6 +335,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
     result |= {
         "stop_reason": (stop or {}).get("reason") or history.stop_reason or "Completed",
         "best_epoch": history.best_epoch,
+        "epoch_end_step": cursor["start_step"],  # where the last whole epoch ended: a stop may come mid-epoch
         "steps_per_epoch": data.steps_per_epoch(cursor.get("first_slots") or plan.num_replicas, 0),  # the first epoch's
         "first_batch_seconds": first_batch_seconds,
         "wall_seconds": time.monotonic() - started,
