@@ -181,6 +181,30 @@ def test_ecs_pool_renders_a_task_definition_ecs_accepts():
     assert not ParamValidator().validate(task_definition, shape.input_shape).has_errors()
 
 
+def test_the_ecs_worker_waits_for_a_groups_task_to_start(monkeypatch):
+    # The template set the watch's timeout and interval to 0: prefect-aws raised "Timed out" after its first
+    # DescribeTasks, even a RUNNING one, and every group's run was Crashed while its task went on starting.
+    import logging
+
+    from prefect_aws.workers import ecs_worker
+
+    template = infra.load_template(infra.GPU_TEMPLATES["ecs"])
+    config = _render(ecs_worker.ECSJobConfiguration, template, {**LAUNCHER_VALUES, **KIND_VALUES["ecs"]})
+    assert (config.task_start_timeout_seconds, config.task_watch_poll_interval) == (600, 5.0)
+    statuses, slept = iter(["PROVISIONING", "PENDING", "RUNNING"]), []
+
+    class Ecs:
+        def describe_tasks(self, tasks, cluster, include):
+            return {"tasks": [{"taskArn": tasks[0], "lastStatus": next(statuses)}]}
+
+    monkeypatch.setattr(ecs_worker.time, "sleep", slept.append)
+    worker = ecs_worker.ECSWorker(work_pool_name="ecs-gpu")
+    task = worker._wait_for_task_start(
+        logging.getLogger("test"), config, "task", "cluster", Ecs(), timeout=config.task_start_timeout_seconds
+    )
+    assert task["lastStatus"] == "RUNNING" and slept == [5.0, 5.0, 5.0]
+
+
 def test_options_that_cannot_apply_are_refused():
     with pytest.raises(infra.InfraError, match="--image applies to kubernetes and ecs"):
         infra.desired_pools("process", image="x")
