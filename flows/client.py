@@ -93,7 +93,7 @@ def submit(job: TrainingJob | dict, deployment: str = DEFAULT_DEPLOYMENT, idempo
     if spec.resources.work_pool != "local":  # its groups' pool: a name this API has no deployment for is the spec's
         from tasks.pool_launcher import check_deployment
 
-        check_deployment(spec.resources.work_pool)
+        check_deployment(spec.resources.work_pool, spec.resources.gpus_per_replica)
     job_id = new_job_id(spec.name)
     # As written (its defaults are the deployed code's): a deployment made by an older Trainyard than this client
     # refuses any field its job spec lacks, and would refuse every default this client's spec added since.

@@ -114,7 +114,7 @@ def training_pipeline(
             _count_earlier_runs(stages, job_dir, run, logger)
             outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
             if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
-                check_deployment(job.resources.work_pool)
+                check_deployment(job.resources.work_pool, job.resources.gpus_per_replica)
             log.enter("Downloading", "Downloading input data")
             stages["staging"] = stage_inputs(job, str(job_dir))
             staged = stages["staging"]["staged"]

@@ -41,14 +41,16 @@ API_OUTAGE_SECONDS = 300.0
 _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2, StateType.CANCELLED: -15}
 
 
-def check_deployment(pool: str) -> None:
+def check_deployment(pool: str, gpus_per_replica: int = 0) -> None:
     """Refuse, before any compute, a work pool whose ``train-replica`` deployment the API does not have: a
-    group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound)."""
+    group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound). And a CPU job
+    (``gpus_per_replica`` 0) on a pool whose groups each reserve a GPU whatever they are given (its template's
+    ``gpus`` minimum: ECS has no GPU-less requirement), which would hold GPUs its groups never see."""
     from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
-            client.read_deployment_by_name(f"{REPLICA_FLOW}/{pool}")
+            deployment = client.read_deployment_by_name(f"{REPLICA_FLOW}/{pool}")
         except ObjectNotFound:
             raise SpecError(
                 [
@@ -56,14 +58,26 @@ def check_deployment(pool: str) -> None:
                     "fix the pool's name, or deploy it (prefect deploy --all, after trainyard infra apply)"
                 ]
             ) from None
+        if gpus_per_replica or not deployment.work_pool_name:
+            return
+        template = client.read_work_pool(deployment.work_pool_name).base_job_template or {}
+    least = ((template.get("variables") or {}).get("properties") or {}).get("gpus", {}).get("minimum", 0)
+    if least:
+        raise SpecError(
+            [
+                f"resources.gpus_per_replica: 0 (a CPU job), and {deployment.work_pool_name!r}'s groups each reserve "
+                f"at least {least} GPU (its template's gpus minimum); set resources.gpus_per_replica, or run the job "
+                "on a pool without GPUs"
+            ]
+        )
 
 
 def job_variables(resources: Resources, replica: int) -> dict:
     """The pool's job variables for one group, from the job's ``resources`` (whose keys the spec has checked
     against those every Trainyard pool template declares, ``LAUNCHER_JOB_VARIABLES``)."""
     variables = dict(resources.job_variables)
-    if resources.gpus_per_replica:
-        variables["gpus"] = resources.gpus_per_replica
+    # 0 too: a pool's template may reserve a GPU by default (the Kubernetes one's 1), which a CPU group never sees
+    variables["gpus"] = resources.gpus_per_replica
     return variables
 
 

@@ -96,6 +96,18 @@ def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server,
         assert refused.value.response.status_code == 422
     refused = _apply(url, "--kind", "ecs", "--gpu-pool", "kubernetes-gpu")
     assert refused.exit_code == 2 and "cannot change" in refused.output
+    # a CPU job: the Kubernetes pool's groups are given gpus 0 (the launcher's); ECS' reserve one whatever they are
+    # given, so such a job is refused before any compute
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.pool_launcher import check_deployment
+    from trainyard.errors import SpecError
+
+    with temporary_settings({PREFECT_API_URL: url}):
+        with pytest.raises(SpecError, match=r"gpus_per_replica: 0 \(a CPU job\), and 'ecs-gpu'.s groups each reserve"):
+            check_deployment("ecs-gpu", gpus_per_replica=0)
+        check_deployment("ecs-gpu", gpus_per_replica=1)
+        check_deployment("kubernetes-gpu", gpus_per_replica=0)
 
 
 def test_deployments_land_on_the_pools_a_group_beyond_the_limit_waits_and_a_zombie_is_crashed(

@@ -156,6 +156,20 @@ def test_kubernetes_pool_is_valid_for_the_kubernetes_worker():
     )
 
 
+def test_a_cpu_jobs_groups_reserve_no_gpu_on_the_kubernetes_pool():
+    # the template's gpus default is 1: a CPU job's pods each held a GPU they hide (or stayed Pending for one)
+    from prefect_kubernetes import worker
+
+    from tasks import pool_launcher
+    from trainyard.spec import Resources
+
+    variables = pool_launcher.job_variables(Resources(work_pool=infra.GPU_POOL), replica=0)
+    template = infra.load_template(infra.GPU_TEMPLATES["kubernetes"])
+    config = _render(worker.KubernetesWorkerJobConfiguration, template, variables)
+    limits = config.job_manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert variables["gpus"] == 0 and limits["nvidia.com/gpu"] == 0
+
+
 def test_ecs_pool_renders_a_task_definition_ecs_accepts():
     import uuid
 
