@@ -91,7 +91,7 @@ def training_pipeline(
     registering = False  # the registry stage began: a version of the job may exist whatever ended it
     error: BaseException | None = None  # a TrainyardError (the user's to fix) or a bug's, raised at the end
     failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary
-    terminated: TerminationSignal | None = None
+    terminated: TerminationSignal | KeyboardInterrupt | None = None
     # a new name per run: a flow run that Prefect retries keeps its id, and each try spends its own energy
     run = f"{flow_run.get_id() or 'local'}-{uuid4().hex[:8]}"
     # the lock held to the end; each stage's energy written down as it is spent: a rerun counts this run
@@ -185,11 +185,13 @@ def training_pipeline(
             log.finish("Failed", "Failed", message, failure_reason=message)
             failed_groups = getattr(exc, "failures", [])
             _add_failed_stage(stages, exc)
-        except TerminationSignal as exc:
-            # SIGTERM (`trainyard jobs stop` through a worker, or the process told to end): the job still ends
-            # with its summary, as Stopped; the signal is raised again below for Prefect to finish the run
+        except (TerminationSignal, KeyboardInterrupt) as exc:
+            # SIGTERM (`trainyard jobs stop` through a worker, or the process told to end), or Ctrl-C: the job still
+            # ends with its summary, as Stopped; the signal is raised again below for Prefect to finish the run
             terminated = exc
-            if _cancelled():  # a person's (or a service's) stop, told apart from a worker shut down or a reclaim
+            if isinstance(exc, KeyboardInterrupt):
+                log.finish("Stopped", "Stopped", "the job was interrupted (Ctrl-C)", failure_reason="Interrupted")
+            elif _cancelled():  # a person's (or a service's) stop, told apart from a worker shut down or a reclaim
                 log.finish("Stopped", "Stopped", CANCELLED_MESSAGE, failure_reason="Cancelled")
             else:
                 log.finish(

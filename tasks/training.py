@@ -37,8 +37,9 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
     """
     logger = get_run_logger()
     with stage_meter("training", job) as record, progress.bar("training epochs", job.hyperparameters.epochs) as advance:
-        created = create_progress_artifact(0.0, description=f"{plan.job_id}: training")
-        artifact: UUID = created  # type: ignore[assignment]  # called sync, it returns the id (typed: id or coroutine)
+        failed = "creating the progress artifact failed (%s); the job goes on without it"
+        created = best_effort(logger, failed, create_progress_artifact, 0.0, None, f"{plan.job_id}: training")
+        artifact: UUID | None = created  # type: ignore[assignment]  # called sync, it returns the id (typed: or a coroutine)
         percent, epochs_done, reported, told_through = 0.0, 0, 0.0, 0
         untold: tuple[int, dict | None] | None = None  # the last epoch not logged yet, and its metrics
         validated: dict | None = None  # the last validated epoch's metrics (stopping.validate_every_epochs)
@@ -52,7 +53,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             if last is not None and sample["seconds"] > last["seconds"]:
                 rate = (sample["emissions_kg"] - last["emissions_kg"]) * 3.6e6 / (sample["seconds"] - last["seconds"])
             text = f"{sample['energy_kwh']:.4g} kWh, {sample['emissions_kg']:.4g} kgCO2e so far ({rate:.3g} g/h)"
-            update_progress_artifact(artifact, percent, description=f"{plan.job_id}: {text}")
+            if artifact is not None:
+                update_progress_artifact(artifact, percent, description=f"{plan.job_id}: {text}")
             metrics = {"energy_kwh": sample["energy_kwh"], "emissions_kg": sample["emissions_kg"]}
             live.log(metrics | {"emissions_rate_g_per_h": rate}, step=round(sample["seconds"]))
 
@@ -78,8 +80,9 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             if untold is None:
                 return
             (epochs, metrics), untold = untold, None
-            failed = "updating the progress artifact failed (%s); the job goes on"
-            best_effort(logger, failed, update_progress_artifact, artifact, percent)
+            if artifact is not None:
+                failed = "updating the progress artifact failed (%s); the job goes on"
+                best_effort(logger, failed, update_progress_artifact, artifact, percent)
             # an epoch between validations is shown with the last validation's metrics, and that epoch's number
             metrics = with_last_validation(metrics, validated) if metrics else metrics
             shown = {k: round(v, 5) if isinstance(v, float) else v for k, v in (metrics or {}).items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import logging
 from types import SimpleNamespace
 
@@ -77,15 +78,17 @@ def test_an_epoch_between_validations_is_told_with_the_last_validation(
     assert "validated_epoch" not in progress[2] and "validated_epoch" not in progress[4]
 
 
+@pytest.mark.parametrize("artifact", ["creating", "updating"])
 def test_a_job_whose_progress_reports_fail_trains_and_registers(
-    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, caplog
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, caplog, artifact
 ):
     # the Prefect and MLflow APIs failing the training stage's reports past their clients' retries: the job's
     # groups train on, and its model is registered (it was lost with the stage, for a progress bar or a plot)
     def down(*_, **__):
         raise ConnectionError("the API did not answer")
 
-    monkeypatch.setattr(tasks.training, "update_progress_artifact", down)
+    calls = {"creating": "create_progress_artifact", "updating": "update_progress_artifact"}
+    monkeypatch.setattr(tasks.training, calls[artifact], down)
     monkeypatch.setattr(tasks.training.LiveRun, "log_file", down)
     monkeypatch.setattr(tasks.training.LiveRun, "close", down)
     monkeypatch.setattr(flows.job_summary, "create_markdown_artifact", down)  # the summary's and carbon's artifacts
@@ -97,7 +100,7 @@ def test_a_job_whose_progress_reports_fail_trains_and_registers(
     assert summary["model"]["version"] >= 1 and summary["summary_uri"].startswith("s3://")
     assert flow_run_state(summary["prefect_flow_run_id"]).type.value == "COMPLETED"  # as its summary says
     warned = " ".join(caplog.messages)
-    assert "updating the progress artifact failed (the API did not answer); the job goes on" in warned
+    assert f"{artifact} the progress artifact failed (the API did not answer); the job goes on" in warned
     assert "logging the training curves to MLflow failed" in warned and "closing the live MLflow run failed" in warned
     assert "could not create the summary artifact: the API did not answer" in warned
 
@@ -128,3 +131,22 @@ def test_a_job_with_patience_registers_its_best_epoch_not_its_last(prefect_api, 
     rows = flipped.to_pandas()
     predicted = np.asarray(loaded.predict(rows[["f0", "f1", "f2", "f3"]].to_numpy("float32", copy=True))).argmax(axis=1)
     assert (predicted == rows["label"]).mean() == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-6)
+
+
+def test_ctrl_c_ends_the_job_stopped_with_its_summary(prefect_api, s3_server, bucket, mlflow_uri, monkeypatch):
+    # KeyboardInterrupt is neither a TrainyardError, an Exception nor Prefect's TerminationSignal: the flow wrote no
+    # summary, and `trainyard run --summary-out` none either
+    from flows.training_pipeline import training_pipeline
+    from trainyard.home import job_dir
+    from trainyard.spec import parse_job
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tasks.training.supervisor, "train", interrupted)
+    job_id = f"ctrl-c-{np.random.default_rng().integers(1e9)}"
+    with pytest.raises(KeyboardInterrupt):
+        training_pipeline(parse_job(job_dict(upload_dataset(bucket, rows=200))), job_id=job_id)
+    summary = json.loads((job_dir(job_id) / "summary.json").read_text())
+    assert (summary["status"], summary["failure_reason"]) == ("Stopped", "Interrupted")
+    assert "staging" in summary["timings"] and summary["model"] is None
