@@ -212,9 +212,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 write_json_atomic(out / DRILL_FILE, {"at_step": due, "step": manager.current_step()})
                 inject_fault(faults.pop(due))
             before = manager.current_step()
-            with heartbeat.while_busy(
-                before, closing_beat=False, own_work=False
-            ):  # it may wait on a peer's restart, or heal
+            # it may wait on a peer's restart, or heal
+            with heartbeat.while_busy(before, closing_beat=False, own_work=False):
                 manager.start_quorum()  # joins the step's quorum; heals from a peer if behind
             in_quorum = True
             if not leave_on_sigterm:
@@ -274,9 +273,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 meter.add_train_step(xb, yb)
             buffers.reduce()
             stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
-            with heartbeat.while_busy(
-                step, closing_beat=False, own_work=False
-            ):  # a vote that may wait for a peer that died
+            with heartbeat.while_busy(step, closing_beat=False, own_work=False):  # may wait for a peer that died
                 committing = manager.should_commit()
             if not committing:
                 continue  # a participant failed: nothing is applied and the step is redone
