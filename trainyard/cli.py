@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trainyard import prefect_template
+from trainyard import prefect_profile, prefect_template
 from trainyard.cli_infra import infra_app
 from trainyard.cli_jobs import jobs_app
 from trainyard.cli_models import models_app
@@ -156,7 +156,8 @@ def stop(
 
 
 def _embedded_defaults(job_id: str) -> None:
-    """Without a Prefect API, give this process a Prefect home of its own (no network, no telemetry).
+    """Without a Prefect API (in the environment, or in the active Prefect profile), give this process a Prefect
+    home of its own (no network, no telemetry).
 
     The ephemeral API keeps its SQLite database in PREFECT_HOME; two ``trainyard run`` processes
     sharing one would lock each other out, so each job gets ``TRAINYARD_HOME/prefect/<job id>``,
@@ -168,6 +169,10 @@ def _embedded_defaults(job_id: str) -> None:
     # the S3 endpoint and MLflow) its first start, database migrations included, can take longer.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
+        configured = prefect_profile.configured_api_url()  # `prefect config set PREFECT_API_URL=...`: that server
+        if configured:
+            os.environ["PREFECT_API_URL"] = configured  # (read by what starts and stops an ephemeral API)
+            return
         prefect_home = home() / "prefect" / job_id
         prefect_home.mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
         # its database already migrated: the ephemeral API starts in seconds, not 20
@@ -306,8 +311,12 @@ def _remove(found: list, which: str, dry_run: bool, lock: bool = False) -> None:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     removed = []
     for job in found:
-        if not dry_run and not housekeeping.remove(job, lock=lock):
-            say(console, f"kept {job.job_id}: a run of it has started", "yellow")
+        try:
+            if not dry_run and not housekeeping.remove(job, lock=lock):
+                say(console, f"kept {job.job_id}: a run of it has started", "yellow")
+                continue
+        except TrainyardError as exc:  # (the others are still removed)
+            say(console, exc, "red")
             continue
         removed.append(job)
         table.add_row(job.job_id, f"{job.idle_seconds / 86_400:.1f}", f"{job.size / 2**20:.1f}")
