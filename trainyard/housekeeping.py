@@ -20,6 +20,8 @@ from trainyard.errors import TrainyardError
 from trainyard.home import Locked, check_job_id, flocked, home, is_job_id, jobs_dir
 from trainyard.job_folder import LOCK, training_pid
 
+DOOMED = ".removing-"  # a folder being removed: .removing-<name>-<pid of the remover>
+
 
 @dataclass(frozen=True)
 class OldJob:
@@ -35,7 +37,7 @@ def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob
     """The jobs nothing has written to for ``older_than_seconds``, oldest first; never one still running
     (its supervisor alive, or its run lock held), however long it has been quiet."""
     now = time.time() if now is None else now
-    found = []
+    found = _interrupted_removals(now)
     for folder in sorted(jobs_dir().iterdir()):
         if not folder.is_dir() or not is_job_id(folder.name) or training_pid(folder) is not None:
             continue
@@ -47,6 +49,30 @@ def old_jobs(older_than_seconds: float, now: float | None = None) -> list[OldJob
         if now - newest >= older_than_seconds and not _locked(folder):
             found.append(OldJob(folder.name, folders, now - newest, size))
     return sorted(found, key=lambda job: -job.idle_seconds)
+
+
+def _interrupted_removals(now: float) -> list[OldJob]:
+    """What a removal stopped part-way left (``remove`` moves a folder to ``.removing-<name>-<pid>`` first; a
+    Ctrl-C, or files it may not delete, leave it), whose remover is gone: nothing else would ever list it. Listed
+    whatever its age, as ``<name> (removal interrupted)``."""
+    found = []
+    for parent in (jobs_dir(), home() / "prefect"):
+        for folder in sorted(parent.glob(f"{DOOMED}*")) if parent.is_dir() else []:
+            name, _, pid = folder.name.removeprefix(DOOMED).rpartition("-")
+            if folder.is_dir() and not (pid.isdigit() and _alive(int(pid))):
+                last, size = _walk(folder)
+                found.append(OldJob(f"{name} (removal interrupted)", (folder,), now - last, size))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _locked(folder: Path) -> bool:
@@ -88,7 +114,9 @@ def named_jobs(job_ids: list[str], now: float | None = None) -> Iterator[list[Ol
 
 def remove(job: OldJob, lock: bool = False) -> bool:
     """Delete a job's folders; with ``lock`` (a job ``old_jobs`` found: its lock not held by the caller), only
-    if no run of it has started since, its run lock held meanwhile. Whether they were removed."""
+    if no run of it has started since, its run lock held meanwhile. Whether they were removed (False: a run of
+    it has started); a ``TrainyardError`` naming what could not be deleted (files another user owns, say)."""
+    failed: list[str] = []
     with contextlib.ExitStack() as held:
         if lock and (job.folders[0] / LOCK).exists():
             try:
@@ -97,11 +125,19 @@ def remove(job: OldJob, lock: bool = False) -> bool:
                 return False
         for folder in job.folders:
             # moved aside first, under the lock: a run of the id starting meanwhile makes a folder of its own,
-            # not one this is still deleting (its lock file included)
-            doomed = folder.with_name(f".removing-{folder.name}-{os.getpid()}")
+            # not one this is still deleting (its lock file included). (An interrupted removal's is there already.)
+            doomed = (
+                folder if folder.name.startswith(DOOMED) else folder.with_name(f"{DOOMED}{folder.name}-{os.getpid()}")
+            )
             with contextlib.suppress(FileNotFoundError):
                 os.replace(folder, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            # (onerror: Python 3.11's; 3.12 deprecates it for onexc, still calling it)
+            shutil.rmtree(doomed, onerror=lambda _, path, info: failed.append(f"{path} ({info[1]})"))
+    if failed:
+        raise TrainyardError(
+            f"{job.job_id}: {len(failed)} path(s) could not be deleted, first {failed[0]}; what is left is listed "
+            "by the next `trainyard clean`"
+        )
     return True
 
 

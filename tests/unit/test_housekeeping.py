@@ -114,3 +114,29 @@ def test_an_idle_job_whose_run_holds_its_lock_is_neither_listed_nor_removed_by_a
         assert not housekeeping.remove(found, lock=True)
     assert folder.exists()
     assert housekeeping.remove(found, lock=True) and not folder.exists()
+
+
+def test_what_an_interrupted_removal_left_is_listed_and_removed_by_the_next_clean(trainyard_home):
+    # a Ctrl-C mid-delete (or files it may not delete) left .removing-<id>-<pid>: reported removed, never listed again
+    make_job("old-20260101-000000-aaaaaa", days_idle=40, prefect=False)
+    os.replace(jobs_dir() / "old-20260101-000000-aaaaaa", jobs_dir() / ".removing-old-20260101-000000-aaaaaa-999999")
+    mine = jobs_dir() / f".removing-other-20260101-000000-bbbbbb-{os.getpid()}"  # a removal under way: left to it
+    mine.mkdir()
+    result = CliRunner().invoke(app, ["clean", "--older-than", "30"])
+    assert result.exit_code == 0, result.output
+    assert "old-20260101-000000-aaaaaa (removal" in result.output and "other-" not in result.output
+    assert not (jobs_dir() / ".removing-old-20260101-000000-aaaaaa-999999").exists() and mine.exists()
+
+
+def test_a_folder_that_cannot_all_be_deleted_is_said_not_reported_removed(trainyard_home, monkeypatch):
+    make_job("old-20260101-000000-aaaaaa", days_idle=40, prefect=False)
+
+    def refuse(path, *, onerror):
+        onerror(
+            os.unlink, str(path / "replicas/0/attempt-0/model.pt"), (PermissionError, PermissionError(13, "no"), None)
+        )
+
+    monkeypatch.setattr(housekeeping.shutil, "rmtree", refuse)
+    result = CliRunner().invoke(app, ["clean", "--older-than", "30"])
+    assert "could not be deleted, first" in result.output and "model.pt" in result.output
+    assert "0 job(s), 0.0 MiB" in result.output
