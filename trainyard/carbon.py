@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard import carbon_probe
+from trainyard import carbon_probe, grid_data
 from trainyard.home import write_json_atomic
 from trainyard.spec import Carbon
 
@@ -241,15 +241,17 @@ def rollup(records: list[StageEnergy], settings: Carbon) -> dict:
     # codecarbon multiplies energy by the PUE; the grid intensity is what remains.
     intensity = emissions / energy * 1000.0 if energy > 0 else None
     modes = sorted({r.measurement_mode for r in records})
+    regional = settings.region if settings.region and grid_data.regions(settings.country_iso_code) else None
     return {
         "energy_kwh": energy,
         "emissions_kg": emissions,
         "measurement_mode": modes[0] if len(modes) == 1 else ";".join(modes),
         "country_iso_code": settings.country_iso_code,
-        "region": settings.region,
+        "region": regional,
         "intensity_g_per_kwh": intensity,
+        # the region only where codecarbon has a figure for it: elsewhere its national one was used (and warned of)
         "intensity_source": f"codecarbon offline energy mix for {settings.country_iso_code}"
-        + (f"/{settings.region}" if settings.region else ""),
+        + (f"/{regional}" if regional else ""),
         "pue": settings.pue,
         "scope2_location_based_kg": emissions,
         "budget_kg": settings.budget_kg,

@@ -69,3 +69,15 @@ def test_the_ledger_line_carries_the_grid_figure_and_the_market_basis_and_its_ch
     figure = esg.ledger_figure(rows)
     assert figure.axes[1].get_ylim()[0] == 0  # the running total's axis began at 3 g: its line seemed to start at 0
     assert figure.axes[0].get_title() == "Emissions by job (every stage)"
+
+
+def test_the_grid_figure_names_a_region_only_where_codecarbon_has_one():
+    # codecarbon has regional figures for six countries; elsewhere it used the national one, which the report named
+    # as the region's ("for IRL/Dublin") for an auditor to read as regional
+    from trainyard.carbon import StageEnergy, rollup
+
+    record = StageEnergy("training", 0.01, 0.003)
+    national = rollup([record], Carbon(country_iso_code="IRL", region="Dublin"))
+    assert (national["intensity_source"], national["region"]) == ("codecarbon offline energy mix for IRL", None)
+    regional = rollup([record], Carbon(country_iso_code="USA", region="california"))
+    assert regional["intensity_source"] == "codecarbon offline energy mix for USA/california"
