@@ -73,12 +73,12 @@ def carbon(
             r["status"],
             f"{float(r['energy_kwh']):.4g}",
             f"{float(r['emissions_kg']):.4g}",
-            f"{float(r['scope2_market_based_kg']):.4g}" if r["scope2_market_based_kg"] else "not provided",
+            f"{float(r['scope2_market_based_kg']):.4g}" if r.get("scope2_market_based_kg") else "not provided",
             r["measurement_mode"],
         )
     energy = sum(float(r["energy_kwh"]) for r in rows)
     emissions = sum(float(r["emissions_kg"]) for r in rows)
-    market = [float(r["scope2_market_based_kg"]) for r in rows if r["scope2_market_based_kg"]]
+    market = [float(r["scope2_market_based_kg"]) for r in rows if r.get("scope2_market_based_kg")]
     # a market-based total only where every job has a figure: a partial sum would read as the whole
     market_total = f"{sum(market):.4g}" if rows and len(market) == len(rows) else ""
     table.add_row(

@@ -18,6 +18,7 @@ import io
 
 from trainyard import s3
 from trainyard.energy_journal import EARLIER_STAGE
+from trainyard.errors import DataError
 from trainyard.spec import Carbon
 from trainyard.status import flops_spared, prefilter_flops_spared, pruned_rows, training_flops_per_sample
 
@@ -266,12 +267,42 @@ def read_ledger(output_uri: str, since: str | None = None) -> list[dict]:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key):
             for obj in page.get("Contents", []):
                 if obj["Key"].endswith(".csv"):
-                    body = client.get_object(Bucket=where.bucket, Key=obj["Key"])["Body"].read().decode()
-                    rows += list(csv.DictReader(io.StringIO(body)))
+                    body = client.get_object(Bucket=where.bucket, Key=obj["Key"])["Body"].read()
+                    rows += _ledger_rows(body, f"s3://{where.bucket}/{obj['Key']}")
     except (ClientError, BotoCoreError) as exc:
         raise s3.describe_error(exc, str(where)) from exc
     rows = [r for r in rows if not since or (r.get("finished_at") or "") >= since]
     return sorted(rows, key=lambda r: r.get("finished_at") or "")
+
+
+# what the report reads of each line: text, and figures (the market-based one may be empty: no supplier factor)
+_READ = ("job_id", "finished_at", "status", "measurement_mode")
+_FIGURES = ("energy_kwh", "emissions_kg")
+
+
+def _ledger_rows(body: bytes, uri: str) -> list[dict]:
+    """The lines of one ledger object; a ``DataError`` naming it and the line where it is not a ledger's (a file
+    saved over by hand, another tool's CSV): the report read on, and failed with a traceback naming nothing."""
+    try:
+        rows = list(csv.DictReader(io.StringIO(body.decode("utf-8-sig"))))  # (a spreadsheet's save adds a BOM)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{uri}: not a carbon ledger's CSV ({exc}); remove or restore it") from None
+    for line, row in enumerate(rows, start=2):
+        missing = [name for name in (*_READ, *_FIGURES) if row.get(name) is None]
+        if missing:
+            raise DataError(
+                f"{uri}, line {line}: no {', '.join(missing)}; not a carbon ledger's line: remove or restore it"
+            )
+        for name in (*_FIGURES, "scope2_market_based_kg"):
+            if name not in _FIGURES and not row.get(name):
+                continue  # no supplier factor: no market-based figure
+            try:
+                float(row[name])
+            except ValueError:
+                raise DataError(
+                    f"{uri}, line {line}: {name} is {row[name]!r}, not a number; remove or restore it"
+                ) from None
+    return rows
 
 
 def write_csv(rows: list[dict], path) -> None:
