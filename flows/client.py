@@ -329,7 +329,12 @@ def _group_runs(api, run) -> list:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
     tags = FlowRunFilterTags(all_=[f"{JOB_TAG}{job_id_of(run)}", REPLICA_TAG])
-    return api.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags))
+    found: list = []
+    while True:  # in pages: the API gives 200 at most a call, and an elastic job's attempts may be more
+        page = api.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags), limit=200, offset=len(found))
+        found += page
+        if len(page) < 200:
+            return found
 
 
 @reaching_api

@@ -171,3 +171,23 @@ def test_a_run_started_without_a_job_id_keeps_the_id_its_first_try_made(prefect_
     with get_client(sync_client=True) as api:
         run = api.read_flow_run(run_id)
     assert run.name == first and [t for t in run.tags if t.startswith("trainyard-job:")] == [f"trainyard-job:{first}"]
+
+
+def test_a_jobs_group_runs_are_all_found_past_the_apis_page_of_200(prefect_api):
+    # an elastic job's group attempts (up to 64 groups x 100 attempts): logs and stop saw the API's first 200
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flows import client
+    from trainyard.status import JOB_TAG, REPLICA_TAG
+
+    @flow
+    def replica() -> None:
+        pass
+
+    with get_client(sync_client=True) as api:
+        tags = [f"{JOB_TAG}many-1", REPLICA_TAG]
+        made = {api.create_flow_run(replica, name=f"group-{i}", tags=tags).id for i in range(205)}
+        api.create_flow_run(replica, name="another-jobs", tags=[f"{JOB_TAG}many-2", REPLICA_TAG])
+        pipeline = SimpleNamespace(parameters={"job_id": "many-1"}, tags=[])
+        assert {run.id for run in client._group_runs(api, pipeline)} == made
