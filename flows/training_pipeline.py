@@ -97,6 +97,9 @@ def training_pipeline(
     # the lock held to the end; each stage's energy written down as it is spent: a rerun counts this run
     with lock, journal(job_dir, run):
         try:
+            # first: a run failing below (a bad setting, MLflow down) publishes a summary and ledger line that replace
+            # the earlier runs', and without their energy it said 0 kWh for a job that trained for hours
+            _count_earlier_runs(stages, job_dir, run, logger)
             _check_settings()  # a bad TRAINYARD_* value fails the job here, not after staging has downloaded it all
             tracking_store.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
             earlier = _registered_earlier(job, job_id, job_dir, logger)
@@ -111,7 +114,6 @@ def training_pipeline(
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
                 outputs.remove_model(job, job_id)  # one killed mid-upload left model.json alone: not this run's
-            _count_earlier_runs(stages, job_dir, run, logger)
             outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
             if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
                 check_deployment(job.resources.work_pool, job.resources.gpus_per_replica)

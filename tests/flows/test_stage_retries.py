@@ -87,3 +87,26 @@ def test_every_setting_a_later_stage_reads_is_checked_at_the_start(monkeypatch, 
     monkeypatch.setenv(setting, value)
     with pytest.raises(TrainyardError, match=setting):
         _check_settings()
+
+
+def test_a_rerun_failing_before_any_stage_still_counts_the_earlier_runs_energy(
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch
+):
+    # its summary and ledger line replace the earlier runs': they said 0 kWh for a job that had trained for hours
+    import contextlib
+    import json
+
+    from flows.training_pipeline import JobFailed, training_pipeline
+    from tests.conftest import upload_dataset
+    from trainyard.carbon import StageEnergy
+    from trainyard.home import job_dir
+
+    earlier = dict.fromkeys(StageEnergy.ADDED, 0.0) | {"energy_kwh": 1.5, "emissions_kg": 0.6, "duration_seconds": 60}
+    (job_dir("rerun-1") / "energy").mkdir(parents=True)
+    (job_dir("rerun-1") / "energy" / "an-earlier-run.json").write_text(json.dumps({"stages": {"training": earlier}}))
+    monkeypatch.setenv("TRAINYARD_TORCH_THREADS", "all")  # refused at the start
+    with contextlib.suppress(JobFailed):
+        training_pipeline(parse_job(job_dict(upload_dataset(bucket, rows=200))), job_id="rerun-1")
+    summary = json.loads((job_dir("rerun-1") / "summary.json").read_text())
+    assert summary["status"] == "Failed" and "TRAINYARD_TORCH_THREADS='all'" in summary["failure_reason"]
+    assert summary["carbon"]["energy_kwh"] >= 1.5
