@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -91,3 +92,30 @@ def test_a_groups_servers_listen_on_loopback_only(trainyard_home, monkeypatch):
     looker.join(5)
     assert outcome.stop_reason == "Stopped"
     assert len(seen) >= 3 and set(seen) == {"127.0.0.1"}, seen  # manager, checkpoint server, store
+
+
+def test_with_trainyard_host_set_the_groups_store_is_reached_at_that_address(monkeypatch):
+    # torchft sets up the process group between a quorum's groups through its primary's store, at the address the
+    # group gave: it listened on 127.0.0.1 and was given as 127.0.0.1, which a group on another machine cannot dial
+    from trainyard.training.heal_transport import group_store
+
+    address = _eth_address()
+    if address is None:
+        pytest.skip("this machine has no IPv4 address but loopback")
+    monkeypatch.setenv("TRAINYARD_HOST", address)
+    store = group_store()
+    with socket.create_connection((address, store.port), timeout=5):
+        pass
+
+
+def _eth_address() -> str | None:
+    """An IPv4 address of this machine other than loopback (the one it reaches others from), if any."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # (UDP: nothing is sent; the route alone picks the address)
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address

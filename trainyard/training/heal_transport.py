@@ -61,10 +61,12 @@ class _Server(ThreadingHTTPServer):
 
 
 def group_store() -> TCPStore:
-    """The group's TCPStore (its one rank's rendezvous), listening on 127.0.0.1 only: torch's listens
-    on every interface unless handed a socket."""
+    """The group's TCPStore, on ``bind_host()`` (127.0.0.1 unless ``TRAINYARD_HOST`` is set; torch's listens on
+    every interface unless handed a socket). Not only its one rank's rendezvous: torchft sets up the process group
+    between the groups of a quorum through its primary's store, at the address the group gave (``store_addr``,
+    ``advertised_host()``), so groups on other machines dial it too."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
+    listener.bind((bind_host(), 0))
     listener.listen(128)
     port = listener.getsockname()[1]
     # detached: the store's server owns the socket now (closing the Python object would close it under it)
