@@ -137,6 +137,24 @@ def test_asking_again_for_the_size_last_asked_for_is_acted_on(trainyard_home, mo
     assert started == [2, 3] and sorted(live) == [0, 2, 3]
 
 
+def test_a_group_asked_to_leave_before_the_start_barrier_does_not_hold_the_others_there(trainyard_home, monkeypatch):
+    # `trainyard scale JOB 2` while group 2 was still queued (or loading): groups 0 and 1 waited out the 120 s
+    from trainyard import launch
+    from trainyard.launch import LaunchHandle, ReplicaProcess
+    from trainyard.training.plan import request_scale
+    from trainyard.training.scaling import Scaler
+    from trainyard.training.start_barrier import mark_ready, ready_groups
+
+    job, _, folder, _ = make_job(trainyard_home, resources={"replicas": 3, "min_replicas": 2})
+    monkeypatch.setattr(launch, "terminate", lambda handle, proc: None)
+    live = {r: ReplicaProcess(r, 0, 1000 + r, "") for r in (0, 1, 2)}
+    scaler = Scaler(LaunchHandle("j", str(folder), "local", "", 0, 1, list(live.values())), job, lambda *_: None)
+    mark_ready(folder, 0), mark_ready(folder, 1)
+    request_scale(folder, 2)
+    scaler.tick(live, 0)
+    assert scaler.leaving == {2} and ready_groups(folder) == {0, 1, 2}
+
+
 def _checkpointed_job(trainyard_home, bucket, killed: list[int], **changes):
     """A job checkpointing to S3 every 10 steps whose groups ``killed`` die at step 25."""
     return make_job(

@@ -25,6 +25,7 @@ from trainyard.job_folder import training_pid
 from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan, attempt_dir, request_scale, scale_requested
+from trainyard.training.start_barrier import mark_ready
 
 
 class Scaler:
@@ -79,6 +80,9 @@ class Scaler:
         for replica in active[target:][::-1]:  # the newest groups leave first
             launch.terminate(self.handle, live[replica])
             self.leaving.add(replica)
+            # present at the start barrier as far as the others go: one asked to leave before it got there (still
+            # loading, or queued on its pool) held them for the barrier's whole 120 s
+            mark_ready(self.job_dir, replica)
             self.emit("replica.removed", {"replica": replica, "at_step": step})
 
     def withdraw_unstarted(self, live: dict[int, ReplicaProcess], also: Iterable[int] = ()) -> None:
