@@ -252,6 +252,13 @@ def _local_gpus(handle: LaunchHandle, replica: int) -> tuple[str, list[int]]:
     from trainyard.training import device  # torch: only jobs that ask for GPUs pay its import here
 
     visible = device.visible_gpus()
+    if not visible:  # said as the field's, not as every slice of none held by a live group
+        raise TrainingError(
+            f"resources.gpus_per_replica is {handle.gpus_per_replica} but this machine has no GPU for a local group "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, torch "
+            f"{device.torch.__version__}); run the groups on a GPU work pool, or set resources.gpus_per_replica: 0 "
+            "to train on CPUs"
+        )
     slot, locks = device.reserve_slot(handle.gpus_per_replica, visible, prefer=handle.gpu_slots.get(replica))
     handle.gpu_slots[replica] = slot
     return device.slot_devices(slot, handle.gpus_per_replica, visible), locks

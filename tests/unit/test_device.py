@@ -315,3 +315,13 @@ def test_a_restart_whose_gpus_another_job_took_is_deferred_not_the_jobs_end(trai
     assert ("replica.restart_deferred", 1) in events and ("replica.restarted", 1) in events
     (recovery,) = outcome.recoveries
     assert recovery["replica"] == 1 and recovery["source"] == "peer"
+
+
+def test_a_local_gpu_job_on_a_machine_without_gpus_is_told_the_field(tmp_path, monkeypatch):
+    # it was told "every slice of 1 of this machine's 0 GPUs () is held by a live group": none is
+    from trainyard import launch
+
+    monkeypatch.setattr(device, "visible_gpus", lambda: [])
+    handle = launch.LaunchHandle("j", str(tmp_path), "local", "", 0, 1, gpus_per_replica=1)
+    with pytest.raises(TrainingError, match=r"resources.gpus_per_replica is 1 but this machine has no GPU for a local"):
+        launch._start_process(handle, 0, 0, resume=False)
