@@ -13,6 +13,7 @@ stop a run, as a pod's grace period), so the supervisor resubmits the group inst
 
 from __future__ import annotations
 
+import logging
 import time
 from uuid import UUID
 
@@ -28,6 +29,7 @@ from trainyard.launch import LaunchHandle, ReplicaProcess
 from trainyard.spec import Resources
 from trainyard.status import JOB_TAG, REPLICA_TAG
 
+log = logging.getLogger(__name__)
 REPLICA_FLOW = "train-replica"
 # States are read at most this often per group: the supervisor polls ten times a second.
 STATE_CACHE_SECONDS = 1.0
@@ -91,8 +93,22 @@ class WorkPoolLauncher:
         self._states: dict[UUID, tuple[float, int | None, StateType | None, State | None]] = {}
         self._cancelled: dict[UUID, float] = {}  # run id -> when we asked for the cancellation
         self._unanswered: dict[UUID, float] = {}  # run id -> since when the API has not answered about it
+        self._to_kill: dict[UUID, ReplicaProcess] = {}  # runs whose cancellation the API did not take yet
 
     def start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
+        """Submit the group attempt's run. An API that does not take it (past its client's retries) is a
+        ``TrainingError``: a restart is then tried again later, as one whose GPUs another job holds (the same
+        idempotency key: never a second run), where it failed the job as an internal error."""
+        import httpx
+
+        try:
+            return self._start(handle, replica, attempt, resume)
+        except httpx.HTTPError as exc:  # (Prefect's HTTP status errors among them)
+            raise TrainingError(
+                f"the Prefect API did not take replica group {replica}'s run ({exc}); it is asked again"
+            ) from None
+
+    def _start(self, handle: LaunchHandle, replica: int, attempt: int, resume: bool) -> ReplicaProcess:
         run = run_deployment(
             f"{REPLICA_FLOW}/{self.deployment}",
             parameters={
@@ -150,6 +166,8 @@ class WorkPoolLauncher:
         seen, code, kind, state = self._states.get(run_id, (0.0, None, None, None))
         if time.monotonic() - seen < STATE_CACHE_SECONDS:
             return code, kind
+        if run_id in self._to_kill:  # a cancellation the API did not take
+            self.kill(self._to_kill[run_id])
         try:
             code, kind = self._read_now(run_id)
         except httpx.HTTPError as exc:  # (Prefect's HTTP status errors among them)
@@ -182,6 +200,20 @@ class WorkPoolLauncher:
         return code, kind
 
     def kill(self, proc: ReplicaProcess) -> None:
+        """Cancel the group's run (its worker stops its process). Where the API does not answer, asked again at
+        each read of the run's state (``_read``) until it does: a hung group's kill, or a scale-down's, failed the
+        job as an internal error."""
+        import httpx
+
+        try:
+            self._kill(proc)
+        except httpx.HTTPError as exc:
+            self._to_kill[_run_id(proc)] = proc
+            log.warning("could not cancel replica group %d's run (%s); asked again", proc.replica, exc)
+        else:
+            self._to_kill.pop(_run_id(proc), None)
+
+    def _kill(self, proc: ReplicaProcess) -> None:
         run_id = _run_id(proc)
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(run_id).state

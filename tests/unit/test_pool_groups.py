@@ -164,3 +164,44 @@ def test_a_pool_groups_run_state_rides_out_an_api_that_does_not_answer_for_a_whi
     time.sleep(0.1)
     with pytest.raises(TrainingError, match=r"the Prefect API has not answered for replica group 0's run .* 0.05 s"):
         launcher.exit_code(group)
+
+
+def test_a_pool_groups_start_or_cancel_the_api_does_not_take_is_asked_again(monkeypatch):
+    # one refused call (a server restarting) while a group was restarted, killed as hung or scaled down failed the
+    # job as an internal error: a start is now the supervisor's to defer (TrainingError), a cancellation asked again
+    import contextlib
+    from types import SimpleNamespace
+
+    import httpx
+    from prefect.client.schemas.objects import StateType
+
+    from tasks import pool_launcher
+    from trainyard.errors import TrainingError
+    from trainyard.launch import LaunchHandle, ReplicaProcess
+    from trainyard.spec import Resources
+
+    def down(*_, **__):
+        raise httpx.ConnectError("the Prefect API did not answer")
+
+    monkeypatch.setattr(pool_launcher, "run_deployment", down)
+    launcher = pool_launcher.WorkPoolLauncher("gpu", Resources(work_pool="gpu"))
+    handle = LaunchHandle("j", "/nowhere", "gpu", "", 0, 1)
+    with pytest.raises(TrainingError, match="the Prefect API did not take replica group 1's run .*; it is asked again"):
+        launcher.start(handle, 1, 2, resume=False)
+    answers, cancelled = ["down", "running", "running"], []
+
+    class Api:
+        def read_flow_run(self, run_id):
+            if answers.pop(0) == "down":
+                down()
+            return SimpleNamespace(state=SimpleNamespace(type=StateType.RUNNING, is_final=lambda: False))
+
+        def set_flow_run_state(self, run_id, state, force):
+            cancelled.append(state.type)
+
+    monkeypatch.setattr(pool_launcher, "get_client", lambda **_: contextlib.nullcontext(Api()))
+    monkeypatch.setattr(pool_launcher, "STATE_CACHE_SECONDS", 0.0)
+    group = ReplicaProcess(0, 0, 0, "", run_id="0" * 32)
+    launcher.kill(group)  # the API down: no raise, and nothing cancelled yet
+    assert cancelled == []
+    assert launcher.exit_code(group) is None and cancelled == [StateType.CANCELLING]  # asked again at the next read

@@ -215,7 +215,7 @@ def _supervise(
             elif time.monotonic() >= when:
                 try:
                     restarted = launch.start_replica(handle, replica, failed.attempt + 1, resume=resume)
-                except TrainingError as exc:  # its GPUs taken meanwhile by another job's group: tried again later
+                except TrainingError as exc:  # its GPUs taken by another job's group, its pool's API down: tried later
                     waiting[replica] = (time.monotonic() + RESTART_DEFERRED_SECONDS, failed, resume)
                     emit("replica.restart_deferred", {"replica": replica, "reason": str(exc)})
                     continue
