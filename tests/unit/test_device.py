@@ -27,8 +27,12 @@ def test_a_cpu_job_trains_on_the_cpu_with_gloo():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_asking_for_gpus_without_one_fails_naming_the_field(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    with pytest.raises(TrainingError, match=r"resources.gpus_per_replica is 1 .* group 2 .*CUDA_VISIBLE_DEVICES=3"):
+    with pytest.raises(
+        TrainingError, match=r"resources.gpus_per_replica is 1 .* group 2 .*CUDA_VISIBLE_DEVICES=3"
+    ) as e:
         device.select(1, replica=2)
+    # the group's to retry, not the job's mistake (replica.main): one pool node's GPU failing failed the whole job
+    assert e.value.transient  # type: ignore[attr-defined]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

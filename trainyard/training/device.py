@@ -37,11 +37,15 @@ def check(gpus_per_replica: int, replica: int) -> None:
     """Fail, naming the field and the fix, when GPUs are asked for and this process sees none."""
     if gpus_per_replica > 0 and not torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
-        raise TrainingError(
+        missing = TrainingError(
             f"resources.gpus_per_replica is {gpus_per_replica} but replica group {replica} sees no CUDA device "
             f"(CUDA_VISIBLE_DEVICES={visible}, torch {torch.__version__}); run it on a GPU pool with a CUDA "
             "build of torch, or set resources.gpus_per_replica: 0 to train on CPUs"
         )
+        # the group's to retry (replica.main), not the job's mistake: on a pool, one node's GPU or driver failed
+        # while the others train, and a restart lands elsewhere; a pool with no GPU at all fails each try the same
+        missing.transient = True  # type: ignore[attr-defined]
+        raise missing
 
 
 def visible_gpus() -> list[str]:
