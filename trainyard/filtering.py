@@ -338,9 +338,11 @@ def filtered_layout(layout: list[dict], keep: np.ndarray) -> list[dict]:
 
 def _signless_zeros(values: np.ndarray) -> np.ndarray:
     """Floats with -0.0 made 0.0 (their bytes differ; rounding small negatives gives them), others as they are."""
-    if values.dtype.kind != "f" or not (values == 0).any():
+    if values.dtype.kind != "f":
         return values
-    return np.where(values == 0, values.dtype.type(0), values)
+    negative_zero = (values == 0) & np.signbit(values)
+    # copied only where there is one: a channel's rows may be gigabytes
+    return np.where(negative_zero, values.dtype.type(0), values) if negative_zero.any() else values
 
 
 def _label_bytes(y: np.ndarray) -> np.ndarray:
