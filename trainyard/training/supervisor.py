@@ -253,19 +253,21 @@ def _supervise(
             # stop at (a step committed, or a fresh beat of its own slow work: a validation, its model's save): a
             # fixed 30 s killed groups validating or saving for longer, and the job lost the model it was stopped
             # to keep. Groups waiting on peers that have left show neither, and are shut down when it runs out.
-            moved = any(moving(attempt_dir(job_dir, r, p.attempt), (r, p.attempt), stepped) for r, p in live.items())
+            yet = {r: p for r, p in live.items() if r not in finished}  # (a finished group's beats: its model's save)
+            moved = any(moving(attempt_dir(job_dir, r, p.attempt), (r, p.attempt), stepped) for r, p in yet.items())
             if stop_deadline is None or moved:
                 stop_deadline = max(stop_deadline or now, now + STOP_GRACE_SECONDS)
         if done_deadline is None and job_finished:
             done_deadline = now + STOP_GRACE_SECONDS
-        if done_deadline is not None and now > done_deadline:
+        # a stop's stragglers first: shut down, each counts as failed (a hung one) at the next look; reaped, not
+        if stop_deadline is not None and now > stop_deadline and not shut_down:
+            launch.shutdown(handle)  # stragglers stuck waiting for departed peers
+            shut_down = True
+        elif done_deadline is not None and now > done_deadline:
             for replica, proc in live.items():
                 if (replica, proc.attempt) not in reaped:
                     reaped.add((replica, proc.attempt))
                     launch.kill(handle, proc)
-        if stop_deadline is not None and now > stop_deadline and not shut_down:
-            launch.shutdown(handle)  # stragglers stuck waiting for departed peers
-            shut_down = True
         due = min((when for when, _, _ in waiting.values()), default=now + POLL_SECONDS)
         time.sleep(min(POLL_SECONDS, max(0.0, due - now)))
     report_progress(job_dir, handle, epochs_seen, on_progress)
