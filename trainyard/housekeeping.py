@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainyard.errors import TrainyardError
 from trainyard.home import Locked, check_job_id, flocked, home, is_job_id, jobs_dir
-from trainyard.job_folder import LOCK, training_pid
+from trainyard.job_folder import LOCK, pid_alive, training_pid
 
 DOOMED = ".removing-"  # a folder being removed: .removing-<name>-<pid of the remover>
 
@@ -59,20 +59,10 @@ def _interrupted_removals(now: float) -> list[OldJob]:
     for parent in (jobs_dir(), home() / "prefect"):
         for folder in sorted(parent.glob(f"{DOOMED}*")) if parent.is_dir() else []:
             name, _, pid = folder.name.removeprefix(DOOMED).rpartition("-")
-            if folder.is_dir() and not (pid.isdigit() and _alive(int(pid))):
+            if folder.is_dir() and not (pid.isdigit() and pid_alive(int(pid))):
                 last, size = _walk(folder)
                 found.append(OldJob(f"{name} (removal interrupted)", (folder,), now - last, size))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def _locked(folder: Path) -> bool:

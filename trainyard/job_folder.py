@@ -80,9 +80,17 @@ def training_pid(job_dir: Path) -> int | None:
     """The pid of the job's training supervisor when it is alive (``supervisor.json`` names it), else None."""
     try:
         pid = int(json.loads((job_dir / SUPERVISOR_FILE).read_text())["pid"])
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, KeyError, TypeError, ProcessLookupError):
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
+    return pid if pid_alive(pid) else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` is alive (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
     except PermissionError:  # another user's process: alive
-        return pid
-    return pid
+        return True
+    return True

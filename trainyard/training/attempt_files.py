@@ -32,20 +32,24 @@ STEP_LOG_ENV = "TRAINYARD_STEP_LOG"
 """Set to 1: each group writes ``steps.jsonl``, a line per committed step (benchmarks read it)."""
 
 
+def _beat(out: Path) -> dict:
+    """An attempt's last heartbeat (``Heartbeat``: its step and when), empty before its first."""
+    try:
+        beat = json.loads((out / "heartbeat.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return beat if isinstance(beat, dict) else {}
+
+
 def last_step(out: Path) -> int:
     """The last step an attempt reported (its heartbeat), 0 if none."""
-    try:
-        return json.loads((out / "heartbeat.json").read_text())["step"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return 0
+    return _beat(out).get("step", 0)
 
 
 def silent_seconds(out: Path) -> float:
     """Seconds since an attempt's last heartbeat (0 before its first)."""
-    try:
-        return time.time() - json.loads((out / "heartbeat.json").read_text())["unix"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return 0.0
+    beat = _beat(out)
+    return time.time() - beat["unix"] if "unix" in beat else 0.0
 
 
 # A beat of a group's own slow work this recent shows it still at it (the heartbeat's watcher beats every second).
@@ -56,11 +60,10 @@ def moving(out: Path, group: tuple[int, int], stepped: dict[tuple[int, int], int
     """Whether an attempt's heartbeat shows it moving since last looked at (``stepped``: each group's step then): a
     step further, or a fresh beat of slow work of its own (``Heartbeat.while_busy``: validating, saving its state
     or its model), not of a wait on its peers."""
-    try:
-        beat = json.loads((out / "heartbeat.json").read_text())
-        step, busy = int(beat["step"]), bool(beat.get("own_work")) and time.time() - beat["unix"] < BUSY_FRESH_SECONDS
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    beat = _beat(out)
+    if "step" not in beat:
         return False
+    step, busy = beat["step"], bool(beat.get("own_work")) and time.time() - beat["unix"] < BUSY_FRESH_SECONDS
     before, stepped[group] = stepped.get(group), step
     return (before is not None and step > before) or busy
 
