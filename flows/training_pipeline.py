@@ -53,7 +53,7 @@ from trainyard.servers import advertised_host
 from trainyard.spec import TrainingJob, ignored_settings
 from trainyard.training import preflight
 from trainyard.training.plan import TrainingPlan
-from trainyard.training.supervisor import silent_seconds_limit
+from trainyard.training.restarts import silent_seconds_limit
 
 
 class JobFailed(TrainyardError):

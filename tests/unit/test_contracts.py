@@ -346,12 +346,12 @@ def test_the_launcher_waits_for_a_cancellation_as_long_as_the_platform_says(monk
 
 
 def test_a_silent_group_is_never_taken_for_hung_before_the_collectives_time_out(monkeypatch):
-    from trainyard.training import supervisor
+    from trainyard.training import restarts
 
-    monkeypatch.setenv(supervisor.SILENT_GROUP_SECONDS_ENV, "1")
-    assert supervisor.silent_seconds_limit() > supervisor.PG_TIMEOUT.total_seconds()
-    monkeypatch.setenv(supervisor.SILENT_GROUP_SECONDS_ENV, "")
-    assert supervisor.silent_seconds_limit() == 120
+    monkeypatch.setenv(restarts.SILENT_GROUP_SECONDS_ENV, "1")
+    assert restarts.silent_seconds_limit() > restarts.PG_TIMEOUT.total_seconds()
+    monkeypatch.setenv(restarts.SILENT_GROUP_SECONDS_ENV, "")
+    assert restarts.silent_seconds_limit() == 120
 
 
 def test_groups_on_other_nodes_reach_the_lighthouse_and_their_peers_by_trainyard_host(monkeypatch):

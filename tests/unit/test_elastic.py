@@ -320,7 +320,7 @@ def test_too_few_groups_left_for_min_replicas_fails_at_once_naming_the_settings(
     started = time.monotonic()
     with pytest.raises(TrainingError, match="fewer than resources.min_replicas 2 a step needs: lower min_replicas"):
         run(job, *rest)
-    assert time.monotonic() - started < 45  # the survivor waited out the quorum's 60 s timeout, then failed
+    assert time.monotonic() - started < 45  # (without: the survivor waited out its quorum timeout, then failed)
 
 
 def test_a_group_dying_in_its_start_up_does_not_hold_the_others_at_the_start_barrier(trainyard_home):

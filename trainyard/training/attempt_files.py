@@ -104,7 +104,7 @@ class Heartbeat:
         Also around each step's quorum and commit vote (``closing_beat`` False: the loop beats at its next step,
         and a write there took half a millisecond), which wait for a peer's restart, a heal's transfer or a vote
         from a peer that died: at a silence limit below torchft's timeouts a group waiting there was killed as
-        hung. Neither can hang: torchft gives up on them (``trainer.QUORUM_TIMEOUT``, ``MANAGER_TIMEOUT``).
+        hung. Neither can hang: torchft gives up on them (``plan.quorum_timeout_seconds``, ``trainer.MANAGER_TIMEOUT``).
 
         ``own_work`` (not for those waits): the watcher's beats say so (``moving``), so that a stop's
         grace lasts while a group validates or saves, and not while it waits on peers that have left."""

@@ -45,6 +45,25 @@ def training_failed(message: str, failures: list[dict]) -> TrainingError:
     return error
 
 
+def too_few_left(
+    min_replicas: int, max_attempts: int, failures: list[dict], left: list[int], live: int
+) -> TrainingError:
+    """The training stage's error when groups gone for good (failed past their attempts, or ``left``: asked to
+    go by SIGTERM, never restarted) leave ``live`` groups, fewer than a step needs."""
+    if left:  # (a spot interruption notice, a pod evicted: it is not restarted)
+        gone, fix = f"replica group(s) {', '.join(map(str, left))} left the job (SIGTERM)", "lower min_replicas"
+    else:
+        last = failures[-1]
+        gone = (
+            f"replica group {last['replica']} failed for good ({last['message']}; retries.max_attempts {max_attempts})"
+        )
+        fix = "lower min_replicas, or raise retries.max_attempts"
+    return training_failed(
+        f"{gone}, leaving {live} group(s), fewer than resources.min_replicas {min_replicas} a step needs: {fix}",
+        failures,
+    )
+
+
 def failure_record(out: Path, replica: int, attempt: int, code: int, ended_how: str | None = None) -> dict:
     """A failed attempt of group ``replica``, from its folder ``out``: the last step it reached, and the error
     it wrote (``error.json``: its message, whether it is the user's to fix, its kind), else how its run ended

@@ -58,6 +58,9 @@ class TrainingPlan:
     # The launch whose groups this plan releases: a group of another (an earlier run of the job id, whose
     # pipeline died before its plan) must not take it (``replica.wait_for_plan``). Empty: any group.
     launch_id: str = ""
+    # How long a group waits in a quorum for the groups its step needs (``restarts.quorum_timeout_seconds``,
+    # set by the supervisor; this default is its figure for local groups at the default silence limit).
+    quorum_timeout_seconds: float = 240.0
 
     def export_channels(self) -> None:
         """Name each extra channel's folder where entrypoints look (``export_channels``)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from trainyard import algorithms, env_settings, launch
+from trainyard import algorithms, launch
 from trainyard.errors import TrainingError
 from trainyard.home import write_json_atomic
 from trainyard.launch import LaunchHandle, ReplicaProcess
@@ -27,23 +27,23 @@ from trainyard.training.attempt_files import (
     report_progress,
     silent_seconds,
 )
-from trainyard.training.failures import failure_record, recoveries, training_failed
+from trainyard.training.failures import failure_record, recoveries, too_few_left, training_failed
 from trainyard.training.plan import SUPERVISOR_FILE, TrainingPlan, attempt_dir, request_stop, stop_requested
 from trainyard.training.preflight import preflight
+from trainyard.training.restarts import (
+    RETRY_BACKOFF_SECONDS,
+    backoff_seconds,
+    quorum_timeout_seconds,
+    silent_seconds_limit,
+)
 from trainyard.training.scaling import Scaler
 from trainyard.training.start_barrier import QueuedGroups, mark_ready
-from trainyard.training.trainer import PG_TIMEOUT, load_arrays
+from trainyard.training.trainer import load_arrays
 
 POLL_SECONDS = 0.1
 # After a stop request, groups get this long to reach a step boundary and write their result (from the request, or
 # from their last sign of moving towards it: attempt_files.moving).
 STOP_GRACE_SECONDS = 30.0
-# A group whose heartbeat is older than this is hung (its peers have dropped it): it is killed and
-# restarted. Longer than any step and the process-group timeout; TRAINYARD_SILENT_GROUP_SECONDS overrides.
-SILENT_GROUP_SECONDS = 120.0
-SILENT_GROUP_SECONDS_ENV = "TRAINYARD_SILENT_GROUP_SECONDS"
-# Seconds to wait between a group's crash and its restart, doubled per attempt (elastic retries).
-RETRY_BACKOFF_SECONDS = 0.5
 RESTART_DEFERRED_SECONDS = 10.0  # a restart whose GPUs another job holds is tried again this often
 
 
@@ -91,6 +91,7 @@ def train(
     emit = on_event or (lambda kind, payload: None)
     job_dir = Path(handle.job_dir)
     silent_limit = silent_seconds_limit()  # before the plan the groups wait for: a bad value trains nothing
+    plan.quorum_timeout_seconds = quorum_timeout_seconds(silent_limit, handle.work_pool)
     preflight(job, plan)
     plan.released_unix = time.time()
     plan.write(job_dir)
@@ -99,12 +100,6 @@ def train(
         return _supervise(handle, plan, job, job_dir, on_progress, emit, silent_limit)
     finally:
         (job_dir / SUPERVISOR_FILE).unlink(missing_ok=True)
-
-
-def silent_seconds_limit() -> float:
-    """How long a group may go without a heartbeat before it is taken for hung: TRAINYARD_SILENT_GROUP_SECONDS
-    (120), never below the collectives' timeout (a group waiting on a dead peer is silent that long)."""
-    return env_settings.seconds(SILENT_GROUP_SECONDS_ENV, SILENT_GROUP_SECONDS, PG_TIMEOUT.total_seconds() + 2)
 
 
 def _supervise(
@@ -193,22 +188,18 @@ def _supervise(
                 and not job_done
                 and (resume or not lost)
             ):
-                waiting[replica] = (time.monotonic() + RETRY_BACKOFF_SECONDS * 2**proc.attempt, proc, resume)
+                restart_at = time.monotonic() + backoff_seconds(proc.attempt, RETRY_BACKOFF_SECONDS)
+                waiting[replica] = (restart_at, proc, resume)
         job_finished = finished_the_job(job_dir, finished, live)
         ending = stop_requested(job_dir) or job_finished
         short = job.resources.min_replicas - len(live) - len(waiting)
         leaving = scaler.leaving & live.keys()  # (a group asked to leave that has gone no longer counts)
-        if failures and live and short > 0 and not ending and not leaving:  # (none live: said below)
+        left = sorted(r for r, res in finished.items() if res["stop_reason"] == "Left")  # (SIGTERM: never restarted)
+        if (failures or left) and live and short > 0 and not ending and not leaving:  # (none live: said below)
             # Groups lost for good left fewer than a step needs: the others would wait out the quorum's
             # timeout and fail with torchft's words. Said at once, with the settings that decide it.
             launch.shutdown(handle)
-            raise training_failed(
-                f"replica group {failures[-1]['replica']} failed for good ({failures[-1]['message']}; retries."
-                f"max_attempts {job.retries.max_attempts}), leaving {len(live)} group(s), fewer than "
-                f"resources.min_replicas {job.resources.min_replicas} a step needs: lower min_replicas, or raise "
-                "retries.max_attempts",
-                failures,
-            )
+            raise too_few_left(job.resources.min_replicas, job.retries.max_attempts, failures, left, len(live))
         for replica, (when, failed, resume) in list(waiting.items()):
             if ending:  # finished or stopped while it waited: nothing to come back to
                 del waiting[replica]

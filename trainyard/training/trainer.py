@@ -53,7 +53,7 @@ def _leave_or_die(parent: int):
     """The SIGTERM handler once training has begun: a graceful leave at the next step boundary, unless the
     process that started this group is gone (a pipeline killed outright: its death sends this SIGTERM,
     ``servers.die_with_parent``). Then no one is left to leave to, and the lighthouse went with it: the
-    next quorum would wait a minute, the group outliving its job. It ends at once instead."""
+    next quorum would wait minutes, the group outliving its job. It ends at once instead."""
 
     def handler(*_) -> None:
         if os.getppid() != parent:
@@ -66,7 +66,6 @@ def _leave_or_die(parent: int):
 # Failure detection: short enough that survivors stall briefly when a peer dies.
 PG_TIMEOUT = timedelta(seconds=10)
 MANAGER_TIMEOUT = timedelta(seconds=30)
-QUORUM_TIMEOUT = timedelta(seconds=60)
 HEAL_TRIES = 3  # fetches of a peer's state a group tries before it fails (and is restarted, as any failure)
 STOP_CHECK_STEPS = 4  # how often the groups agree on whether the job's stop was asked for (a tiny allreduce)
 FUSED_DEVICES = ("cpu", "cuda")  # where the optimizer takes torch's fused kernel (_optimizer)
@@ -137,7 +136,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
         min_replica_size=job.resources.min_replicas,
         use_async_quorum=False,  # heal before the batch is chosen, so the data position is current
         timeout=MANAGER_TIMEOUT,
-        quorum_timeout=QUORUM_TIMEOUT,
+        quorum_timeout=timedelta(seconds=plan.quorum_timeout_seconds),  # outlasts a peer's restart
         rank=0,
         world_size=1,
         store_addr=advertised_host(),  # the quorum's primary's store is where every group sets up the process group
@@ -219,7 +218,7 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             if not leave_on_sigterm:
                 # From its first quorum on, SIGTERM (a spot interruption notice, a scale-down) is a graceful
                 # leave at the next step boundary: the others go on without this group. Until then it ended
-                # the process (replica.py): that quorum can wait a minute in torchft, where no handler runs.
+                # the process (replica.py): that quorum can wait minutes in torchft, where no handler runs.
                 signal.signal(signal.SIGTERM, _leave_or_die(os.getppid()))
                 leave_on_sigterm = True
             # the fetch from the peer broke (the step is redone and the heal tried again), a few times at most
@@ -273,6 +272,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 meter.add_train_step(xb, yb)
             buffers.reduce()
             stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
+            data.share_losses(
+                manager, step + 1 - cursor["start_step"] >= data.steps_per_epoch(cursor["slots"], cursor["epoch"])
+            )
             with heartbeat.while_busy(step, closing_beat=False, own_work=False):  # may wait for a peer that died
                 committing = manager.should_commit()
             if not committing:
