@@ -44,6 +44,10 @@ class LossMemory:
                 self.loss[rows], self.epoch[rows] = loss, epoch
         self._undo = (step, self.reused, [])
 
+    def committed(self) -> None:
+        """The last try committed: it is never redone, and a heal from now on keeps what it counted."""
+        self._undo = None
+
     def fresh(self, rows: np.ndarray, epoch: int) -> np.ndarray:
         """Which of ``rows`` have a loss recent enough to reuse at ``epoch``."""
         measured = self.epoch[rows]
@@ -66,6 +70,8 @@ class LossMemory:
 
     def load_state_dict(self, state: dict) -> None:
         if "memory_loss" in state:
+            if self._undo is not None:  # its last try never committed (it is behind): its reused count goes
+                self.begin(self._undo[0])
             self.loss = state["memory_loss"].numpy().astype(np.float32)
             self.epoch = state["memory_epoch"].numpy().astype(np.int32)
             self._undo = None  # a healed group's memory is its peer's
@@ -207,7 +213,13 @@ class Pruner:
         if "prune_thresholds" in state:
             epoch, mean, *cuts = state["prune_thresholds"].tolist()
             self.thresholds = (int(epoch), mean, np.array(cuts)) if epoch >= 0 else None
+            if self._undo is not None:  # its last try never committed (it is behind): its counts go
+                self._begin(self._undo[0])
             self._undo = None
+
+    def committed(self) -> None:
+        """The last try committed: it is never redone, and a heal from now on keeps what it counted."""
+        self._undo = None
 
 
 def _uniform(seed: int, epoch: int, rows: np.ndarray) -> np.ndarray:

@@ -118,11 +118,6 @@ class Sifter:
         """Candidates the keep rule ranked, per class (index, as a string)."""
         return counts_by_class(self._scored_counts)
 
-    @property
-    def candidates_per_kept(self) -> float:
-        """Candidates drawn for each kept sample."""
-        return 1.0 + self.beta
-
     def candidate_batch(self, batch_size: int) -> int:
         """The global batch of candidates to draw for ``batch_size`` kept samples."""
         return candidate_batch(self.beta, batch_size)
@@ -143,7 +138,7 @@ class Sifter:
         total = sum(candidates)
         if total <= 0:
             return [0] * len(candidates)
-        keep = max(1, round(total / self.candidates_per_kept))
+        keep = max(1, round(total / (1.0 + self.beta)))  # (1 + beta candidates a kept row)
         quotas = [n * keep / total for n in candidates]
         counts = [math.floor(q) for q in quotas]
         n = len(counts)
@@ -266,8 +261,14 @@ class Sifter:
         return {"history": torch.from_numpy((self.history if history is None else history).copy())}
 
     def load_state_dict(self, state: dict) -> None:
+        if self._undo is not None:  # behind its peers, its last try never committed: its counts go, as its history
+            self._begin(self._undo[0])
         self.history = state["history"].numpy().astype(np.float32)
         self._undo = None  # a healed group's history is its peer's
+
+    def committed(self) -> None:
+        """The last try committed: it is never redone, and a heal from now on keeps what it counted."""
+        self._undo = None
 
     def counts(self) -> dict:
         """The running counts: what ranked, kept and passed over, overall and per class, and the candidates

@@ -46,6 +46,27 @@ def test_the_delays_training_losses_are_the_history_the_first_sifted_step_ranks_
     assert data.epoch_metrics()["mean_keep_probability"] == pytest.approx(0.5)
 
 
+def test_a_delay_past_the_first_epoch_with_pruning_gives_the_keep_rules_history_the_rows_trained(tmp_path):
+    # pruning drops learnt rows from a delay step's batch from epoch 1 on: the losses subtracted from the trained
+    # rows' were still the whole batch's (a broadcast error, the group failing at every try of that step)
+    import torch
+
+    prune = {"learnt_fraction": 0.7, "hardest_fraction": 0.0, "batch_factor": 1}
+    data, model, _ = reducible_step_data(
+        tmp_path, beta=1.0, score="loss", delay_steps=10, reuse_loss_epochs=0, prune=prune
+    )
+    torch.manual_seed(0)
+    torch.nn.init.normal_(model[-1].weight)  # the rows' losses differ: some are learnt
+    trained = 0
+    for step in range(10):  # 8 steps an epoch: steps 8 and 9 are epoch 1's, still in the delay
+        epoch, index = divmod(step, 8)
+        xb, yb, _ = data.batch(model, epoch, index, step, 1, 0, 1)
+        data.trained(data.loss_fn(model(xb), yb))
+        trained += len(xb)
+    assert trained < 10 * 32  # epoch 1's pruned some
+    assert len(data.sifter.history) == trained
+
+
 def test_kept_fractions_per_class_are_named_by_the_classes_label_values(tmp_path):
     data, model, _ = reducible_step_data(tmp_path, classes=["ant", "moose"], score="loss", reuse_loss_epochs=0)
     for step in range(4):

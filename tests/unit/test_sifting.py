@@ -153,6 +153,40 @@ def test_a_group_healed_while_its_peer_redoes_a_step_gets_the_committed_state():
     assert (memory.state_dict(step=5)["memory_loss"][:10] == 9.0).all()
 
 
+def test_a_heal_after_a_try_that_did_not_commit_leaves_that_try_uncounted():
+    """torchft agrees a commit within a group, not across groups: a peer may commit a step this group's try did
+    not, and heal this group past it. That try's counts went with it; those of a try that committed stay."""
+    from trainyard.pruning import LossMemory, Pruner
+    from trainyard.sifting import Sifter
+    from trainyard.spec import Pruning, Sifting
+
+    sifter, memory = Sifter(Sifting(enabled=True, beta=1.0, delay_steps=0), seed=0), LossMemory(100, max_age=1)
+    pruner = Pruner(Pruning(learnt_fraction=0.5, hardest_fraction=0.0), epochs=4, seed=0)
+    rng = np.random.default_rng(5)
+
+    def step(number: int, commit: bool) -> None:
+        memory.begin(number)
+        memory.reused += 3  # (as a step's scoring pass counts the losses it reused)
+        sifter.select(rng.random(22), rng.integers(0, 2, 22), 11, number, 0)
+        pruner.decide(np.arange(10), memory, 0, number)
+        for part in (sifter, memory, pruner) if commit else ():
+            part.committed()
+
+    for number in range(4):
+        step(number, commit=True)
+    peer = sifter.state_dict(4) | memory.state_dict(4) | pruner.state_dict()
+    counted = sifter.counts(), memory.reused, pruner.counts()
+    step(4, commit=False)  # its peer committed step 4; this group's try did not, and it heals to step 5
+    for part in (sifter, memory, pruner):
+        part.load_state_dict(peer)
+    assert (sifter.counts(), memory.reused, pruner.counts()) == counted
+    step(5, commit=True)  # a heal after a committed try (a peer ran ahead alone) keeps it
+    counted = sifter.counts(), memory.reused, pruner.counts()
+    for part in (sifter, memory, pruner):
+        part.load_state_dict(peer)
+    assert (sifter.counts(), memory.reused, pruner.counts()) == counted
+
+
 def test_a_class_with_only_a_few_easy_candidates_keeps_at_least_one():
     from trainyard.sifting import Sifter
     from trainyard.spec import Sifting

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from trainyard import algorithms
 from trainyard.errors import TrainingError
@@ -36,6 +37,7 @@ from trainyard.pruning import LossMemory, Pruner
 from trainyard.sifting import Sifter, fractions_by_class
 from trainyard.spec import TrainingJob
 from trainyard.status import pruned_fraction, trained_fraction_by_class
+from trainyard.training.ddp import alone
 from trainyard.training.flops import FlopMeter
 from trainyard.training.plan import TrainingPlan
 from trainyard.training.proxy import Pass, ProxyScorer
@@ -112,6 +114,7 @@ class StepData:
         by: the rows trained across the quorum, or with pruning the rows dealt; in the epochs that
         ``sifting.prune.batch_factor`` deals more rows, those over the factor (about ``batch_size``)."""
         xb, yb, global_count = step_batch(self.sampler, epoch, index, slots, rank, members)
+        self._epoch = epoch
         reference = rows = None
         self._pass = None
         if self._side:
@@ -149,6 +152,8 @@ class StepData:
             # rows, so an epoch's steps add up to a whole epoch's gradient in fewer, larger steps.
             kept, weights = self.pruner.decide(rows[chosen], self.memory, epoch, step)
             chosen = chosen[kept]
+            if self._before_sifting is not None:  # (the delay's: its history takes the rows trained)
+                self._before_sifting = self._before_sifting[kept]
             self.weights = torch.from_numpy(weights).to(self.device) if (weights != 1).any() else None
             global_count = global_count * self.batch_size / self._dealt(epoch)
         self._trained = (rows[chosen], epoch) if rows is not None else None
@@ -167,12 +172,35 @@ class StepData:
     def committed(self) -> None:
         """The step whose batch was handed out last has committed: with ``sifting.score: proxy`` the proxy
         learns its rows now (before sifting starts too), not when they were dealt, so a step torchft redoes
-        ranks and picks as its first try did, and a healing group gets a proxy of committed steps only."""
+        ranks and picks as its first try did, and a healing group gets a proxy of committed steps only. A heal
+        after a try that did not commit undoes that try's counts; after one that did, keeps them."""
+        for part in (self.sifter, self.pruner, self.memory):
+            if part is not None:
+                part.committed()
         if self._proxy_learns is not None:
             before = self.meter.scoring
             self._proxy_flops(self._proxy_learns)
             self.meter.proxy_training += self.meter.scoring - before  # of scoring, what its training took
             self._proxy_learns = None
+
+    def share_losses(self, manager, closes_epoch: bool) -> None:
+        """At an epoch's last step, before it commits: the losses each group remembered in the epoch, merged
+        over the quorum, so that every group prunes (and reuses losses) by every row's, not by the share of
+        rows it was dealt (a half, with two groups), and reckons the next epoch's thresholds as the others
+        do. One group measures a row in an epoch (its rows are dealt); a collective that fails leaves the
+        step uncommitted, and the redo undoes what this remembered (``LossMemory.begin``)."""
+        memory = self.memory
+        if memory is None or not closes_epoch or alone(manager):
+            return
+        epoch = self._epoch
+        mine = memory.epoch == epoch
+        shared = torch.from_numpy(np.stack([np.where(mine, memory.loss, 0), mine]).astype(np.float32))
+        shared = shared.to(self.device)  # (where the process group's collectives run)
+        if not manager.allreduce(shared, reduce_op=dist.ReduceOp.SUM).wait():
+            return  # the collective failed (the tensor may be garbage): the step will not commit, and is redone
+        total, count = shared.cpu().numpy()
+        rows = np.flatnonzero(count > 0)
+        memory.remember(rows, total[rows] / count[rows], epoch)
 
     def trained(self, losses: torch.Tensor) -> None:
         """The per-sample losses of the training forward pass over the last batch handed out: with
