@@ -94,6 +94,8 @@ def gate(client, rule: PromoteIf | None, name: str, version) -> GateDecision:
         else:
             theirs = _version_metric(client, champion, metric) if champion is not None else None
             decision = decide(rule, ours, theirs, champion is not None, emissions)
+            if champion is not None and theirs is not None and (metric or "").startswith("val_"):
+                decision = GateDecision(decision.wins, decision.reason + _other_validation(version, champion))
         if not decision.wins:
             client.set_registered_model_alias(name, CANDIDATE, version.version)
             break
@@ -140,6 +142,16 @@ def _version_metric(client, version, metric: str | None) -> float | None:
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
             return None
         raise
+
+
+def _other_validation(version, champion) -> str:
+    """A note where the two versions were validated on different data (a refreshed validation channel): their
+    metrics are compared as recorded, which a person reading the decision should know."""
+    key = "data.validation.manifest_digest"
+    ours, theirs = (version.tags or {}).get(key), (champion.tags or {}).get(key)
+    if ours is None or theirs is None or ours == theirs:
+        return ""
+    return f"; note: the champion was validated on other data (manifest {theirs[:19]}, this version's {ours[:19]})"
 
 
 def _float(value: str | None) -> float | None:

@@ -15,6 +15,7 @@ version are deleted. Gate decisions are recorded on the version (``trainyard.gat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import tempfile
@@ -87,10 +88,14 @@ def register(
 
 
 GATE_LOCK_PREFIX = "trainyard-gate-"  # also the name of the gate's Prefect concurrency limit (tasks/registry.py)
+LONGEST_NAME_IN_LOCK = 200  # under 255 bytes with the prefix and suffix (names are ASCII: MODEL_NAME_PATTERN)
 
 
 def gate_lock(name: str) -> Path:
-    """The lock file that one machine's promotion gates of model ``name`` take one at a time."""
+    """The lock file that one machine's promotion gates of model ``name`` take one at a time. A name too long
+    for a file's (model names go to 255 characters, a file name's bytes too) is cut and given its digest."""
+    if len(name) > LONGEST_NAME_IN_LOCK:
+        name = f"{name[: LONGEST_NAME_IN_LOCK - 17]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return home() / "locks" / f"{GATE_LOCK_PREFIX}{name}.lock"
 
 
@@ -145,7 +150,10 @@ def registered(name: str, job_id: str) -> dict | None:
     try:
         client = mlflow.MlflowClient(uri)
         version = _version_of_job(client, name, job_id)
-        return None if version is None else model_summary(client, name, version, uri)
+        if version is None:
+            return None
+        # read again: a search leaves out the aliases (the SQL store's search gives none), and a gate may have set one
+        return model_summary(client, name, client.get_model_version(name, version.version), uri)
     except service_errors() as exc:
         raise translate(exc, f"looking up the version of job {job_id}", uri, registering=False) from exc
 
@@ -312,6 +320,8 @@ def _discard_unregistered_runs(client, experiment_id: str, job_id: str) -> None:
     from mlflow.exceptions import MlflowException
 
     for run in client.search_runs([experiment_id], f"tags.`{JOB_ID_TAG}` = '{job_id}'"):
+        if client.search_model_versions(f"run_id = '{run.info.run_id}'"):
+            continue  # a version's, under another name (renamed in MLflow, or a rerun naming another model)
         with contextlib.suppress(MlflowException):  # a server before MLflow 3 has no logged models
             for logged in client.search_logged_models([experiment_id], f"source_run_id = '{run.info.run_id}'"):
                 client.delete_logged_model(logged.model_id)

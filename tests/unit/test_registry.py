@@ -137,6 +137,15 @@ def test_a_gates_direction_is_its_metrics_and_a_contrary_one_is_refused():
         SpecError, match="registry.promote_if.mode: max would promote a worse model: the gate compares val_rmse"
     ):
         parse_job(spec | {"algorithm": {"builtin": "linear-regression"}, "registry": {"promote_if": {"mode": "max"}}})
+    # the built-in regression's loss is over each job's own label spread: versions' losses do not compare
+    for metric in ("val_loss", "train_loss"):
+        with pytest.raises(SpecError, match=f"registry.promote_if.metric: {metric} of the built-in linear-regression"):
+            parse_job(
+                spec | {"algorithm": {"builtin": "linear-regression"}, "registry": {"promote_if": {"metric": metric}}}
+            )
+    assert (
+        parse_job(spec | {"registry": {"promote_if": {"metric": "val_loss"}}}).gate.metric == "val_loss"
+    )  # a classifier's
 
 
 def test_model_card_has_data_metrics_carbon_and_lineage():

@@ -81,6 +81,8 @@ def test_a_rerun_finishes_the_gate_an_earlier_run_never_reached(tracking, tmp_pa
     assert finished["gate"] == "champion: no champion yet"
     assert registry.finish_gate(job, "j1") == finished  # gated once
     assert registry.finish_gate(job, "never-registered") is None
+    # what a job ended inside its registration reports: its aliases too (a search's version has none)
+    assert registry.registered(job.model_name, "j1") == finished
 
 
 def test_a_rejection_waits_for_a_gate_in_progress(tracking, tmp_path):
@@ -198,3 +200,49 @@ def test_a_rerun_deletes_the_extra_version_a_run_left_when_it_died_before_its_cl
     finished = registry.finish_gate(job, "j1")
     assert [int(v.version) for v in client.search_model_versions(f"name='{job.model_name}'")] == [1]
     assert finished["version"] == 1 and finished["aliases"] == ["champion"]
+
+
+def test_a_model_name_as_long_as_names_go_has_a_gate_lock_of_its_own(tmp_path, monkeypatch):
+    # a 236-255 character name made a lock file name over the file system's 255 bytes: every gate of the
+    # model, the job's and `trainyard models gate/promote/reject`, failed as "MLflow unavailable"
+    from trainyard.home import flocked
+    from trainyard.registry import gate_lock
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
+    longest, sibling = "m" * 255, "m" * 254 + "n"
+    with flocked(gate_lock(longest), wait_seconds=0), flocked(gate_lock(sibling), wait_seconds=0):
+        assert gate_lock(longest) != gate_lock(sibling)  # two names alike for 200 characters lock apart
+    assert gate_lock("reg-test").name == "trainyard-gate-reg-test.lock"  # (short names as before)
+
+
+def test_a_rerun_keeps_the_run_of_its_version_under_a_name_it_no_longer_has(tracking, tmp_path):
+    # the model renamed in MLflow's UI: the rerun found no version of the job under its name and deleted the
+    # earlier run, the renamed version's lineage, as one that never became a version
+    job, model, x = trained()
+    first = register(job, model, x, "j1", 0.80, tmp_path)
+    client = mlflow.MlflowClient(tracking)
+    client.rename_registered_model(job.model_name, "renamed")
+    again = register(job, model, x, "j1", 0.80, tmp_path)
+    assert client.get_model_version("renamed", "1").run_id == first["run_id"] != again["run_id"]
+    assert client.get_run(first["run_id"]).info.lifecycle_stage == "active"
+
+
+def test_a_gate_between_versions_validated_on_different_data_says_so(tracking, tmp_path):
+    # a refreshed validation channel: the metrics are compared as recorded, and the decision says they are of
+    # different data (it read as a like-for-like comparison)
+    job, model, x = trained()
+    plot = tmp_path / "curves.png"
+    plot.write_bytes(b"\x89PNG")
+    for job_id, accuracy, digest in (
+        ("v1", 0.80, "sha256:aaaa"),
+        ("v2", 0.90, "sha256:bbbb"),
+        ("v3", 0.95, "sha256:bbbb"),
+    ):
+        history = [{"epoch": 1, "train_loss": 0.5, "val_accuracy": accuracy}]
+        tags = {"data.train.manifest_digest": "d", "data.validation.manifest_digest": digest}
+        registered = registry.register(model, job, job_id, x[:5], history, {"hp.seed": 0}, tags, {"curves": plot})
+        if job_id == "v2":
+            assert registered["gate"].endswith(
+                "; note: the champion was validated on other data (manifest sha256:aaaa, this version's sha256:bbbb)"
+            )
+    assert "other data" not in registered["gate"]  # v3 against v2: the same validation data

@@ -44,7 +44,7 @@ class TrainingJob(_Model):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not _NAME_RE.fullmatch(v):
             raise ValueError(f"{v!r}: use 1-63 letters, digits or hyphens, not starting or ending with a hyphen")
         return v
 
@@ -114,6 +114,13 @@ class TrainingJob(_Model):
         gate = self.gate
         if gate is not None and gate.metric is not None:  # the gate fills the metric in: always set
             problems += self._metric_problems("registry.promote_if.metric", gate.metric)
+            if self.algorithm.builtin == "linear-regression" and gate.metric in ("val_loss", "train_loss"):
+                # Its loss is the squared error over each job's own label spread (algorithms._scaled_mse):
+                # a version trained on wider labels read better at a worse error.
+                problems.append(
+                    f"registry.promote_if.metric: {gate.metric} of the built-in linear-regression is in units of "
+                    "each job's own label spread, not comparable between versions; use val_rmse"
+                )
             if gate.mode is not None and gate.mode != gate.direction:  # PromoteIf checks this only with a metric
                 better = "bigger" if gate.direction == "max" else "smaller"
                 problems.append(
@@ -130,9 +137,11 @@ class TrainingJob(_Model):
                 "different epochs; use val_loss (with inputs.validation), or one replica group (max_replicas: 1)"
             )
         problems += _gpu_variables(self.resources)
-        if self.stopping.patience_epochs is not None and self.inputs.validation is None:
+        # (judged on the watched metric: train_loss, where it is the target's, needs no validation channel)
+        lacks_validation = self.inputs.validation is None and self.stopping.watched_metric.startswith("val_")
+        if self.stopping.patience_epochs is not None and lacks_validation:
             problems.append("stopping.patience_epochs: needs a validation channel; add inputs.validation")
-        if self.stopping.restore_best and self.inputs.validation is None:
+        if self.stopping.restore_best and lacks_validation:
             problems.append(
                 "stopping.restore_best: the best epoch is judged on validation metrics; add inputs.validation"
             )
