@@ -102,6 +102,12 @@ def test_restore_best_is_on_with_patience_by_default_and_needs_validation():
     assert not parse_job(_spec()).stopping.restores_best
     with pytest.raises(SpecError, match=r"stopping.restore_best: .*add inputs.validation"):
         parse_job(_spec(restore_best=True))
+    # watching train_loss (one group: each group's own), patience and the best epoch need no validation channel
+    target = {"name": "train_loss", "value": 0.01}
+    on_training = _spec(target_metric=target, patience_epochs=3, restore_best=True) | {"resources": {"replicas": 1}}
+    assert parse_job(on_training).stopping.restores_best
+    with pytest.raises(SpecError, match=r"stopping.patience_epochs: needs a validation channel"):
+        parse_job(_spec(patience_epochs=3) | {"resources": {"replicas": 1}})  # (watching val_loss)
 
 
 HISTORY = [

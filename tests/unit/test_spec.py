@@ -60,6 +60,12 @@ def test_a_failing_field_a_whole_job_check_reads_is_not_judged_at_its_default():
     # batch_size 1024.5 dropped for its default 256 made sifting's draw check judge a batch the user never wrote
     found = problems(minimal(hyperparameters={"batch_size": 1024.5}, sifting={"enabled": True, "beta": 0.0015}))
     assert [p.split(":")[0] for p in found] == ["hyperparameters.batch_size"], found
+    # nor when the failing place is the whole section holding it (an entrypoint's key MLflow would refuse)
+    hp = {"batch_size": 1000, "dropout(p)": 0.1}
+    found = problems(
+        minimal(algorithm={"entrypoint": "m:build"}, hyperparameters=hp, sifting={"enabled": True, "beta": 0.001})
+    )
+    assert [p.split(":")[0] for p in found] == ["hyperparameters"], found
 
 
 def test_missing_required_fields():
@@ -67,6 +73,13 @@ def test_missing_required_fields():
     assert "algorithm: required; add it" in found
     assert "inputs: required; add it" in found
     assert "output: required; add it" in found
+
+
+def test_a_name_or_entrypoint_ending_in_a_newline_is_refused():
+    # a pattern's `$` matches before a last newline too: a YAML `name: |` block passed, and the job id made of it
+    # failed later with Prefect's traceback
+    assert [p.split(":")[0] for p in problems(minimal(name="churn\n"))] == ["name"]
+    assert any("package.module:function" in p for p in problems(minimal(algorithm={"entrypoint": "m:build\n"})))
 
 
 def test_cross_field_checks_name_fields():

@@ -184,7 +184,10 @@ def _skipped_job_problems(exc: ValidationError, data: dict) -> list[str]:
     failing = [tuple(str(p) for p in err["loc"]) for err in exc.errors() if err["loc"]]
     if len(failing) < len(exc.errors()) or not failing:
         return []  # the whole-job checks ran: they are among the errors already
-    if any(".".join(loc).startswith(read) for loc in failing for read in READ_ACROSS_SECTIONS):
+    # a failing field within one they read, or a whole section holding one (hyperparameters' names)
+    if any(
+        _within(".".join(loc), read) or _within(read, ".".join(loc)) for loc in failing for read in READ_ACROSS_SECTIONS
+    ):
         return []
     trimmed = copy.deepcopy(data)
     for loc in failing:
@@ -196,6 +199,11 @@ def _skipped_job_problems(exc: ValidationError, data: dict) -> list[str]:
     except ValidationError as again:
         return [line for err in again.errors() if not err["loc"] for line in problems_of_error(err)]
     return []
+
+
+def _within(path: str, section: str) -> bool:
+    """Whether the dotted ``path`` is ``section`` or inside it."""
+    return path == section or path.startswith(f"{section}.")
 
 
 def _drop(data: object, loc: tuple[str, ...]) -> None:

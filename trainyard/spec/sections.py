@@ -45,7 +45,7 @@ class Algorithm(_Model):
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_shape(cls, v: str | None) -> str | None:
-        if v is not None and not _ENTRYPOINT_RE.match(v):
+        if v is not None and not _ENTRYPOINT_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not of the form 'package.module:function'")
         return v
 
@@ -100,7 +100,7 @@ class Hyperparameters(_Model):
         registration, after all its training."""
         for key in self.model_extra or {}:
             name = f"hp.{key}"
-            if not _PARAM_NAME.match(name) or len(name) > 250 or posixpath.normpath(name) != name:
+            if not _PARAM_NAME.fullmatch(name) or len(name) > 250 or posixpath.normpath(name) != name:
                 fixed = re.sub(r"\.\.+", ".", re.sub(r"[^\w.\- :]", "_", key))[:200]  # (no slash: no path)
                 raise ValueError(
                     f"{key!r}: MLflow records hyperparameters as params (hp.{key}), whose names may hold only "
