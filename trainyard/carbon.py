@@ -73,6 +73,11 @@ def meter(
     else:
         kwargs = {"country_iso_code": settings.country_iso_code}
         kwargs |= {"region": settings.region} if settings.region else {}
+    if tracking_mode == "process":
+        # RAPL, which codecarbon prefers, reads the whole CPU package whatever the tracking mode: k groups of a
+        # node would each count all of it. The load model (TDP x this process's share of the CPU time) is the
+        # process's own; where codecarbon knows no TDP for the CPU it still falls back to RAPL.
+        kwargs["force_mode_cpu_load"] = True
     if tracking_mode == "process" and carbon_probe.sees_no_gpu():
         # A CPU group's share. Left to itself codecarbon would count every GPU that NVML sees (it reads an
         # empty CUDA_VISIBLE_DEVICES as unset): on a GPU machine, the GPUs once per group of a CPU job.

@@ -201,15 +201,21 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
         failure = exc
         spec_problem = isinstance(exc, SpecError) or isinstance(exc.__cause__, SpecError)
     except RuntimeError as exc:
-        if "ephemeral Prefect API" not in str(exc):
-            raise
         # Prefect's own words, without its traceback: the job never started, so there is no summary.
+        if "ephemeral Prefect API" in str(exc):
+            advice = (
+                "Start a Prefect server (`prefect server start`) and set PREFECT_API_URL, "
+                "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS."
+            )
+        elif str(exc).startswith("Failed to reach API at "):  # the profile's or the environment's API is down
+            advice = (
+                "Start that Prefect server, or point PREFECT_API_URL at a running one; to run on an API of the "
+                "job's own instead, unset it (`prefect config unset PREFECT_API_URL`, and in the environment)."
+            )
+        else:
+            raise
         say(console, exc, "red")
-        say(
-            console,
-            "Start a Prefect server (`prefect server start`) and set PREFECT_API_URL, "
-            "or raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.",
-        )
+        say(console, advice)
         return 1
     except BaseException:
         # SIGTERM or Ctrl-C: the flow wrote its summary as Stopped. Exiting on a signal skips the hook
@@ -281,35 +287,38 @@ def clean(
     jobs/JOB_ID (manifests, logs, every group's model) and prefect/JOB_ID (a job run without a Prefect API).
 
     A running job is never removed. Registered models and their lineage stay in MLflow, outputs in S3;
-    the cache keeps its own cap (TRAINYARD_CACHE_MAX_BYTES).
+    the cache keeps its own cap (TRAINYARD_CACHE_MAX_BYTES). Exit 1 when a folder could not all be deleted
+    (each said, the others still removed); 2 when a job named cannot be (nothing removed).
     """
     from trainyard import housekeeping
 
     if not job_ids:
         found = housekeeping.old_jobs(older_than * 86_400)
-        _remove(found, f"jobs idle for {older_than:g} days or more", dry_run, lock=True)
-        return
-    try:
-        # their run locks held until they are gone: a rerun of one cannot start in its folder meanwhile
-        with housekeeping.named_jobs(job_ids) as found:
-            _remove(found, "the jobs named", dry_run)
-    except TrainyardError as exc:  # nothing is removed when one of them cannot be
-        say(console, exc, "red")
-        raise typer.Exit(2) from None
+        failed = _remove(found, f"jobs idle for {older_than:g} days or more", dry_run, lock=True)
+    else:
+        try:
+            # their run locks held until they are gone: a rerun of one cannot start in its folder meanwhile
+            with housekeeping.named_jobs(job_ids) as found:
+                failed = _remove(found, "the jobs named", dry_run)
+        except TrainyardError as exc:  # nothing is removed when one of them cannot be
+            say(console, exc, "red")
+            raise typer.Exit(2) from None
+    if failed:  # (said above, each with why; a script's `clean && ...` must not take it as done)
+        raise typer.Exit(1)
 
 
-def _remove(found: list, which: str, dry_run: bool, lock: bool = False) -> None:
+def _remove(found: list, which: str, dry_run: bool, lock: bool = False) -> int:
     """Remove the folders of ``found`` (``housekeeping.OldJob``), listing them; ``lock``: each under its run
-    lock, kept if a run of it has started since it was found."""
+    lock, kept if a run of it has started since it was found. Returns how many could not be removed."""
     from trainyard import housekeeping
 
     if not found:
         say(console, f"nothing to remove: no {which}", "green")
-        return
+        return 0
     table = Table(title=f"{'would remove' if dry_run else 'removed'}: {which}")
     for column, justify in (("job", "left"), ("idle (days)", "right"), ("MiB", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    removed = []
+    removed, failed = [], 0
     for job in found:
         try:
             if not dry_run and not housekeeping.remove(job, lock=lock):
@@ -317,11 +326,13 @@ def _remove(found: list, which: str, dry_run: bool, lock: bool = False) -> None:
                 continue
         except TrainyardError as exc:  # (the others are still removed)
             say(console, exc, "red")
+            failed += 1
             continue
         removed.append(job)
         table.add_row(job.job_id, f"{job.idle_seconds / 86_400:.1f}", f"{job.size / 2**20:.1f}")
     out().print(table)
     say(console, f"{len(removed)} job(s), {sum(job.size for job in removed) / 2**20:.1f} MiB", "green")
+    return failed
 
 
 def _cell(value) -> str:

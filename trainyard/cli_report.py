@@ -43,6 +43,9 @@ def carbon(
         if path is not None and not path.parent.is_dir():
             say(console, f"{path}: its folder {path.parent} does not exist", "red")
             raise typer.Exit(2)
+    if png_out is not None and png_out.suffix.lower() != ".png":  # (matplotlib took the suffix for the format)
+        say(console, f"--png {png_out}: the chart is a PNG; name it ending in .png", "red")
+        raise typer.Exit(2)
     try:
         rows = esg.read_ledger(output_uri, since)
     except TrainyardError as exc:

@@ -159,10 +159,10 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
             # the whole heap for (collector.py); the process's first client is frozen with the imports
             # before it, out of every later collection's walk.
             with collector.paused():
-                core = botocore_loader.session()
-                session = boto3.session.Session(botocore_session=core)
                 refused = None
                 try:
+                    core = botocore_loader.session()
+                    session = boto3.session.Session(botocore_session=core)
                     made = session.client("s3", config=_client_config(core))
                     made.meta.events.register("after-call.s3", _note_answer)
                     _clients[key] = (session, made)
@@ -170,6 +170,11 @@ def _session_and_client() -> tuple[boto3.session.Session, object]:
                     if not str(exc).startswith("Invalid endpoint: "):  # another setting's (a region's): its own
                         raise
                     refused = _endpoint_error(exc)  # botocore's message quotes the URL, password and all
+                except ProfileNotFound as exc:  # a mistyped AWS_PROFILE: every command said it with a traceback
+                    refused = StorageError(
+                        f"{exc}: set AWS_PROFILE to a profile of your AWS config file (AWS_CONFIG_FILE, "
+                        "~/.aws/config), or unset it"
+                    )
                 if refused:  # raised here, so that no chained exception keeps the password
                     raise refused
                 collector.freeze_once()

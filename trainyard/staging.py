@@ -374,9 +374,9 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
     count = int(obj.etag.rsplit("-", 1)[1]) if "-" in obj.etag else 0
     if not count:
         return None
-    try:
-        parts: list[dict] = []
-        marker: dict[str, int] = {}
+    parts: list[dict] = []
+    marker: dict[str, int] = {}
+    with contextlib.suppress(ClientError):  # refused (a read-only role of GetObject and ListBucket; R2): the HEADs
         while True:  # S3 lists at most 1,000 parts an answer; an object may have 10,000
             attrs = client.get_object_attributes(
                 Bucket=obj.bucket, Key=obj.key, ObjectAttributes=["ObjectParts"], MaxParts=1000, **marker, **obj.version
@@ -386,13 +386,14 @@ def _part_sizes(client, obj: StagedObject) -> list[int] | None:
             if not listed.get("IsTruncated") or not listed.get("NextPartNumberMarker") or len(parts) >= count:
                 break
             marker = {"PartNumberMarker": listed["NextPartNumberMarker"]}
-        if len(parts) == count:
-            return [p["Size"] for p in sorted(parts, key=lambda p: p["PartNumber"])]
+    if len(parts) == count:
+        return [p["Size"] for p in sorted(parts, key=lambda p: p["PartNumber"])]
 
-        def head(number: int) -> dict:
-            with _part_heads:
-                return client.head_object(Bucket=obj.bucket, Key=obj.key, PartNumber=number, **obj.version)
+    def head(number: int) -> dict:
+        with _part_heads:
+            return client.head_object(Bucket=obj.bucket, Key=obj.key, PartNumber=number, **obj.version)
 
+    try:
         with ThreadPoolExecutor(max_workers=min(count, PART_HEADS_AT_ONCE)) as pool:
             return [h["ContentLength"] for h in pool.map(head, range(1, count + 1))]
     except ClientError:

@@ -54,6 +54,13 @@ def test_an_ephemeral_api_that_does_not_start_is_one_message_not_a_traceback(tmp
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PREFECT_API_URL" in result.stderr
     assert "Traceback" not in result.stdout + result.stderr
+    # a Prefect API set (here in the environment; a profile's alike) that is down: Prefect's words and what to do
+    env.pop("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+    env["PREFECT_API_URL"] = "http://127.0.0.1:9/api"  # (the discard port: nothing listens)
+    result = subprocess.run([trainyard, "run", str(job)], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Failed to reach API at http://127.0.0.1:9/api" in result.stderr and "unset it" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])

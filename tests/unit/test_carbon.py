@@ -185,6 +185,7 @@ def test_the_ledger_aggregates_jobs_across_runs(s3_server, bucket, tmp_path):
         (["--since", "yesterday"], 2, "--since 'yesterday': not a date"),
         (["--csv", str(tmp_path / "no-such-folder" / "l.csv")], 2, "no-such-folder does not exist"),
         (["--png", str(tmp_path / "l.csv" / "l.png")], 2, "does not exist"),  # a file where the folder should be
+        (["--png", str(tmp_path / "ledger.csv")], 2, "the chart is a PNG"),  # (a traceback from matplotlib)
     ):
         failed = CliRunner().invoke(app, ["report", "carbon", f"s3://{bucket}/out/", *args])
         assert failed.exit_code == code and says in failed.output, failed.output

@@ -140,3 +140,7 @@ def test_a_folder_that_cannot_all_be_deleted_is_said_not_reported_removed(trainy
     result = CliRunner().invoke(app, ["clean", "--older-than", "30"])
     assert "could not be deleted, first" in result.output and "model.pt" in result.output
     assert "0 job(s), 0.0 MiB" in result.output
+    assert result.exit_code == 1  # a script's `trainyard clean && ...` must not take it as done (it exited 0)
+    make_job("named-20260101-000000-cccccc", days_idle=1, prefect=False)  # (the first is set aside as .removing-)
+    named = CliRunner().invoke(app, ["clean", "named-20260101-000000-cccccc"])
+    assert named.exit_code == 1 and "could not be deleted, first" in named.output

@@ -161,6 +161,10 @@ def test_the_standard_retry_settings_are_honoured_as_boto3_counts_them(fresh_cli
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "three")
     with pytest.raises(s3.StorageError, match="AWS_MAX_ATTEMPTS .* 'three' is not a whole number"):
         s3.client()
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS")
+    monkeypatch.setenv("AWS_PROFILE", "tem")  # a mistyped profile: botocore's traceback, where every command said it
+    with pytest.raises(s3.StorageError, match="The config profile \\(tem\\) could not be found: set AWS_PROFILE"):
+        s3.client()
 
 
 def test_an_endpoint_that_never_answered_is_not_retried_and_one_that_answered_before_is(fresh_clients, monkeypatch):

@@ -307,3 +307,26 @@ def test_a_prefix_of_more_keys_than_one_listing_answer_is_listed_whole(s3_endpoi
         list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=b"x"), keys))
     listed = listing.list_channel("train", Channel(s3_uri=f"s3://{bucket}/ch/", format="raw"))
     assert sorted(o.key for o in listed.objects) == keys
+
+
+def test_part_sizes_come_from_heads_where_get_object_attributes_is_refused():
+    # a read-only role (GetObject, ListBucket) is refused GetObjectAttributes: the part HEADs GetObject allows
+    # were never tried, and a multipart object's composite checksum went unchecked (its size alone)
+    from botocore.exceptions import ClientError
+
+    class ReadOnly:
+        heads_refused = False
+
+        def get_object_attributes(self, **kwargs):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "GetObjectAttributes")
+
+        def head_object(self, **kwargs):
+            if self.heads_refused:
+                raise ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "HeadObject")
+            return {"ContentLength": 5 << 20 if kwargs["PartNumber"] < 3 else 9}
+
+    client = ReadOnly()
+    obj = listing.StagedObject("b", "k", 2 * (5 << 20) + 9, "0" * 32 + "-3")
+    assert staging._part_sizes(client, obj) == [5 << 20, 5 << 20, 9]
+    client.heads_refused = True
+    assert staging._part_sizes(client, obj) is None  # nothing says: the size alone is checked, as before
