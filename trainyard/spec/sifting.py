@@ -183,7 +183,8 @@ class Sifting(_Model):
     # targets against 3, its finalists run one at a time), and it met 8 of the 10 lines on the reported seeds (digits
     # 0.66x FLOPs, 1.45x wall, +0.4 points; tabular as pruning x3, which it picks there): benchmarks/README. Stop 53's
     # run tied the two (4 of 6 each) and broke the tie to pruning x3 by digits' one-run walls; kept. Stop 54's, the
-    # finalists' walls medians of three, picked it alone (4 of 6, the rest 3), 8 of 10 lines again (benchmarks/README)
+    # finalists' walls medians of three, picked it alone (4 of 6, the rest 3), 8 of 10 lines again (benchmarks/README).
+    # Stops 56 and 57 (idle) picked pruning x3 (7 of 10 lines at 57; the labels' pick missed its finals by digits' wall)
     noisy_share: float | None = Field(
         default=DEFAULT_NOISY_SHARE,
         ge=0,
