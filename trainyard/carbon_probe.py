@@ -28,6 +28,9 @@ from trainyard.home import home, write_json_atomic
 log = logging.getLogger(__name__)
 
 
+FORCED_KEY = "trainyard_forced_cpu_load"  # in a saved plan: its tracker asked for the CPU load model
+
+
 def seed(tracker) -> bool:
     """Before ``tracker.start()``: give codecarbon this machine's saved probe. True if it was seeded."""
     try:
@@ -40,6 +43,13 @@ def seed(tracker) -> bool:
         if not path.is_file():
             return False
         saved = json.loads(path.read_text())
+        # A group's meter asks for the CPU load model (carbon.meter: RAPL reads the whole package): a plan saved
+        # without asking serves it only where the load model is what the probe found anyway; and a stage's meter,
+        # which does not ask, never takes a plan that asked (the machine may have RAPL).
+        forced = bool(saved.pop(FORCED_KEY, False))
+        cpu_modes = {spec.get("mode") for spec in saved["hardware_specs"] if spec.get("kind") == "cpu"}
+        if forced != key.force_mode_cpu_load and not (key.force_mode_cpu_load and cpu_modes == {"cpu_load"}):
+            return False
         # The plan was saved from a tracker of either mode; only the specs' mode differs.
         specs = [
             {**spec, "tracking_mode": key.tracking_mode} if "tracking_mode" in spec else spec
@@ -70,7 +80,7 @@ def save(tracker) -> None:
             return  # a CPU group on a GPU machine: its probe leaves out GPUs that the machine's must list
         path = _path(key)
         if plan is not None and not path.is_file():
-            write_json_atomic(path, dataclasses.asdict(plan))
+            write_json_atomic(path, dataclasses.asdict(plan) | {FORCED_KEY: key.force_mode_cpu_load})
     except Exception:  # noqa: BLE001 - metering goes on without the shortcut
         log.debug("codecarbon hardware probe not saved", exc_info=True)
 
@@ -82,10 +92,11 @@ def sees_no_gpu() -> bool:
 
 
 def _path(key) -> Path:
-    """The file for this machine and tracker settings, whatever the tracking mode."""
+    """The file for this machine and tracker settings, whatever the tracking mode and whether the CPU load model
+    was asked for (``seed`` tells those apart)."""
     from codecarbon import __version__
 
-    fields = {k: v for k, v in dataclasses.asdict(key).items() if k != "tracking_mode"}
+    fields = {k: v for k, v in dataclasses.asdict(key).items() if k not in ("tracking_mode", "force_mode_cpu_load")}
     identity = {
         "machine": machine_id(),
         "codecarbon": __version__,

@@ -94,3 +94,11 @@ def test_without_gpus_a_cpu_groups_probe_is_the_machines_and_is_saved(tmp_path):
     later = meter_in_fresh_process(tmp_path, "process", forbid_probe=True, CUDA_VISIBLE_DEVICES="")
     assert later.returncode == 0, later.stderr
     assert json.loads(later.stdout)["kwh"] > 0
+
+
+def test_a_stage_meter_does_not_take_the_probe_a_group_saved_asking_for_the_load_model(tmp_path):
+    # A group's meter asks codecarbon for its CPU load model (RAPL reads the whole package); a machine-wide stage
+    # meter seeded from that plan would lose RAPL where the machine has it: it probes for itself instead
+    assert meter_in_fresh_process(tmp_path, "process").returncode == 0
+    stage = meter_in_fresh_process(tmp_path, "machine", forbid_probe=True)
+    assert "probed the hardware again" in stage.stderr
