@@ -41,10 +41,11 @@ def fit(job, x: np.ndarray, y: np.ndarray, steps: int) -> torch.nn.Module:
     return model.eval()
 
 
-def register(job, model, x, job_id, accuracy, tmp_path):
+def register(job, model, x, job_id, accuracy, tmp_path, tags: dict | None = None):
+    """Register ``model`` as job ``job_id``'s, its final ``val_accuracy`` ``accuracy``; ``tags``: lineage tags
+    beside the training channel's digest."""
     plot = tmp_path / f"{job_id}.png"
     plot.write_bytes(b"\x89PNG")
     history = [{"epoch": 1, "train_loss": 0.5, "val_accuracy": accuracy}]
-    return registry.register(
-        model, job, job_id, x[:5], history, {"hp.seed": 0}, {"data.train.manifest_digest": "d"}, {"curves": plot}
-    )
+    lineage = {"data.train.manifest_digest": "d", **(tags or {})}
+    return registry.register(model, job, job_id, x[:5], history, {"hp.seed": 0}, lineage, {"curves": plot})

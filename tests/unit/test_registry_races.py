@@ -231,16 +231,12 @@ def test_a_gate_between_versions_validated_on_different_data_says_so(tracking, t
     # a refreshed validation channel: the metrics are compared as recorded, and the decision says they are of
     # different data (it read as a like-for-like comparison)
     job, model, x = trained()
-    plot = tmp_path / "curves.png"
-    plot.write_bytes(b"\x89PNG")
     for job_id, accuracy, digest in (
         ("v1", 0.80, "sha256:aaaa"),
         ("v2", 0.90, "sha256:bbbb"),
         ("v3", 0.95, "sha256:bbbb"),
     ):
-        history = [{"epoch": 1, "train_loss": 0.5, "val_accuracy": accuracy}]
-        tags = {"data.train.manifest_digest": "d", "data.validation.manifest_digest": digest}
-        registered = registry.register(model, job, job_id, x[:5], history, {"hp.seed": 0}, tags, {"curves": plot})
+        registered = register(job, model, x, job_id, accuracy, tmp_path, {"data.validation.manifest_digest": digest})
         if job_id == "v2":
             assert registered["gate"].endswith(
                 "; note: the champion was validated on other data (manifest sha256:aaaa, this version's sha256:bbbb)"

@@ -272,9 +272,8 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
                 meter.add_train_step(xb, yb)
             buffers.reduce()
             stopping = step % STOP_CHECK_STEPS == 0 and any_group(manager, stop_requested(job_dir) is not None, device)
-            data.share_losses(
-                manager, step + 1 - cursor["start_step"] >= data.steps_per_epoch(cursor["slots"], cursor["epoch"])
-            )
+            index, spe = step - cursor["start_step"], data.steps_per_epoch(cursor["slots"], cursor["epoch"])
+            data.share_losses(manager, closes_epoch=index + 1 >= spe)  # (this step ends the epoch: see below)
             with heartbeat.while_busy(step, closing_beat=False, own_work=False):  # may wait for a peer that died
                 committing = manager.should_commit()
             if not committing:
@@ -282,7 +281,6 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             data.committed()  # (sifting.score proxy: the proxy learns the step's rows only once it counts)
             stop_agreed = stopping
             buffers.apply()
-            index, spe = step - cursor["start_step"], data.steps_per_epoch(cursor["slots"], cursor["epoch"])
             for param_group in optimizer.param_groups:
                 param_group["lr"] = learning_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs)
             optimizer.step()
