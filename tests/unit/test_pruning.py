@@ -279,7 +279,9 @@ def test_two_groups_prune_by_their_losses_and_agree_after_a_heal(trainyard_home,
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        hyperparameters={"epochs": 24, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.04}
+        # 0.1 s a step until the restart is back: the survivor's last 100 steps outlast a restart on a busy
+        # machine (3.5 s idle; at 0.04 s a step a CI run's survivor finished first and nothing healed)
+        hyperparameters={"epochs": 24, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.1}
         | {"slow_while": str(tmp_path / "slow")},
         # no keep rule: every row dealt is a candidate for pruning alone
         sifting={"enabled": True, "beta": 0}
