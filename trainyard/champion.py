@@ -72,7 +72,7 @@ def _load_reference(mlflow, local: str, label: str) -> torch.nn.Module:
     free of pickles loads; a pickled champion (one torch.export could not trace) is refused.
     """
     try:
-        with _environment("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false"):
+        with _refusing_pickles(mlflow):
             return mlflow.pytorch.load_model(local, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - MLflow's refusal or torch's error on this archive: not the job's bug
         raise ChampionUnloadable(
@@ -80,13 +80,20 @@ def _load_reference(mlflow, local: str, label: str) -> torch.nn.Module:
         ) from exc
 
 
+# MLflow's switches for loading a pickled model: the first since MLflow 3.18 (which warns that the second, the
+# only one before it, is deprecated and will go)
+_PICKLE_SWITCHES = ("MLFLOW_ALLOW_MODEL_CODE_EXECUTION", "MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
+
+
 @contextlib.contextmanager
-def _environment(name: str, default: str) -> Iterator[None]:
-    """``name`` set to ``default`` for the block, unless already set (the operator's choice stands)."""
-    if name in os.environ:
+def _refusing_pickles(mlflow) -> Iterator[None]:
+    """MLflow set to refuse pickled models for the block, by the switch this MLflow reads, unless the operator
+    set either switch (their choice stands)."""
+    if any(name in os.environ for name in _PICKLE_SWITCHES):
         yield
         return
-    os.environ[name] = default
+    name = next(name for name in _PICKLE_SWITCHES if hasattr(mlflow.environment_variables, name))
+    os.environ[name] = "false"
     try:
         yield
     finally:

@@ -4,6 +4,7 @@ never unpickled, and a missing one a fallback, not a failure."""
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -52,14 +53,22 @@ def test_a_pickled_champion_is_not_unpickled_as_the_prefilters_reference(trackin
     # pt2 archive free of pickles loads, unless the operator allows pickles.
     job, _, x = trained()
     register(job, Untraceable(x.shape[1]), x, "p", 0.9, tmp_path)
-    monkeypatch.delenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", raising=False)
-    with pytest.raises(RegistryError, match="pickle") as refused:
-        load_champion("reg-test")
+    switches = ("MLFLOW_ALLOW_MODEL_CODE_EXECUTION", "MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
+    for name in switches:
+        monkeypatch.delenv(name, raising=False)
+    with warnings.catch_warnings():
+        # by the switch this MLflow reads: 3.18 warns of the older one, deprecated, at every load
+        warnings.simplefilter("error", FutureWarning)
+        with pytest.raises(RegistryError, match="pickle") as refused:
+            load_champion("reg-test")
     assert "could not be loaded here" in str(refused.value) and not isinstance(refused.value, RegistryUnavailable)
-    assert "MLFLOW_ALLOW_PICKLE_DESERIALIZATION" not in os.environ  # as it was
-    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")  # the operator's choice stands
-    loaded = load_champion("reg-test")
-    assert isinstance(loaded.model, Untraceable) and loaded.label == "reg-test v1"
+    assert not any(name in os.environ for name in switches)  # as it was
+    for name in switches:  # the operator's choice stands, in either switch
+        with monkeypatch.context() as operator, warnings.catch_warnings():
+            operator.setenv(name, "true")
+            warnings.simplefilter("ignore", FutureWarning)  # MLflow's, of the operator's deprecated switch
+            loaded = load_champion("reg-test")
+        assert isinstance(loaded.model, Untraceable) and loaded.label == "reg-test v1"
 
 
 def test_the_champion_loads_from_the_embedded_store_in_a_process_that_did_not_register_it(tmp_path, monkeypatch):
@@ -115,7 +124,7 @@ def test_a_champion_this_torch_cannot_load_is_a_fallback_not_a_crash(tracking, t
     fallback = _champion(job)
     assert fallback.model is None and "could not be loaded here" in fallback.label
     # with pickles allowed (the operator's choice), torch itself reads the archive, and fails: the same fallback
-    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_MODEL_CODE_EXECUTION", "true")
     with pytest.raises(RegistryError, match=r"could not be loaded here \((?!MlflowException)"):
         load_champion("reg-test")
     assert "could not be loaded here" in _champion(job).label
