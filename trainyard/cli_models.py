@@ -119,11 +119,7 @@ def promote(
     force: Annotated[bool, typer.Option("--force", help="Promote even a Rejected version.")] = False,
 ) -> None:
     """Move the champion alias to a version by hand, whatever the gate decided."""
-    current = _call(registry_admin.describe, name, version)
-    if current["approval_status"] == "Rejected" and not force:
-        say(err, f"{name} version {current['version']} is Rejected; approve it first, or use --force", "red")
-        raise typer.Exit(2)
-    info = _call(registry_admin.promote, name, str(current["version"]))
+    info = _call(registry_admin.promote, name, version, force)
     say(out(), f"{name}@champion -> version {info['version']} ({info['approval_status']})")
 
 
@@ -139,7 +135,7 @@ def _call(fn, *args):
     """Run a registry function; a mistake exits 2, a service failure exits 1, without a traceback."""
     try:
         return fn(*args)
-    except ModelNotFound as exc:
+    except (ModelNotFound, registry_admin.VersionRejected) as exc:
         say(err, exc, "red")
         raise typer.Exit(2) from None
     except TrainyardError as exc:

@@ -92,11 +92,20 @@ def _who() -> str:
 BY_HAND = "champion: promoted by hand"
 
 
-def promote(name: str, ref: str) -> dict:
-    """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary."""
+class VersionRejected(RegistryError):
+    """A Rejected version asked to be promoted without ``force``: the person's mistake, not the service's."""
+
+
+def promote(name: str, ref: str, force: bool = False) -> dict:
+    """Point ``champion`` at a version by hand (``candidate`` leaves it); return its summary. A Rejected version
+    only with ``force`` (``VersionRejected`` otherwise)."""
 
     def move(client, version) -> None:
         with _gate_held(name):  # not between a job's gate reading the champion and moving it
+            # read again under the lock a rejection takes: one landing since the version was looked up is seen
+            version = client.get_model_version(name, version.version)
+            if not force and (version.tags or {}).get(APPROVAL_TAG) == promotion.REJECTED:
+                raise VersionRejected(f"{name} version {version.version} is Rejected; approve it first, or use --force")
             promotion.make_champion(client, name, version)
         gate = (version.tags or {}).get(promotion.GATE_TAG)
         if not (gate or "").startswith(BY_HAND):  # the gate's own decision is kept beside it, for the record

@@ -103,6 +103,39 @@ def test_a_rejection_waits_for_a_gate_in_progress(tracking, tmp_path):
     assert client.get_model_version("reg-test", "1").tags["approval_status"] == "Rejected"
 
 
+def test_a_promotion_by_hand_sees_a_rejection_that_landed_while_it_waited_for_the_gate(tracking, tmp_path):
+    # `models promote` looked at the version's approval before it waited for the gate's lock: a rejection landing
+    # meanwhile (from another machine, or once the job's gate let go) went unseen, and a Rejected version became
+    # champion
+    from trainyard import registry_admin
+    from trainyard.home import flocked
+    from trainyard.registry import gate_lock
+
+    job, model, x = trained()
+    register(job, model, x, "a", 0.80, tmp_path)
+    register(job, model, x, "b", 0.70, tmp_path)  # candidate: below the champion
+    client = mlflow.MlflowClient(tracking)
+    outcome: dict = {}
+
+    def promoting() -> None:
+        try:
+            outcome["info"] = registry_admin.promote("reg-test", "candidate")
+        except registry_admin.VersionRejected as exc:
+            outcome["refused"] = str(exc)
+
+    with flocked(gate_lock("reg-test"), wait_seconds=0):  # a job's gate of the model runs
+        waiting = threading.Thread(target=promoting)
+        waiting.start()
+        time.sleep(1.0)  # the promotion has found version 2 and waits for the lock
+        client.set_model_version_tag("reg-test", "2", "approval_status", "Rejected")
+    waiting.join(timeout=30)
+    assert outcome == {"refused": "reg-test version 2 is Rejected; approve it first, or use --force"}
+    assert str(client.get_model_version_by_alias("reg-test", "champion").version) == "1"
+    forced = registry_admin.promote("reg-test", "2", force=True)  # the person's choice, said so
+    champion = client.get_model_version_by_alias("reg-test", "champion")
+    assert str(forced["version"]) == "2" and str(champion.version) == "2"
+
+
 def test_two_first_registrations_of_a_model_name_at_once_both_register(tracking, monkeypatch):
     # each job looked before the other created the experiment and the registered model: one create fails
     client = mlflow.MlflowClient(tracking)
