@@ -24,9 +24,7 @@ def list_versions(name: str | None = None) -> list[dict]:
     import mlflow
 
     uri = tracking_uri()
-    store = embedded_store()
-    if store is not None and not store.exists():
-        # the embedded store nothing has registered to yet: not created just to be found empty
+    if _nothing_registered():
         if name is not None:
             raise ModelNotFound(f"{name}: no such registered model (nothing is registered in {uri} yet)")
         return []
@@ -46,6 +44,13 @@ def list_versions(name: str | None = None) -> list[dict]:
     for row in rows:
         row["aliases"] = sorted(a for a, v in aliases[row["name"]].items() if int(v) == row["version"])
     return sorted(rows, key=lambda r: (r["name"], -r["version"]))
+
+
+def _nothing_registered() -> bool:
+    """Whether the tracking store is the embedded one and nothing has created it yet. It is not created just to be
+    found empty: nor outside ``ensure_store``'s lock, which a job starting at the same time takes to create it."""
+    store = embedded_store()
+    return store is not None and not store.exists()
 
 
 def describe(name: str, ref: str) -> dict:
@@ -173,6 +178,8 @@ def _with_version(name: str, ref: str, what: str, action) -> dict:
     label = f"{name} version {ref}" if number else f"{name}@{ref}"
     if number and int(ref) >= 2**63:  # past the store's integers: no such version, not a failing service
         raise ModelNotFound(f"{label}: no such registered model version")
+    if _nothing_registered():
+        raise ModelNotFound(f"{label}: no such registered model (nothing is registered in {uri} yet)")
     try:
         client = mlflow.MlflowClient(uri)  # inside: a malformed URI fails here
         version = client.get_model_version(name, ref) if number else promotion.alias_version(client, name, ref)

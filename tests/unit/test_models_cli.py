@@ -125,4 +125,8 @@ def test_models_list_on_an_embedded_store_nothing_registered_to_names_it_and_cre
     assert "elsewhere/mlflow.db" in " ".join(listed.stdout.split())
     unknown = CliRunner().invoke(app, ["models", "list", "churn"])
     assert unknown.exit_code == 2 and "churn: no such registered model" in unknown.output, unknown.output
+    # nor by the commands on one version (they made the store outside the lock a job starting at once takes)
+    for command in ("show", "approve", "reject", "promote", "gate"):
+        result = CliRunner().invoke(app, ["models", command, "churn", "1"])
+        assert result.exit_code == 2 and "churn version 1: no such registered model" in result.output, result.output
     assert not (tmp_path / "elsewhere" / "mlflow.db").exists()
