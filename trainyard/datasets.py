@@ -164,10 +164,21 @@ def infer_schema(
     classes: list = []
     if task == "classification":
         check_labels(table, label, where, layout)
-        classes = channel.classes or sorted(pc.unique(table[label]).to_pylist(), key=lambda v: (str(type(v)), v))
+        classes = channel.classes or found_classes(table[label])
         if len(classes) < 2:
             raise DataError(f"{where}: label {label!r} has a single class {classes}; a classifier needs two or more")
     return Schema(features=features, label=label, task=task, classes=classes)
+
+
+def found_classes(col: pa.ChunkedArray) -> list:
+    """A label column's distinct values, sorted: its classes, as the training plan's JSON keeps them. A DECIMAL
+    label's are numbers (ints where every one is whole): as Python's ``Decimal`` they were written as text, and
+    a replica group streaming the channel found none of its labels among them."""
+    classes = pc.unique(col).to_pylist()
+    if pa.types.is_decimal(col.type):
+        whole = all(c == c.to_integral_value() for c in classes)
+        classes = [int(c) if whole else float(c) for c in classes]
+    return sorted(classes, key=lambda v: (str(type(v)), v))
 
 
 def to_arrays(

@@ -27,7 +27,6 @@ from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
@@ -163,7 +162,7 @@ def describe(
         except (OSError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise read_error(exc, where, "the label column cannot be read") from exc
         datasets.check_labels(labels, label, where, label_layout)
-        classes = sorted(pc.unique(labels[label]).to_pylist(), key=lambda v: (str(type(v)), v))
+        classes = datasets.found_classes(labels[label])
     schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name, layout)
     _check_objects(schemas, [*schema.features, schema.label])
     _check_objects(with_rows, [], schema.features)
