@@ -146,9 +146,10 @@ def test_deployments_land_on_the_pools_a_group_beyond_the_limit_waits_and_a_zomb
     )
     other = client.create_flow_run_from_deployment(other_deployment)
     client.set_flow_run_state(other.id, Running(), force=True)
-    # A heartbeat a second for three: the triggers service loads a new automation within a few seconds (a
-    # heartbeat before it has would start no window), and both runs fall silent at the same moment.
-    for _ in range(3):
+    # A heartbeat a second for eight: the triggers service loads a new automation within a few seconds (a
+    # heartbeat before it has would start no window; more on a busy machine), and both runs fall silent at the
+    # same moment.
+    for _ in range(8):
         _heartbeat(client, running, replica.flow_id, "train-replica", replica.id)
         _heartbeat(client, other, other_flow, "someone-elses-flow", other_deployment)
         time.sleep(1)

@@ -308,7 +308,8 @@ def test_a_restart_whose_gpus_another_job_took_is_deferred_not_the_jobs_end(trai
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        hyperparameters={"epochs": 20, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.05}
+        # (0.1 s held steps: 180 steps left give the deferred restart about 20 s)
+        hyperparameters={"epochs": 20, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.1}
         | {"slow_while": str(tmp_path / "slow")},
         elastic={"fault_injection": [{"replica": 1, "at_step": 20, "kind": "kill"}]},
     )

@@ -42,7 +42,8 @@ def test_a_restarted_groups_epoch_times_read_on_the_jobs_clock_and_the_result_is
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")}
+        | {"step_sleep": 0.05},  # held steps: 385 left give the restart about 29 s
         elastic={"fault_injection": [{"replica": 0, "at_step": 15, "kind": "kill"}]},
     )
     with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/0/attempt-1")):

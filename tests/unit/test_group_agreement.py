@@ -78,14 +78,17 @@ def test_a_heal_that_keeps_breaking_fails_the_group_after_a_few_tries_and_the_jo
     marker = tmp_path / "heal-breaks"
     marker.touch()
     hp = {"epochs": 25, "batch_size": 64, "learning_rate": 0.01, "heal_breaks_once": str(marker)}
+    hp |= {"heal_always_breaks": True, "step_sleep": 0.15, "slow_while": str(tmp_path / "slow")}
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:flaky_heal_build"},
-        hyperparameters=hp | {"heal_always_breaks": True, "step_sleep": 0.05},  # 12 s for the restart's three tries
+        hyperparameters=hp,
         elastic={"fault_injection": [{"replica": 1, "at_step": 15, "kind": "kill"}]},
         retries={"max_attempts": 2},
     )
-    outcome, _ = run(job, job_id, folder, plan)  # was: the restart redid its step for ever, and no step committed
+    # the survivor's steps are slow until the restart has failed its three tries, however long its start takes
+    with slow_until(tmp_path / "slow", lambda: (folder / "replicas/1/attempt-1/error.json").exists()):
+        outcome, _ = run(job, job_id, folder, plan)  # was: the restart redid its step for ever, no step committed
     assert outcome.stop_reason == "Completed" and outcome.replicas_finished == [0]
     (kill, heal) = outcome.failures
     assert "could not fetch a live peer's state 3 times" in heal["message"], heal

@@ -195,7 +195,7 @@ def test_a_job_sifted_by_a_proxy_trains_full_batches_and_heals_a_killed_group_wi
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.1}
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.15}
         | {"slow_while": str(tmp_path / "slow")},
         sifting={"enabled": True, "beta": 2.0, "delay_steps": 5, "score": "proxy", "selection": "top"},
         elastic={"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]},

@@ -58,4 +58,4 @@ def test_a_group_that_leaves_a_job_needing_it_ends_the_job_at_once(trainyard_hom
     started = time.monotonic()
     with pytest.raises(TrainingError, match=r"replica group\(s\) 1 left the job \(SIGTERM\), leaving 1 group\(s\)"):
         run(job, *rest)
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 90  # (a group start under load counts; the quorum would wait 240 s)

@@ -16,9 +16,9 @@ def test_two_groups_reuse_losses_score_a_fraction_and_agree_after_a_heal(trainya
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        # 50 ms forwards until the killed group is back: 170 steps left give it over 8 s (it takes 3-6 s),
-        # where the survivor would otherwise finish first on a busy machine
-        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.05}
+        # 100 ms forwards until the killed group is back: 170 steps left give it over 17 s (it takes 3-6 s idle,
+        # more under a CI run's load), where the survivor would otherwise finish first on a busy machine
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.1}
         | {"slow_while": str(tmp_path / "slow")},
         sifting={"enabled": True, "beta": 1.0, "delay_steps": 5, "reuse_loss_epochs": 2},
         elastic={"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]},

@@ -79,7 +79,7 @@ def test_a_worker_sets_each_groups_cpu_threads_and_a_bad_count_fails_before_anyt
 
 def test_max_runtime_stops_every_group(trainyard_home):
     job, *rest = make_job(
-        trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8}, stopping={"max_runtime_seconds": 20}
+        trainyard_home, hyperparameters={"epochs": 100_000, "batch_size": 8}, stopping={"max_runtime_seconds": 30}
     )  # (the groups' start counts: on a busy 2-core machine it once took all of 10 s, and no step was taken)
     outcome, _ = run(job, *rest)
     assert outcome.stop_reason == "MaxRuntimeExceeded"
@@ -130,7 +130,8 @@ def test_each_drill_on_a_group_fires_once_at_the_first_step_at_or_past_its_own(t
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")},
+        hyperparameters={"epochs": 80, "batch_size": 64, "learning_rate": 0.01, "slow_while": str(tmp_path / "slow")}
+        | {"step_sleep": 0.03},  # held steps: each restart then has 15-25 s, however the two share them
         elastic={
             "fault_injection": [
                 {"replica": 1, "at_step": 300, "kind": "kill"},  # listed out of order: played by step
@@ -247,7 +248,9 @@ def test_a_stop_whose_grace_runs_out_ends_the_job_stopped_with_the_finished_grou
     job, *rest = make_job(
         trainyard_home,
         hyperparameters={"epochs": 1000, "batch_size": 64, "learning_rate": 0.01, "hidden_sizes": [16]},
-        stopping={"max_runtime_seconds": 12},
+        # (group 1 must reach its hang at step 5 before the stop: the groups' start counts, 10 s or more on a busy
+        # machine, and with 12 s a CI run could stop both groups cleanly first)
+        stopping={"max_runtime_seconds": 25},
         elastic={"fault_injection": [{"replica": 1, "at_step": 5, "kind": "hang"}]},
     )
     outcome, _ = run(job, *rest)
@@ -290,13 +293,13 @@ def test_sifting_trains_on_full_batches_of_half_the_candidates_and_survives_a_he
     job, job_id, folder, plan = make_job(
         trainyard_home,
         algorithm={"entrypoint": "tests.unit.jobs:slow_build"},
-        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.03}
+        hyperparameters={"epochs": 40, "batch_size": 64, "learning_rate": 0.01, "step_sleep": 0.06}
         | {"slow_while": str(tmp_path / "slow")},
         sifting={"enabled": True, "beta": 1.0, "delay_steps": 5, "reuse_loss_epochs": 0},  # score every candidate
         elastic={"fault_injection": [{"replica": 1, "at_step": 30, "kind": "kill"}]},
     )
-    # 60 ms steps (two forwards of 30 ms) until the restart is back: 170 steps left give it 10 s, where
-    # the restart takes 3-6 s; the rest at full speed
+    # 120 ms steps (two forwards of 60 ms) until the restart is back: 170 steps left give it 20 s, where
+    # the restart takes 3-6 s idle, more under a CI run's load; the rest at full speed
     with slow_until(tmp_path / "slow", lambda: rejoined(folder / "replicas/1/attempt-1")):
         outcome, _ = run(job, job_id, folder, plan)
     assert outcome.stop_reason == "Completed"
