@@ -111,6 +111,7 @@ def training_pipeline(
                 else:
                     log.finish("Failed", "Failed", earlier.message or "", failure_reason=earlier.message)
                 return earlier
+            _check_budget_left(job, stages)  # a rerun of a job its earlier runs took past its budget: no compute
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
                 outputs.remove_model(job, job_id)  # one killed mid-upload left model.json alone: not this run's
@@ -179,6 +180,8 @@ def training_pipeline(
                 f"Training stopped: {outcome.stop_reason}",
                 None if primary == "Completed" else status.failure_reason(outcome.stop_reason, outcome.history),
             )
+        except BudgetSpent as exc:
+            log.finish("Stopped", "Stopped", str(exc), failure_reason="CarbonBudgetExceeded")
         except TrainyardError as exc:
             # masked: it may quote the user's code's own error (an entrypoint's build failing on a URL with its
             # password), and it goes to the summary, the Prefect run's state and artifacts
@@ -324,6 +327,24 @@ def _count_earlier_runs(stages: dict, job_dir: Path, run: str, logger) -> None:
             record["runs"],
             record["energy"]["energy_kwh"],
         )
+
+
+class BudgetSpent(TrainyardError):
+    """The job id's earlier runs spent its whole ``carbon.budget_kg``: this run stops before any compute."""
+
+
+def _check_budget_left(job: TrainingJob, stages: dict) -> None:
+    """``BudgetSpent`` where the earlier runs' emissions (``_count_earlier_runs``) are past the budget. Without
+    this, the rerun staged, filtered and launched its groups before the first live reading stopped it."""
+    earlier = stages.get(energy_journal.EARLIER_STAGE)
+    budget = job.carbon.budget_kg
+    if earlier is None or budget is None or earlier["energy"]["emissions_kg"] <= budget:
+        return
+    raise BudgetSpent(
+        f"the earlier runs of this job id emitted {earlier['energy']['emissions_kg']:.4g} kgCO2e, past "
+        f"carbon.budget_kg={budget:g}: nothing was run again; raise carbon.budget_kg, or submit the job under a "
+        "new id"
+    )
 
 
 def _add_failed_stage(stages: dict, exc: BaseException) -> None:

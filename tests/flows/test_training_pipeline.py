@@ -192,13 +192,17 @@ def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlf
     state = flow_run_state(summary["prefect_flow_run_id"])
     assert (state.type.value, state.name, client._run_status(state)) == ("COMPLETED", "Stopped", "Stopped")
     # A rerun of the job id counts the first run's energy (its ledger line replaces the first run's, which
-    # it used to drop), and the budget with it: the first run's emissions alone are past it.
+    # it used to drop), and the budget with it: the first run's emissions alone are past it, so it stops
+    # before any compute (it staged, filtered and launched its groups before its first live reading stopped it)
     with contextlib.suppress(JobFailed):
         training_pipeline(parse_job(spec), job_id=job_id)
     again = json.loads((job_dir(job_id) / "summary.json").read_text())
     earlier = again["carbon"]["by_stage"]["earlier runs"]
     assert earlier["energy_kwh"] == pytest.approx(c["energy_kwh"]) and earlier["emissions_kg"] > c["budget_kg"]
-    assert again["carbon"]["energy_kwh"] > c["energy_kwh"] and again["status"] == "Stopped"
+    assert list(again["carbon"]["by_stage"]) == ["earlier runs"], again["carbon"]["by_stage"]
+    assert (again["status"], again["failure_reason"]) == ("Stopped", "CarbonBudgetExceeded")
+    assert "nothing was run again" in again["secondary_status_transitions"][-1]["message"]
+    assert again["carbon"]["energy_kwh"] == pytest.approx(c["energy_kwh"]) and again["carbon"]["budget_exceeded"]
     ledger = [r for r in esg.read_ledger(spec["output"]["s3_uri"]) if r["job_id"] == job_id]
     assert [float(r["energy_kwh"]) for r in ledger] == pytest.approx([again["carbon"]["energy_kwh"]])
 
