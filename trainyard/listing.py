@@ -152,17 +152,12 @@ def _list_prefix(uri: str, raw: bool = False) -> list[StagedObject]:
                 raise
         else:
             # An object that is also a folder of objects: staging either alone would lose the other silently.
-            # (folder markers and side files under it do not count: a first page of keys is enough to tell)
-            try:
-                page = client.list_objects_v2(Bucket=root.bucket, Prefix=root.key + "/", MaxKeys=100)
-            except ClientError as exc:
-                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 403:
-                    raise
-                page = {}  # a role that may read the object but not list the bucket: it named an object
-            under = [o["Key"] for o in page.get("Contents", []) if _is_data_key(o["Key"][len(root.key) + 1 :], raw)]
+            # (folder markers and side files under it do not count; the pages are read up to the first data
+            # key: a Spark folder's .crc side files sort first, more than a page of them in a large one)
+            under = _first_data_key(client, root.bucket, root.key + "/", raw)
             if under:
                 raise DataError(
-                    f"{uri} is an object and also a prefix of objects (s3://{root.bucket}/{under[0]}, ...); end "
+                    f"{uri} is an object and also a prefix of objects (s3://{root.bucket}/{under}, ...); end "
                     "the URI with '/' for the objects under it, or list the one object in a manifest "
                     "(s3_data_type: manifest)"
                 )
@@ -178,6 +173,20 @@ def _list_prefix(uri: str, raw: bool = False) -> list[StagedObject]:
     if not objects and denied is not None:
         raise denied  # no prefix of objects: the URI named an object this role may not read
     return objects
+
+
+def _first_data_key(client, bucket: str, prefix: str, raw: bool) -> str | None:
+    """The first data object's key under ``prefix`` (``_is_data_key``), or None; None too where listing is
+    refused (a role that may read the object but not list the bucket: it named an object)."""
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                if _is_data_key(item["Key"][len(prefix) :], raw):
+                    return item["Key"]
+    except ClientError as exc:
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 403:
+            raise
+    return None
 
 
 def _list_manifest(uri: str) -> list[StagedObject]:

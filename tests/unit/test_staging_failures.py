@@ -110,6 +110,14 @@ def test_a_uri_that_is_an_object_and_a_prefix_is_refused_not_half_staged(s3_endp
     with pytest.raises(DataError, match=rf"s3://{bucket}/odd/train is an object and also a prefix of objects"):
         stage(f"s3://{bucket}/odd/train", tmp_path, format="raw")
     assert [o.key for o in stage(f"s3://{bucket}/odd/train/", tmp_path, format="raw").objects] == ["odd/train/part-0"]
+    # a table's channel: a Spark folder's side files sort first (".part-N.crc"), more than a page of them (one
+    # page of 100 keys was read, all side files: the object alone was staged and the folder lost)
+    for i in range(105):
+        client.put_object(Bucket=bucket, Key=f"big/train/.part-{i:05}.crc", Body=b"")
+    client.put_object(Bucket=bucket, Key="big/train", Body=b"an object")
+    client.put_object(Bucket=bucket, Key="big/train/part-00000.parquet", Body=b"data")
+    with pytest.raises(DataError, match=r"(?s)big/train is an object and also a prefix.*big/train/part-00000.parquet"):
+        stage(f"s3://{bucket}/big/train", tmp_path)
 
 
 def test_a_single_object_stages_for_a_role_that_may_not_list_its_bucket(s3_endpoint, tmp_path, monkeypatch):
