@@ -31,6 +31,13 @@ def advertised_host() -> str:
     host = os.environ.get(HOST_ENV, "").strip()
     if not host or _loopback(host):
         return "127.0.0.1"
+    if _unspecified(host):
+        # "listen everywhere" to the one who sets it, but handed to the groups as the address: a group on another
+        # node then dialled its own machine, and waited out the lighthouse's minute for nothing
+        raise TrainingError(
+            f"{HOST_ENV}={host!r}: an address to listen on, not one other machines can reach; give this machine's "
+            "IPv4 address or a name that resolves to it (the servers then listen on every interface)"
+        )
     if ":" in host:  # the lighthouse, torchft's servers and the heal transport listen on IPv4 (0.0.0.0)
         raise TrainingError(
             f"{HOST_ENV}={host!r}: an IPv6 address, where this machine's servers listen on IPv4; give its IPv4 "
@@ -43,6 +50,13 @@ def bind_host() -> str:
     """Where a server other machines must reach listens: every interface only once ``TRAINYARD_HOST`` names an
     address other machines can reach (a loopback one would open every interface for nothing)."""
     return "127.0.0.1" if advertised_host() == "127.0.0.1" else "0.0.0.0"  # noqa: S104 - asked for by setting it
+
+
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def _loopback(host: str) -> bool:

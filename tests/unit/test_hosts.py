@@ -29,6 +29,13 @@ def test_an_ipv6_host_is_refused_naming_the_fix(monkeypatch):
         servers.advertised_host()
 
 
+def test_the_any_address_is_refused_as_the_address_groups_dial(monkeypatch):
+    # "listen everywhere", but advertised: a group on another node dialled its own machine for the lighthouse
+    monkeypatch.setenv(servers.HOST_ENV, "0.0.0.0")
+    with pytest.raises(TrainingError, match=r"TRAINYARD_HOST='0.0.0.0': an address to listen on, not one other"):
+        servers.advertised_host()
+
+
 def test_a_server_is_started_when_it_answers_itself_not_when_another_holds_its_port():
     """Two jobs: the free port one was given was taken by the other's server first. That server answered, so
     the lighthouse (or the local S3) was taken as started while it failed to bind and exited."""
