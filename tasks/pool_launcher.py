@@ -26,6 +26,7 @@ from infra.apply import ZOMBIE_MESSAGE
 from trainyard import env_settings
 from trainyard.errors import SpecError, TrainingError
 from trainyard.launch import LaunchHandle, ReplicaProcess
+from trainyard.servers import HOST_ENV, advertised_host
 from trainyard.spec import Resources
 from trainyard.status import JOB_TAG, REPLICA_TAG
 
@@ -45,9 +46,11 @@ _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2
 
 def check_deployment(pool: str, gpus_per_replica: int = 0) -> None:
     """Refuse, before any compute, a work pool whose ``train-replica`` deployment the API does not have: a
-    group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound). And a CPU job
-    (``gpus_per_replica`` 0) on a pool whose groups each reserve a GPU whatever they are given (its template's
-    ``gpus`` minimum: ECS has no GPU-less requirement), which would hold GPUs its groups never see."""
+    group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound). A pool whose
+    groups run in containers (Kubernetes, ECS, Docker) while ``TRAINYARD_HOST`` is unset here: the lighthouse
+    would be on this machine's loopback, which no group there reaches. And a CPU job (``gpus_per_replica`` 0) on
+    a pool whose groups each reserve a GPU whatever they are given (its template's ``gpus`` minimum: ECS has no
+    GPU-less requirement), which would hold GPUs its groups never see."""
     from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
@@ -60,11 +63,19 @@ def check_deployment(pool: str, gpus_per_replica: int = 0) -> None:
                     "fix the pool's name, or deploy it (prefect deploy --all, after trainyard infra apply)"
                 ]
             ) from None
-        if gpus_per_replica or not deployment.work_pool_name:
+        if not deployment.work_pool_name:
             return
-        template = client.read_work_pool(deployment.work_pool_name).base_job_template or {}
+        work_pool = client.read_work_pool(deployment.work_pool_name)
+    if work_pool.type != "process" and advertised_host() == "127.0.0.1":
+        # (its groups failed one by one after staging, each after a minute's wait for "the lighthouse")
+        raise TrainingError(
+            f"resources.work_pool: {pool!r} runs its groups in {work_pool.type} containers, and {HOST_ENV} is unset "
+            f"where this pipeline runs: its lighthouse would listen on 127.0.0.1, which no group there reaches; set "
+            f"{HOST_ENV} on the pipeline's worker to an address the groups can reach (infra/README.md)"
+        )
+    template = work_pool.base_job_template or {}
     least = ((template.get("variables") or {}).get("properties") or {}).get("gpus", {}).get("minimum", 0)
-    if least:
+    if least and not gpus_per_replica:
         raise SpecError(
             [
                 f"resources.gpus_per_replica: 0 (a CPU job), and {deployment.work_pool_name!r}'s groups each reserve "

@@ -69,7 +69,7 @@ def test_apply_creates_everything_once_and_the_second_apply_changes_nothing(pref
     assert client.read_work_pool(infra.GPU_POOL).base_job_template == gpu.base_job_template  # dry: nothing written
 
 
-def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server, applied, client):
+def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server, applied, client, monkeypatch):
     from prefect.exceptions import PrefectHTTPStatusError
 
     url, _, _ = prefect_server
@@ -101,9 +101,15 @@ def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server,
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from tasks.pool_launcher import check_deployment
-    from trainyard.errors import SpecError
+    from trainyard.errors import SpecError, TrainingError
 
     with temporary_settings({PREFECT_API_URL: url}):
+        # groups in containers, and the pipeline's lighthouse on its loopback: each group failed after staging
+        monkeypatch.delenv("TRAINYARD_HOST", raising=False)
+        for pool in ("ecs-gpu", "kubernetes-gpu"):
+            with pytest.raises(TrainingError, match=rf"'{pool}' runs its groups in \w+ containers, and TRAINYARD_HOST"):
+                check_deployment(pool, gpus_per_replica=1)
+        monkeypatch.setenv("TRAINYARD_HOST", "10.0.0.5")  # the pipeline's node, as the groups reach it
         with pytest.raises(SpecError, match=r"gpus_per_replica: 0 \(a CPU job\), and 'ecs-gpu'.s groups each reserve"):
             check_deployment("ecs-gpu", gpus_per_replica=0)
         check_deployment("ecs-gpu", gpus_per_replica=1)
