@@ -44,3 +44,24 @@ def test_the_ecs_worker_waits_for_a_groups_task_to_start(monkeypatch):
         logging.getLogger("test"), config, "task", "cluster", Ecs(), timeout=config.task_start_timeout_seconds
     )
     assert task["lastStatus"] == "RUNNING" and slept == [5.0, 5.0, 5.0]
+
+
+def test_a_kubernetes_groups_pod_advertises_its_own_ip_to_its_peers():
+    # Unset, each group advertised 127.0.0.1: a group on another node dialled its own loopback for its peers'
+    # store and checkpoint server. The pod's IP, by the downward API, beside the job's own env (which wins).
+    import uuid
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect_kubernetes import worker
+
+    template = infra.load_template(infra.GPU_TEMPLATES["kubernetes"])
+    for env, host in (({"CUDA_VISIBLE_DEVICES": "0"}, None), ({"TRAINYARD_HOST": "node-7.cluster"}, "node-7.cluster")):
+        config = _render(worker.KubernetesWorkerJobConfiguration, template, {**LAUNCHER_VALUES, "env": env})
+        config.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="replica"))
+        listed = config.job_manifest["spec"]["template"]["spec"]["containers"][0]["env"]
+        named = [e for e in listed if e["name"] == "TRAINYARD_HOST"]
+        if host is None:
+            assert named == [{"name": "TRAINYARD_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+            assert {"name": "CUDA_VISIBLE_DEVICES", "value": "0"} in listed
+        else:
+            assert named == [{"name": "TRAINYARD_HOST", "value": host}]
