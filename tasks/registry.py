@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import deployment, flow_run
 
 from tasks._metering import retry_transient, stage_meter
+from tasks._reporting import best_effort
 from trainyard import model_card, plots, registry
 from trainyard.errors import RegistryError
 from trainyard.home import Locked, flocked
@@ -50,7 +51,8 @@ def register_model(
         model = load_model(outcome, job, plan)
         example = np.load(plan.validation_data or plan.train_data)["x"][:5]
         curves = Path(plan.train_data).parent / "training_curves.png"
-        plot = plots.plot_history(outcome.history, curves, job_id, outcome.restored_epoch)
+        failed = "plotting the training curves failed (%s); the version is registered without them"
+        plot = best_effort(logger, failed, plots.plot_history, outcome.history, curves, job_id, outcome.restored_epoch)
         params = {f"hp.{k}": v for k, v in job.hyperparameters.model_dump().items()}
         params |= {"algorithm": job.algorithm.builtin or job.algorithm.entrypoint, "replicas": job.resources.replicas}
         lineage = {**model_card.training_tags(outcome, job.sifting.enabled), **_prefect_tags(), **tags}
@@ -62,7 +64,8 @@ def register_model(
             outcome.history,
             params,
             lineage,
-            {"training_curves": plot} | {name: Path(path) for name, path in (files or {}).items()},
+            ({"training_curves": plot} if plot is not None else {})
+            | {name: Path(path) for name, path in (files or {}).items()},
             one_gate_at_a_time,
             plan.schema,
             outcome.restored_epoch,

@@ -123,10 +123,14 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             if record["outcome"].history:
                 path = Path(plan.train_data).parent / "training_curves.png"
                 outcome = record["outcome"]
-                curves = plots.plot_history(outcome.history, path, plan.job_id, outcome.restored_epoch)
-                best_effort(
-                    logger, "logging the training curves to MLflow failed (%s); the job goes on", live.log_file, curves
+                # (a plot failing, say on a full disk, must not lose the model the groups have trained)
+                failed = "plotting the training curves failed (%s); the job goes on without them"
+                curves = best_effort(
+                    logger, failed, plots.plot_history, outcome.history, path, plan.job_id, outcome.restored_epoch
                 )
+                if curves is not None:
+                    failed = "logging the training curves to MLflow failed (%s); the job goes on"
+                    best_effort(logger, failed, live.log_file, curves)
         finally:
             # groups on other nodes: outside this machine's meter, added to the stage (stopped or failed too)
             record["elsewhere"] = _energy_elsewhere(Path(handle.job_dir), logger)

@@ -48,3 +48,23 @@ def test_a_job_ended_between_its_version_and_its_gate_says_so_and_its_rerun_comp
     # the carbon ledger's line of the job says so too (it replaced the failed run's)
     (row,) = [r for r in esg.read_ledger(job.output.s3_uri) if r["job_id"] == job_id]
     assert row["status"] == "Completed"
+
+
+def test_a_plot_that_fails_costs_the_job_its_curves_not_its_model(
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch
+):
+    # unguarded, a plot failing after training (a full disk under savefig, say) ended the job as an internal error
+    # and lost its trained model; at registration it failed the registration
+    from tests.flows.pipeline_runs import run_pipeline
+    from trainyard import plots
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device (a test's)")
+
+    monkeypatch.setattr(plots, "plot_history", full_disk)
+    summary, job_id = run_pipeline(job_dict(upload_dataset(bucket, rows=400), name="plot-fails"))
+    assert summary["status"] == "Completed" and summary["model"]["version"] >= 1, summary.get("failure_reason")
+    run = mlflow.MlflowClient(mlflow_uri).get_run(summary["model"]["run_id"])
+    assert "training_curves.png" not in {
+        a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)
+    }
