@@ -112,7 +112,7 @@ def pinned() -> set[str]:
             continue  # released meanwhile
         try:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (shared: _abandoned says why)
             except BlockingIOError:  # held: read what it pins (a line still being written is not whole)
                 with os.fdopen(os.dup(fd), "rb") as f:
                     paths.update(line.decode() for line in f.read().split(b"\n")[:-1])
@@ -158,13 +158,17 @@ def fetching(path: Path) -> Iterator[None]:
 
 
 def _abandoned(path: Path) -> bool:
-    """Whether a part file's writer is gone: nobody holds its lock (it died with its process)."""
+    """Whether a part file's writer is gone: nobody holds its lock (it died with its process).
+
+    Probed with a shared lock, which the holder's exclusive one refuses as well: NFS (an EFS or ReadWriteMany
+    ``TRAINYARD_HOME``) takes ``flock`` as a byte-range lock, and refuses an exclusive one on a file opened
+    read-only (EBADF); such a file (a part made read-only, not yet renamed) cannot be opened for writing."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     finally:

@@ -159,6 +159,37 @@ def test_a_download_abandoned_by_a_killed_job_is_removed_at_once_and_one_in_prog
     assert cache.evict()["cache_bytes"] == 0 and not live.exists()  # its writer gone (here: its claim closed)
 
 
+def test_evicting_on_nfs_probes_pins_and_parts_with_locks_a_read_only_file_may_take(tmp_path, monkeypatch):
+    # NFS (an EFS or ReadWriteMany TRAINYARD_HOME, as infra/README sets up) takes flock as a byte-range lock: an
+    # exclusive one on a file opened read-only is EBADF. The probes asked for one, and every staging failed.
+    import errno
+    import fcntl
+    import os
+
+    real = fcntl.flock
+
+    def nfs_flock(fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", nfs_flock)
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    pinned, loose = cache.path_for("b", "k", "e"), cache.path_for("b", "k2", "e")
+    for path, body in ((pinned, b"x"), (loose, b"y")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body * 100)
+    held = cache.Pin()
+    held.add([pinned])
+    dead = cache.pins_dir() / "dead.pin"  # its holder gone: nobody holds its lock
+    dead.write_text(f"{loose}\n")
+    abandoned = pinned.parent / ".z.789.ef.part"
+    abandoned.write_bytes(b"z" * 100)
+    assert cache.evict(limit=0)["evicted_objects"] == 1  # the loose one; the pinned one stays
+    assert pinned.exists() and not loose.exists() and not dead.exists() and not abandoned.exists()
+    held.release()
+
+
 WRITE_AND_WAIT = """
 import os, sys, time
 from pathlib import Path
