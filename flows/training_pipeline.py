@@ -114,7 +114,9 @@ def training_pipeline(
             _check_budget_left(job, stages)  # a rerun of a job its earlier runs took past its budget: no compute
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
-                outputs.remove_model(job, job_id)  # one killed mid-upload left model.json alone: not this run's
+            # An earlier run's model (one stopped, or killed mid-upload) is not this run's, whatever this run ends as:
+            # also where this machine has no folder of it (cleaned, or the run was on another worker)
+            outputs.remove_model(job, job_id)
             outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
             if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
                 check_deployment(job.resources.work_pool, job.resources.gpus_per_replica)

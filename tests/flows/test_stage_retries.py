@@ -110,3 +110,30 @@ def test_a_rerun_failing_before_any_stage_still_counts_the_earlier_runs_energy(
     summary = json.loads((job_dir("rerun-1") / "summary.json").read_text())
     assert summary["status"] == "Failed" and "TRAINYARD_TORCH_THREADS='all'" in summary["failure_reason"]
     assert summary["carbon"]["energy_kwh"] >= 1.5
+
+
+def test_a_rerun_on_a_machine_without_the_earlier_runs_folder_leaves_no_earlier_model_as_its_own(
+    prefect_api, s3_server, bucket, mlflow_uri
+):
+    # an earlier run of the id (stopped, its model uploaded) ran on another worker, or its folder was cleaned: this
+    # run failed in staging, and its summary said no model beside the earlier run's model.pt and model.json
+    import contextlib
+    import json
+
+    from flows.training_pipeline import JobFailed, training_pipeline
+    from tests.conftest import upload_dataset
+    from trainyard import outputs, s3
+    from trainyard.home import job_dir
+
+    spec = job_dict(upload_dataset(bucket, rows=200))
+    spec["inputs"]["train"]["s3_uri"] = f"s3://{bucket}/nothing-here/"
+    job = parse_job(spec)
+    model = outputs.job_prefix(job, "rerun-elsewhere").join("model")
+    for name in ("model.pt", "model.json"):
+        s3.client().put_object(Bucket=bucket, Key=model.join(name).key, Body=b"an earlier run's")
+    with contextlib.suppress(JobFailed):
+        training_pipeline(job, job_id="rerun-elsewhere")
+    summary = json.loads((job_dir("rerun-elsewhere") / "summary.json").read_text())
+    assert summary["status"] == "Failed" and summary["model"] is None
+    listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=model.key)
+    assert listed.get("KeyCount", 0) == 0, listed.get("Contents")
