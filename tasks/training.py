@@ -22,7 +22,7 @@ from tasks._reporting import best_effort
 from trainyard import carbon, plots, progress
 from trainyard.carbon_probe import machine_id
 from trainyard.launch import LaunchHandle
-from trainyard.live_metrics import LiveRun
+from trainyard.live_metrics import LiveRun, live_status
 from trainyard.spec import TrainingJob
 from trainyard.status import PROGRESS_EVENT, final_metrics, with_last_validation
 from trainyard.training import accounting, supervisor, user_stop
@@ -44,7 +44,9 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
         untold: tuple[int, dict | None] | None = None  # the last epoch not logged yet, and its metrics
         validated: dict | None = None  # the last validated epoch's metrics (stopping.validate_every_epochs)
         last_sample: dict | None = None
-        live = LiveRun(job, plan.job_id)
+        # live metrics are reporting: MLflow down as training starts (hours after its check) must not fail the job
+        failed = "starting the live MLflow run failed (%s); the job trains without live metrics in MLflow"
+        live = best_effort(logger, failed, LiveRun, job, plan.job_id)
 
         def on_sample(sample: dict) -> None:
             nonlocal last_sample
@@ -56,7 +58,8 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
             if artifact is not None:
                 update_progress_artifact(artifact, percent, description=f"{plan.job_id}: {text}")
             metrics = {"energy_kwh": sample["energy_kwh"], "emissions_kg": sample["emissions_kg"]}
-            live.log(metrics | {"emissions_rate_g_per_h": rate}, step=round(sample["seconds"]))
+            if live is not None:
+                live.log(metrics | {"emissions_rate_g_per_h": rate}, step=round(sample["seconds"]))
 
         def on_budget(kg: float) -> None:
             message = f"emissions {kg:.4g} kgCO2e passed carbon.budget_kg={job.carbon.budget_kg}"
@@ -128,13 +131,15 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
                 curves = best_effort(
                     logger, failed, plots.plot_history, outcome.history, path, plan.job_id, outcome.restored_epoch
                 )
-                if curves is not None:
+                if curves is not None and live is not None:
                     failed = "logging the training curves to MLflow failed (%s); the job goes on"
                     best_effort(logger, failed, live.log_file, curves)
         finally:
             # groups on other nodes: outside this machine's meter, added to the stage (stopped or failed too)
             record["elsewhere"] = _energy_elsewhere(Path(handle.job_dir), logger)
-            best_effort(logger, "closing the live MLflow run failed (%s); the job goes on", live.close)
+            if live is not None:  # ended as the training did: a stopped, diverged or failed job's run said FINISHED
+                ended = live_status(record.get("outcome"))
+                best_effort(logger, "closing the live MLflow run failed (%s); the job goes on", live.close, ended)
         record["carbon_live"] = watch.samples
     outcome = record["outcome"]
     logger.info(

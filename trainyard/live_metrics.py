@@ -16,6 +16,14 @@ from trainyard.tracking_store import tracking_uri
 LIVE_JOB_TAG = "trainyard.live_job_id"
 
 
+def live_status(outcome) -> str:
+    """The MLflow status a job's live run ends with: FINISHED for a completed training, FAILED for one that
+    diverged or raised (no ``outcome``), KILLED for one stopped (by a person, its runtime or carbon budget)."""
+    if outcome is None or outcome.stop_reason == "Diverged":
+        return "FAILED"
+    return "FINISHED" if outcome.stop_reason == "Completed" else "KILLED"
+
+
 class LiveRun:
     """An MLflow run for one job's live metrics."""
 

@@ -185,6 +185,7 @@ def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlf
         live = mlflow.search_runs(experiment_names=["test-job"], filter_string=where)
         artifacts = {a.path for a in mlflow.MlflowClient(mlflow_uri).list_artifacts(live.run_id[0])}
         assert "training_curves.png" in artifacts
+        assert live.status[0] == "KILLED"  # stopped, not FINISHED as a completed job's
     c = summary["carbon"]
     assert c["budget_exceeded"] and c["emissions_kg"] > c["budget_kg"]
     assert c["scope2_market_based_kg"] == pytest.approx(0.75 * c["scope2_location_based_kg"])

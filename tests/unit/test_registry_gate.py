@@ -226,3 +226,16 @@ def test_a_live_run_an_earlier_run_of_the_job_id_left_running_is_closed_by_the_r
     assert client.get_run(killed.run_id).info.status == "KILLED"
     assert client.get_run(other.run_id).info.status == "RUNNING"
     assert client.get_run(rerun.run_id).info.status == "RUNNING"
+
+
+def test_a_jobs_live_run_ends_as_its_training_did():
+    # it always ended FINISHED: a stopped, diverged or failed job's live run read in MLflow as a finished one
+    from types import SimpleNamespace
+
+    from trainyard.live_metrics import live_status
+
+    reasons = ("Completed", "Diverged", "Stopped")
+    ended = {reason: live_status(SimpleNamespace(stop_reason=reason)) for reason in reasons}
+    assert ended == {"Completed": "FINISHED", "Diverged": "FAILED", "Stopped": "KILLED"}
+    assert live_status(SimpleNamespace(stop_reason="CarbonBudgetExceeded")) == "KILLED"
+    assert live_status(None) == "FAILED"  # the training stage raised
