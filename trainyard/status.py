@@ -277,8 +277,8 @@ def final_metrics(history: list[dict], model_epoch: int | None = None) -> dict:
     ``epochs``, how many were trained. Where that epoch was not validated (a job stopped between two
     validations: ``stopping.validate_every_epochs``), its validation metrics are the last validation's before
     it, whose epoch ``validated_epoch`` names."""
-    if not history:
-        return {}
+    if not history:  # (a job that ended before its first epoch did: README promises ``epochs`` all the same)
+        return {"epochs": 0}
     at = model_epoch - 1 if model_epoch else len(history) - 1  # epochs count from 1, one entry each
     entry = history[at]
     entry = with_last_validation(entry, next((h for h in reversed(history[: at + 1]) if "val_loss" in h), None))

@@ -116,6 +116,7 @@ def test_a_model_from_between_validations_reports_the_last_validation_and_its_ep
     assert (metrics["val_accuracy"], metrics["val_loss"], metrics["validated_epoch"]) == (0.90, 0.30, 2)
     assert "validated_epoch" not in status.final_metrics(HISTORY, 2)  # its own epoch was validated
     assert "val_loss" not in status.final_metrics(HISTORY[:1])  # nothing validated yet: nothing said
+    assert status.final_metrics([]) == {"epochs": 0}  # no epoch ended: it was {}, without the epochs README promises
 
 
 def test_progress_shows_an_unvalidated_epoch_with_the_last_validation_and_its_epoch():
