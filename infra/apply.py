@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from infra import pool_defaults
 from trainyard.errors import TrainyardError
 from trainyard.spec.sections import LAUNCHER_JOB_VARIABLES  # the job spec checks a job's against it
 
@@ -83,6 +84,7 @@ class PoolSpec:
     base_job_template: dict[str, Any]
     description: str
     concurrency_limit: int | None  # None: leave the pool's limit as it is
+    managed: frozenset[str] = frozenset()  # variables whose defaults apply sets this time (others: the pool's stand)
 
 
 # ---- templates (no Prefect)
@@ -170,6 +172,7 @@ def desired_pools(
         f"Trainyard: replica groups (train-replica flow runs) on {kind} GPU workers. Its concurrency limit counts "
         "groups: runs beyond it wait in Scheduled (shown Late) until a group finishes; none fails for it.",
         limit,
+        frozenset({"image"}) if image else frozenset(),
     )
     return [pipeline, gpu]
 
@@ -225,8 +228,10 @@ def apply(
     heartbeat_seconds: int = DEFAULT_HEARTBEAT_SECONDS,
     image: str | None = None,
     dry_run: bool = False,
+    reset_defaults: bool = False,
 ) -> list[Change]:
-    """Create or update everything ``infra/`` describes on the Prefect API; return what changed."""
+    """Create or update everything ``infra/`` describes on the Prefect API; return what changed. The defaults an
+    operator set on an existing pool's variables stand unless ``reset_defaults`` (``pool_defaults``)."""
     pools = desired_pools(kind, gpu_pool, gpus_per_pool, gpus_per_group, heartbeat_seconds, image)
     for pool in pools:
         if problems := template_problems(pool.base_job_template, launcher=pool.name == gpu_pool):
@@ -246,7 +251,9 @@ def apply(
             with get_client(sync_client=True) as client:
                 current = {pool.name: _read_pool(client, pool) for pool in pools}  # refuse before writing anything
                 changes = [
-                    change for pool in pools for change in _apply_pool(client, pool, current[pool.name], dry_run)
+                    change
+                    for pool in pools
+                    for change in _apply_pool(client, pool, current[pool.name], dry_run, reset_defaults)
                 ]
                 changes += [_apply_block_type(client, module, name, dry_run) for module, name in BLOCK_TYPES]
                 changes.append(_apply_automation(client, automation, dry_run))
@@ -281,7 +288,7 @@ def _read_pool(client, spec: PoolSpec):
     return current
 
 
-def _apply_pool(client, spec: PoolSpec, current, dry_run: bool) -> list[Change]:
+def _apply_pool(client, spec: PoolSpec, current, dry_run: bool, reset_defaults: bool = False) -> list[Change]:
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 
     limit_name = f"{spec.name} (groups)"
@@ -301,11 +308,15 @@ def _apply_pool(client, spec: PoolSpec, current, dry_run: bool) -> list[Change]:
             changes.append(Change("concurrency limit", limit_name, "created", str(spec.concurrency_limit)))
         return changes
     update: dict[str, Any] = {}
-    if current.base_job_template != spec.base_job_template:
-        update["base_job_template"] = spec.base_job_template
+    desired, kept = spec.base_job_template, []
+    if not reset_defaults:
+        desired, kept = pool_defaults.kept(current.base_job_template or {}, desired, spec.managed, HEARTBEAT_ENV)
+    if current.base_job_template != desired:
+        update["base_job_template"] = desired
     if current.description != spec.description:
         update["description"] = spec.description
-    pool_change = Change("work pool", spec.name, "updated" if update else "unchanged", ", ".join(update))
+    detail = ", ".join(update) + (f" (the pool's own defaults kept: {', '.join(kept)})" if kept else "")
+    pool_change = Change("work pool", spec.name, "updated" if update else "unchanged", detail)
     changes = [pool_change]
     if spec.concurrency_limit is not None:
         same = current.concurrency_limit == spec.concurrency_limit

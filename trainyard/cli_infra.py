@@ -65,6 +65,14 @@ def apply(
         str | None, typer.Option("--image", help="Default image of a kubernetes or ecs pool (infra/worker.Dockerfile).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")] = False,
+    reset_defaults: Annotated[
+        bool,
+        typer.Option(
+            "--reset-defaults",
+            help="Put the pools' variable defaults back to infra/'s templates. Without it, those set on a pool since "
+            "(an EFS id, a namespace, env entries, the image) are kept, and listed where they differ.",
+        ),
+    ] = False,
 ) -> None:
     """Create or update the pools, concurrency limit, block types and zombie automation (idempotent)."""
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -80,6 +88,7 @@ def apply(
             heartbeat_seconds=heartbeat_seconds,
             image=image,
             dry_run=dry_run,
+            reset_defaults=reset_defaults,
         )
     except infra.InfraError as exc:
         say(err, exc, "red")

@@ -116,6 +116,38 @@ def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server,
         check_deployment("kubernetes-gpu", gpus_per_replica=0)
 
 
+def test_a_later_apply_keeps_the_defaults_an_operator_set_on_the_pool(prefect_server, client):
+    # an apply to resize the pool put every default set since (the EFS id, a namespace, env entries, the image)
+    # back to the template's: on ECS every group's task definition was then refused
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    url, _, _ = prefect_server
+    first = _apply(url, "--kind", "kubernetes", "--gpu-pool", "k8s-kept", "--image", "registry.example/ty:1")
+    assert first.exit_code == 0, first.output
+    template = client.read_work_pool("k8s-kept").base_job_template
+    props = template["variables"]["properties"]
+    props["namespace"]["default"] = "ml"  # the operator's, in the UI
+    props["env"]["default"] = props["env"]["default"] | {"AWS_REGION": "eu-west-1"}
+    client.update_work_pool("k8s-kept", WorkPoolUpdate(base_job_template=template))
+
+    def defaults() -> dict:
+        stored = client.read_work_pool("k8s-kept").base_job_template["variables"]["properties"]
+        return {name: stored[name].get("default") for name in ("namespace", "image", "env")}
+
+    resized = _apply(url, "--kind", "kubernetes", "--gpu-pool", "k8s-kept", "--gpus-per-pool", "8")
+    assert resized.exit_code == 0 and "no changes" not in resized.output, resized.output
+    assert client.read_work_pool("k8s-kept").concurrency_limit == 8
+    env = {"AWS_REGION": "eu-west-1", infra.HEARTBEAT_ENV: "30"}
+    assert defaults() == {"namespace": "ml", "image": "registry.example/ty:1", "env": env}
+    again = _apply(url, "--kind", "kubernetes", "--gpu-pool", "k8s-kept", "--heartbeat-seconds", "60")
+    assert "the pool's own defaults kept: " in " ".join(again.output.split()), again.output  # said
+    assert defaults() == {"namespace": "ml", "image": "registry.example/ty:1", "env": env | {infra.HEARTBEAT_ENV: "60"}}
+    reset = _apply(url, "--kind", "kubernetes", "--gpu-pool", "k8s-kept", "--reset-defaults")
+    assert reset.exit_code == 0, reset.output
+    shipped = infra.pool_template(infra.GPU_TEMPLATES["kubernetes"])["variables"]["properties"]
+    assert defaults() == {name: shipped[name].get("default") for name in ("namespace", "image", "env")}
+
+
 def test_deployments_land_on_the_pools_a_group_beyond_the_limit_waits_and_a_zombie_is_crashed(
     prefect_server, applied, client
 ):
