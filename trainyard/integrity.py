@@ -87,7 +87,8 @@ class _Hasher:
 def checksum_of(response: dict) -> dict | None:
     """The flexible checksum in a GetObject / HeadObject response, if the object has one.
 
-    Without an ``x-amz-checksum-type`` header, a checksum of a multipart object (its ETag ends in
+    Without an ``x-amz-checksum-type`` header (botocore reads it from 1.36, the floor in pyproject.toml; an
+    S3-compatible endpoint may not send it), a checksum of a multipart object (its ETag ends in
     ``-<parts>``) is taken as composite: some endpoints send a composite value without its suffix. Not a
     CRC64NVME, which S3 keeps only of the whole object (a composite one could never match it).
     """
