@@ -120,11 +120,21 @@ def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, lo
     if summary["sifting"].get("warning"):
         logger.warning(summary["sifting"]["warning"])
 
-    def uploaded() -> None:
-        summary["summary_uri"] = outputs.upload_summary(job, job_id, summary)
+    # Each apart (a summary refused by S3 cost the job its ledger line too), the ledger first: the summary uploaded
+    # says where both are, as its local, MLflow and artifact copies do (the S3 copy said neither)
+    def ledger() -> None:
         summary["carbon"]["ledger_uri"] = esg.write_ledger_row(job.output.s3_uri, esg.ledger_row(summary))
 
-    best_effort(logger, "could not upload the summary or the carbon ledger row: %s", uploaded)
+    def uploaded() -> None:
+        summary["summary_uri"] = outputs.summary_uri(job, job_id)
+        try:
+            outputs.upload_summary(job, job_id, summary)
+        except BaseException:
+            del summary["summary_uri"]  # not there
+            raise
+
+    best_effort(logger, "could not write the carbon ledger row: %s", ledger)
+    best_effort(logger, "could not upload the summary: %s", uploaded)
     best_effort(
         logger,
         "could not create the carbon artifact: %s",

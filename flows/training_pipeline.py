@@ -25,6 +25,7 @@ from flows import job_summary
 from flows.job_summary import UPLOADING
 from tasks import _events as events
 from tasks._metering import journal, stage_meter
+from tasks._reporting import best_effort
 from tasks.carbon import account
 from tasks.filtering import filter_samples
 from tasks.launch import launch_groups
@@ -114,8 +115,7 @@ def training_pipeline(
             _check_budget_left(job, stages)  # a rerun of a job its earlier runs took past its budget: no compute
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
-            # An earlier run's model (one stopped, or killed mid-upload) is not this run's, whatever this run ends as:
-            # also where this machine has no folder of it (cleaned, or the run was on another worker)
+            # an earlier run's model (stopped, or killed mid-upload) is not this run's, folder here or not
             outputs.remove_model(job, job_id)
             outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
             if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
@@ -218,9 +218,11 @@ def training_pipeline(
         if registering and model is None:  # ended inside its registration (a signal, an outage): a version made?
             model = _version_left(job, job_id, log, logger)
         summary = job_summary.summary(job, job_id, log, stages, outcome, model, failed_groups)
-        write_json_atomic(job_dir / "summary.json", summary)
+        # best effort: a full disk must not keep the summary from S3 and the callers, nor replace the job's end
+        unwritten = "could not write the summary to the job's folder (%s); it is published all the same"
+        best_effort(logger, unwritten, write_json_atomic, job_dir / "summary.json", summary)
         job_summary.publish(job, job_id, summary, model, logger)
-        write_json_atomic(job_dir / "summary.json", summary)  # again, with where it was published (summary_uri)
+        best_effort(logger, unwritten, write_json_atomic, job_dir / "summary.json", summary)  # with summary_uri
     if terminated is not None:
         raise terminated
     if error is not None and not isinstance(error, TrainyardError):

@@ -72,9 +72,14 @@ def upload_file(job: TrainingJob, job_id: str, path: Path, name: str) -> str:
     return s3.upload_file(path, str(job_prefix(job, job_id).join(name)))
 
 
+def summary_uri(job: TrainingJob, job_id: str) -> str:
+    """Where the job summary is uploaded."""
+    return str(job_prefix(job, job_id).join("summary.json"))
+
+
 def upload_summary(job: TrainingJob, job_id: str, summary: dict) -> str:
     """Upload the job summary; return its URI."""
-    uri = str(job_prefix(job, job_id).join("summary.json"))
+    uri = summary_uri(job, job_id)
     _upload_json(summary, uri)
     return uri
 

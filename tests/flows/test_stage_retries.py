@@ -137,3 +137,28 @@ def test_a_rerun_on_a_machine_without_the_earlier_runs_folder_leaves_no_earlier_
     assert summary["status"] == "Failed" and summary["model"] is None
     listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=model.key)
     assert listed.get("KeyCount", 0) == 0, listed.get("Contents")
+
+
+def test_a_full_disk_under_the_local_summary_keeps_the_summary_published(
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch
+):
+    # the job folder's copy was written first, unguarded: ENOSPC there published nothing (no S3 summary, ledger
+    # line or ended event) and replaced the job's own end with the error
+    import json
+
+    import flows.training_pipeline as pipeline
+    from tests.conftest import upload_dataset
+    from trainyard import outputs, s3
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device (a test's)")
+
+    monkeypatch.setattr(pipeline, "write_json_atomic", full_disk)
+    spec = job_dict(upload_dataset(bucket, rows=200))
+    spec["hyperparameters"]["epochs"] = 1
+    job = parse_job(spec)
+    summary = pipeline.training_pipeline(job, job_id="full-disk-1")
+    assert summary["status"] == "Completed" and summary["summary_uri"] == outputs.summary_uri(job, "full-disk-1")
+    where = s3.S3Uri.parse(summary["summary_uri"])
+    uploaded = json.loads(s3.client().get_object(Bucket=where.bucket, Key=where.key)["Body"].read())
+    assert uploaded["status"] == "Completed"

@@ -296,6 +296,10 @@ def test_cli_run_exit_status_and_summary(prefect_api, s3_server, bucket, mlflow_
     summary = json.loads(out.read_text())
     assert summary["status"] == "Completed" and summary["metrics"]["epochs"] == 2
     assert summary["summary_uri"].endswith(f"/{summary['job_id']}/summary.json")  # where it was uploaded
+    where = s3.S3Uri.parse(summary["summary_uri"])
+    uploaded = json.loads(s3.client().get_object(Bucket=where.bucket, Key=where.key)["Body"].read())
+    # the S3 copy says where it and the ledger line are, as the others do (it said neither)
+    assert uploaded["summary_uri"] == summary["summary_uri"] and uploaded["carbon"]["ledger_uri"].endswith(".csv")
     result = runner.invoke(
         app, ["run", str(spec_path), "--set", "inputs.train.label=nope", "--set", "inputs.validation.label=nope"]
     )
