@@ -44,11 +44,12 @@ API_OUTAGE_SECONDS = 300.0
 _EXIT_CODES = {StateType.COMPLETED: 0, StateType.FAILED: 1, StateType.CRASHED: 2, StateType.CANCELLED: -15}
 
 
-def check_deployment(pool: str, gpus_per_replica: int = 0) -> None:
+def check_deployment(pool: str, gpus_per_replica: int = 0, pipeline_here: bool = False) -> None:
     """Refuse, before any compute, a work pool whose ``train-replica`` deployment the API does not have: a
-    group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound). A pool whose
-    groups run in containers (Kubernetes, ECS, Docker) while ``TRAINYARD_HOST`` is unset here: the lighthouse
-    would be on this machine's loopback, which no group there reaches. And a CPU job (``gpus_per_replica`` 0) on
+    group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound). Where the
+    pipeline runs here (``pipeline_here``; not where a job is submitted from), a pool whose groups run in
+    containers (Kubernetes, ECS, Docker) while ``TRAINYARD_HOST`` is unset: the lighthouse would be on this
+    machine's loopback, which no group there reaches. And a CPU job (``gpus_per_replica`` 0) on
     a pool whose groups each reserve a GPU whatever they are given (its template's ``gpus`` minimum: ECS has no
     GPU-less requirement), which would hold GPUs its groups never see."""
     from prefect.exceptions import ObjectNotFound
@@ -66,7 +67,7 @@ def check_deployment(pool: str, gpus_per_replica: int = 0) -> None:
         if not deployment.work_pool_name:
             return
         work_pool = client.read_work_pool(deployment.work_pool_name)
-    if work_pool.type != "process" and advertised_host() == "127.0.0.1":
+    if pipeline_here and work_pool.type != "process" and advertised_host() == "127.0.0.1":
         # (its groups failed one by one after staging, each after a minute's wait for "the lighthouse")
         raise TrainingError(
             f"resources.work_pool: {pool!r} runs its groups in {work_pool.type} containers, and {HOST_ENV} is unset "

@@ -194,9 +194,10 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     spec_problem = False  # one found only against the data (sifting's draw against the rows): exit 2
     failure: TrainyardError | None = None  # said under the summary's table, or alone where there is none
+    returned = None
     try:
         start_ephemeral_api()  # here, not in the flow: its watchdog stops it should this process be killed
-        training_pipeline(job, job_id=job_id)
+        returned = training_pipeline(job, job_id=job_id)
     except TrainyardError as exc:
         failure = exc
         spec_problem = isinstance(exc, SpecError) or isinstance(exc.__cause__, SpecError)
@@ -228,12 +229,15 @@ def _run_job(job: TrainingJob, summary_out: Path | None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     summary_path = job_dir(job_id) / "summary.json"
-    if not summary_path.exists():
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+    elif isinstance(returned, dict):  # the job folder's copy not written (a full disk): the one the flow returned
+        summary = returned
+    else:
         if failure is not None:
             say(console, failure, "red")
         say(console, f"job {job_id} produced no summary; see the logs above", "red")
         return 2 if spec_problem else 1
-    summary = json.loads(summary_path.read_text())
     if failure is not None and not summary.get("failure_reason"):
         say(console, failure, "red")
     if summary_out is not None:

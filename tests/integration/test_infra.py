@@ -108,7 +108,8 @@ def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server,
         monkeypatch.delenv("TRAINYARD_HOST", raising=False)
         for pool in ("ecs-gpu", "kubernetes-gpu"):
             with pytest.raises(TrainingError, match=rf"'{pool}' runs its groups in \w+ containers, and TRAINYARD_HOST"):
-                check_deployment(pool, gpus_per_replica=1)
+                check_deployment(pool, gpus_per_replica=1, pipeline_here=True)
+            check_deployment(pool, gpus_per_replica=1)  # where a job is submitted from: not its worker's setting
         monkeypatch.setenv("TRAINYARD_HOST", "10.0.0.5")  # the pipeline's node, as the groups reach it
         with pytest.raises(SpecError, match=r"gpus_per_replica: 0 \(a CPU job\), and 'ecs-gpu'.s groups each reserve"):
             check_deployment("ecs-gpu", gpus_per_replica=0)
