@@ -31,8 +31,12 @@ def kept(stored: dict[str, Any], desired: dict[str, Any], managed: frozenset[str
         if old is _ABSENT or name in managed:
             continue
         new = prop.get("default", _ABSENT)
-        if name == "env" and isinstance(old, dict) and isinstance(new, dict):
-            old = {**new, **old, **({own_env: new[own_env]} if own_env in new else {})}
+        if name == "env" and isinstance(new, dict):  # (a stored null: none of the operator's, apply's own still)
+            old = {
+                **new,
+                **(old if isinstance(old, dict) else {}),
+                **({own_env: new[own_env]} if own_env in new else {}),
+            }
         if old != new:
             prop["default"] = old
             changed.append(name)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -72,12 +74,18 @@ def _load_reference(mlflow, local: str, label: str) -> torch.nn.Module:
     free of pickles loads; a pickled champion (one torch.export could not trace) is refused.
     """
     try:
-        with _refusing_pickles(mlflow):
+        with _refusing_pickles(mlflow, local):
             return mlflow.pytorch.load_model(local, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - MLflow's refusal or torch's error on this archive: not the job's bug
         raise ChampionUnloadable(
             f"the champion {label} could not be loaded here ({type(exc).__name__}: {redact_text(str(exc))[:400]})"
         ) from exc
+
+
+def _on_python_path(path: str) -> bool:
+    """Whether ``path`` is under an entry of ``sys.path`` (MLflow 3.18's test, for models that may run code)."""
+    where = Path(path).resolve()
+    return any(where.is_relative_to(Path(entry or os.getcwd()).resolve()) for entry in sys.path)
 
 
 # MLflow's switches for loading a pickled model: the first since MLflow 3.18 (which warns that the second, the
@@ -86,13 +94,16 @@ _PICKLE_SWITCHES = ("MLFLOW_ALLOW_MODEL_CODE_EXECUTION", "MLFLOW_ALLOW_PICKLE_DE
 
 
 @contextlib.contextmanager
-def _refusing_pickles(mlflow) -> Iterator[None]:
+def _refusing_pickles(mlflow, local: str) -> Iterator[None]:
     """MLflow set to refuse pickled models for the block, by the switch this MLflow reads, unless the operator
-    set either switch (their choice stands)."""
+    set either switch (their choice stands). The newer switch also refuses any model in a folder on
+    ``sys.path`` (a worker's folder, where the temporary folder is under it): there, the older one, which 3.18
+    still reads (warning of it)."""
     if any(name in os.environ for name in _PICKLE_SWITCHES):
         yield
         return
-    name = next(name for name in _PICKLE_SWITCHES if hasattr(mlflow.environment_variables, name))
+    known = [name for name in _PICKLE_SWITCHES if hasattr(mlflow.environment_variables, name)]
+    name = known[0] if known and not _on_python_path(local) else _PICKLE_SWITCHES[-1]
     os.environ[name] = "false"
     try:
         yield

@@ -164,20 +164,26 @@ def infer_schema(
     classes: list = []
     if task == "classification":
         check_labels(table, label, where, layout)
-        classes = channel.classes or found_classes(table[label])
+        classes = channel.classes or found_classes(table[label], f"{where}: label {label!r}")
         if len(classes) < 2:
             raise DataError(f"{where}: label {label!r} has a single class {classes}; a classifier needs two or more")
     return Schema(features=features, label=label, task=task, classes=classes)
 
 
-def found_classes(col: pa.ChunkedArray) -> list:
+def found_classes(col: pa.ChunkedArray, where: str) -> list:
     """A label column's distinct values, sorted: its classes, as the training plan's JSON keeps them. A DECIMAL
     label's are numbers (ints where every one is whole): as Python's ``Decimal`` they were written as text, and
-    a replica group streaming the channel found none of its labels among them."""
+    a replica group streaming the channel found none of its labels among them. ``where``: the label, for errors."""
     classes = pc.unique(col).to_pylist()
     if pa.types.is_decimal(col.type):
         whole = all(c == c.to_integral_value() for c in classes)
-        classes = [int(c) if whole else float(c) for c in classes]
+        numbers = [int(c) if whole else float(c) for c in classes]
+        if len(set(numbers)) < len(classes) or (whole and any(abs(n) > 2**53 for n in numbers)):
+            raise DataError(  # two labels one class (a float64 holds 15-17 significant digits)
+                f"{where}: DECIMAL classes past float64's precision ({[str(c) for c in classes[:3]]} ...); round "
+                "the label, or cast it to text"
+            )
+        classes = numbers
     return sorted(classes, key=lambda v: (str(type(v)), v))
 
 

@@ -162,7 +162,7 @@ def describe(
         except (OSError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise read_error(exc, where, "the label column cannot be read") from exc
         datasets.check_labels(labels, label, where, label_layout)
-        classes = datasets.found_classes(labels[label])
+        classes = datasets.found_classes(labels[label], f"{where}: label {label!r}")
     schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name, layout)
     _check_objects(schemas, [*schema.features, schema.label])
     _check_objects(with_rows, [], schema.features)

@@ -373,23 +373,3 @@ def test_a_decimal_column_is_a_numeric_feature():
     assert schema.features == ["price"] and table_checks.left_out_columns(table, channel) == []
     x, _ = datasets.to_arrays(table, schema, "here")
     assert x.dtype == np.float32 and x[:, 0].tolist() == [1.5, 2.25]
-
-
-@pytest.mark.parametrize(
-    ("labels", "classes"), [(["1.00", "2.00", "1.00"], [1, 2]), (["0.50", "1.00", "0.50"], [0.5, 1.0])]
-)
-def test_a_decimal_labels_classes_come_back_from_the_plan_as_its_labels(tmp_path, labels, classes):
-    # written to plan.json as Decimals (as text), a streaming group found none of its labels among them
-    import decimal
-
-    from trainyard.home import write_json_atomic
-
-    label = pa.array([decimal.Decimal(v) for v in labels], pa.decimal128(10, 2))
-    table = pa.table({"x": [0.1, 0.2, 0.3], "label": label})
-    schema = datasets.infer_schema(table, Channel(s3_uri="s3://bkt/t/", label="label"), "classification")
-    assert schema.classes == classes and all(type(c) is type(classes[0]) for c in schema.classes)
-    write_json_atomic(tmp_path / "plan.json", datasets.schema_dict(schema))
-    planned = json.loads((tmp_path / "plan.json").read_text())
-    read_back = datasets.Schema(planned["features"], planned["label"], planned["task"], planned["classes"])
-    _, y = datasets.to_arrays(table, read_back, "a streamed row group")
-    assert y.tolist() == [0, 1, 0]
