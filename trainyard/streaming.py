@@ -343,16 +343,19 @@ def _opened(manifest: ChannelManifest, filesystem) -> Iterator[tuple[StagedObjec
     objects = manifest.objects
     with progress.bar(f"reading the footers of {manifest.name}", len(objects)) as advance:
         opened = parallel.in_threads(
-            lambda obj: _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}"), objects, MAX_CONCURRENT_OBJECTS
+            lambda obj: _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}", listed=True),
+            objects,
+            MAX_CONCURRENT_OBJECTS,
         )
         for obj, opening in zip(objects, opened, strict=True):
             yield obj, opening
             advance(1)
 
 
-def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int, str]:
+def _open(filesystem: pafs.S3FileSystem, path: str, listed: bool = False) -> tuple[pq.ParquetFile, int, str]:
     """The object ``bucket/key`` as a parquet file (its footer read), its size in bytes and its ETag
-    (unquoted; ``""`` where the endpoint sent none), from the HEAD pyarrow makes to open it."""
+    (unquoted; ``""`` where the endpoint sent none), from the HEAD pyarrow makes to open it. ``listed``: opened
+    while staging, seconds after the listing (an object gone since is transient, as ``_check_unchanged``'s)."""
     # pre_buffer: a row group's column chunks are fetched as concurrent, coalesced range reads rather
     # than one after another (an 18 MB row group from a local endpoint: 55 ms -> 36 ms; more where
     # each request waits on a network round trip).
@@ -364,6 +367,10 @@ def _open(filesystem: pafs.S3FileSystem, path: str) -> tuple[pq.ParquetFile, int
         parquet = pq.ParquetFile(source, pre_buffer=True, page_checksum_verification=True)
         return parquet, source.size(), etag
     except FileNotFoundError as exc:  # pyarrow's word for S3's 404
+        if listed:  # the stage's retry lists the channel again, without it (staging's own rule for a deleted one)
+            raise StorageError(
+                f"s3://{path}: deleted from S3 while it was being staged; run the job again", True
+            ) from exc
         raise StorageError(
             f"s3://{path}: no longer in S3 (deleted or renamed since the channel was staged); restore it, "
             "or run the job again to stage the channel as it is now"

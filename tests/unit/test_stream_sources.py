@@ -231,3 +231,20 @@ def test_a_row_group_being_kept_survives_an_eviction_while_it_is_written(tmp_pat
     assert kept_rowgroups.save(path, np.ones((4, 3), np.float32), np.arange(4))
     assert kept_rowgroups.load(path)[1].tolist() == [0, 1, 2, 3]
     assert not list(path.parent.glob(f"*{shared_cache.PART_SUFFIX}*"))  # nor a part or claim file left
+
+
+def test_an_object_deleted_between_listing_and_its_footer_is_transient(s3_endpoint, tmp_path):
+    # staging's retry lists the channel again, without it (staging's own rule); it was a permanent error
+    from tests.unit.streams import put_parquet
+    from trainyard import listing
+    from trainyard.spec import Channel
+
+    bucket = s3_endpoint.new_bucket()
+    put_parquet(s3_endpoint, bucket, "t/a.parquet", blobs_table(100, seed=5), 50)
+    channel = Channel(s3_uri=f"s3://{bucket}/t/", label="label", mode="stream")
+    manifest = listing.list_channel("train", channel)
+    s3_endpoint.client().delete_object(Bucket=bucket, Key="t/a.parquet")
+    with pytest.raises(StorageError, match=rf"s3://{bucket}/t/a.parquet: deleted from S3 while it was being staged"):
+        streaming.describe(manifest, channel, "classification", tmp_path / "data")
+    again = pytest.raises(StorageError, streaming.describe, manifest, channel, "classification", tmp_path / "data")
+    assert again.value.transient
