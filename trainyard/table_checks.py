@@ -157,6 +157,13 @@ def left_out_columns(
             other.append(name)
             continue
         first = pc.index(pc.invert(numeric), True).as_py()
+        if first < 0:  # every value a number, written as text (a JSON writer's "1.5"): no stray value to quote
+            found.append(
+                f"{where}: column {name!r} is left out of the features: it is text, though all {values} of its "
+                f"values are numbers written as text; write it as a number column to train on it, or list the "
+                f"features in inputs.{channel_name}.features to leave it out knowingly"
+            )
+            continue
         found.append(
             f"{where}: column {name!r} is left out of the features: it is text, though {numbers} of its {values} "
             f"values are numbers ({column[first].as_py()!r} is not{first_in(layout, first)}); fix those values to "

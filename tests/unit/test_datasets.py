@@ -161,6 +161,10 @@ def test_columns_left_out_of_inferred_features_are_warned_of_text_of_mostly_numb
     # the other columns left out (text, dates) are named too: a category the model never sees, say
     assert other.startswith("channel 'train' (s3://bkt/t/): columns ['name'] are left out of the features")
     assert table_checks.left_out_columns(table, channel.model_copy(update={"features": ["x"]})) == []
+    # every value a number written as text (a JSON writer's): none to quote (it quoted the last, a number)
+    quoted = pa.table({"x": [1.0, 2.0], "y": ["1.5", None], "label": [0, 1]})
+    (all_numbers,) = table_checks.left_out_columns(quoted, channel)
+    assert "all 1 of its values are numbers written as text; write it as a number column" in all_numbers
 
 
 def test_a_header_that_is_not_utf8_is_named(tmp_path):
