@@ -257,6 +257,7 @@ def stop(run_id: str, graceful: bool = False) -> list[str]:
     uploaded. ``graceful``: the pipeline run is tagged instead (``user_stop.RUN_TAG``), and its training
     stage stops every group at its next step boundary, uploads the model trained so far, and ends the job
     Stopped; returns the run asked (none when the job has ended)."""
+    from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelling
 
     from trainyard.training import user_stop
@@ -271,8 +272,11 @@ def stop(run_id: str, graceful: bool = False) -> list[str]:
         cancelled = []
         for target in [run, *_group_runs(api, run)]:
             if target.state is not None and not target.state.is_final():
-                api.set_flow_run_state(target.id, Cancelling(message="trainyard stop"), force=True)
-                cancelled.append(str(target.id))
+                # not forced: Prefect's rules then refuse it for a run that has ended since it was read (forced, a
+                # Completed job became Cancelling, for good), and cancel at once one that never started
+                asked = api.set_flow_run_state(target.id, Cancelling(message="trainyard stop"))
+                if asked.state is not None and asked.state.type in (StateType.CANCELLING, StateType.CANCELLED):
+                    cancelled.append(str(target.id))
     return cancelled
 
 

@@ -195,3 +195,30 @@ def test_a_jobs_group_runs_are_all_found_past_the_apis_page_of_200(prefect_api):
         finally:  # the harness is the package's: the other flow tests' unfiltered reads would page past theirs
             for run_id in [*made, other]:
                 api.delete_flow_run(run_id)
+
+
+def test_a_stop_landing_as_the_job_ends_leaves_it_ended(prefect_api, monkeypatch):
+    # stop reads the run, then asks: a job that ended between the two became Cancelling for good (forced)
+    import copy
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running
+
+    from flows import client
+
+    with get_client(sync_client=True) as api:
+        deployment = api.create_deployment(
+            flow_id=api.create_flow_from_name("training-pipeline"),
+            name="ending",
+            entrypoint="flows/training_pipeline.py:training_pipeline",
+        )
+        try:
+            run = api.create_flow_run_from_deployment(deployment)
+            api.set_flow_run_state(run.id, Running(), force=True)
+            seen = api.read_flow_run(run.id)  # running, as stop reads it
+            api.set_flow_run_state(run.id, Completed(), force=True)  # ...and the job ends
+            monkeypatch.setattr(client, "_read_run", lambda _api, _run_id: copy.deepcopy(seen))
+            assert client.stop(str(run.id)) == []
+            assert api.read_flow_run(run.id).state.type.value == "COMPLETED"
+        finally:
+            api.delete_deployment(deployment)
