@@ -244,7 +244,11 @@ def _status_through_outages(run_id: str, poll_seconds: float, deadline: float | 
             return status(run_id)
         except ApiUnreachable as exc:
             now = time.monotonic()
-            if now - since > API_OUTAGE_SECONDS or (deadline is not None and now > deadline):
+            if deadline is not None and now > deadline:  # the wait's own timeout, as README's exit 124 says
+                raise WaitTimeout(
+                    f"{exc}; the wait for job run {run_id} timed out meanwhile (the job goes on)"
+                ) from None
+            if now - since > API_OUTAGE_SECONDS:
                 raise ApiUnreachable(f"{exc}; stopped waiting for job run {run_id}, which goes on") from None
             time.sleep(poll_seconds)
 
@@ -343,16 +347,37 @@ def _group_runs(api, run) -> list:
 
 @reaching_api
 def jobs(limit: int = 20) -> list[dict[str, Any]]:
-    """The most recent training-pipeline runs, newest first."""
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    """The most recent training-pipeline runs, newest first (``limit``: at least 1; read in pages of the API's
+    200). Not a schedule's runs to come: Prefect makes them days ahead, and they sorted first."""
+    from datetime import UTC, timedelta
+
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterExpectedStartTime,
+    )
     from prefect.client.schemas.sorting import FlowRunSort
 
+    if limit < 1:
+        raise TrainyardError(f"limit must be at least 1, not {limit}")
+    # (10 minutes on: a run submitted a moment ago by a server whose clock is ahead of this one's is still listed)
+    soon = datetime.now(UTC) + timedelta(minutes=10)
+    started = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(before_=soon))
     with _api() as api:
-        runs = api.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=[PIPELINE_FLOW])),
-            sort=FlowRunSort.START_TIME_DESC,
-            limit=limit,
-        )
+        runs: list = []
+        while len(runs) < limit:
+            want = min(200, limit - len(runs))
+            page = api.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[PIPELINE_FLOW])),
+                flow_run_filter=started,
+                sort=FlowRunSort.START_TIME_DESC,
+                limit=want,
+                offset=len(runs),
+            )
+            runs += page
+            if len(page) < want:
+                break
         # A Crashed run's job may have ended Stopped (a worker shut down, a reclaim: SIGTERM): its events say so,
         # as status() reads them. Asked for those runs alone (one read each; the rest's state says it all).
         said = {}

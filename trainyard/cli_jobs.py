@@ -93,7 +93,7 @@ def _clock(iso: str) -> str:
 
 
 @jobs_app.command("list")
-def list_jobs(limit: Annotated[int, typer.Option(help="How many, newest first.")] = 20) -> None:
+def list_jobs(limit: Annotated[int, typer.Option(min=1, help="How many, newest first.")] = 20) -> None:
     """Recent training-pipeline runs and their status."""
     from flows import client
 

@@ -222,3 +222,30 @@ def test_a_stop_landing_as_the_job_ends_leaves_it_ended(prefect_api, monkeypatch
             assert api.read_flow_run(run.id).state.type.value == "COMPLETED"
         finally:
             api.delete_deployment(deployment)
+
+
+def test_jobs_lists_past_the_apis_page_and_not_a_schedules_runs_to_come(prefect_api):
+    # a limit over 200 was the API's 422, as a traceback-like error; a nightly schedule's runs for the days ahead
+    # sorted first and pushed the jobs that ran out of the list
+    from datetime import UTC, datetime, timedelta
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    from flows import client
+
+    with get_client(sync_client=True) as api:
+        deployment = api.create_deployment(
+            flow_id=api.create_flow_from_name("training-pipeline"),
+            name="nightly",
+            entrypoint="flows/training_pipeline.py:training_pipeline",
+        )
+        try:
+            ran = api.create_flow_run_from_deployment(deployment)
+            tomorrow = api.create_flow_run_from_deployment(
+                deployment, state=Scheduled(scheduled_time=datetime.now(UTC) + timedelta(days=1))
+            )
+            listed = [row["flow_run_id"] for row in client.jobs(250)]
+            assert str(ran.id) in listed and str(tomorrow.id) not in listed
+        finally:
+            api.delete_deployment(deployment)  # and its runs

@@ -297,6 +297,10 @@ def test_wait_rides_out_an_api_that_does_not_answer_and_says_the_job_goes_on_whe
     monkeypatch.setattr(client, "status", lambda run_id: _raise())
     with pytest.raises(client.ApiUnreachable, match="stopped waiting for job run r, which goes on"):
         client.wait("r", poll_seconds=0.01)
+    # the wait's own timeout passing in an outage is its timeout (exit 124), not the API's (it was exit 1)
+    monkeypatch.setattr(client, "API_OUTAGE_SECONDS", 60.0)
+    with pytest.raises(client.WaitTimeout, match="the wait for job run r timed out meanwhile"):
+        client.wait("r", poll_seconds=0.01, timeout_seconds=0.05)
 
 
 def _raise():
