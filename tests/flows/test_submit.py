@@ -13,6 +13,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
 from trainyard.errors import SpecError
 from trainyard.spec import parse_job
+from trainyard.status import JOB_TAG, REPLICA_TAG
 
 
 def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_it(prefect_api):
@@ -57,7 +58,7 @@ def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_i
                 deployment,
                 parameters={"job": sent},
                 name="j-7-g0-a0",
-                tags=[f"{client.JOB_TAG}j-7", client.REPLICA_TAG],
+                tags=[f"{JOB_TAG}j-7", REPLICA_TAG],
             )
             for ask in (client.status, client.logs, client.stop):
                 with pytest.raises(client.RunNotFound, match="is j-7-g0-a0, a replica group's run of job j-7, not"):
