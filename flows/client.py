@@ -301,11 +301,12 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
 
     if limit < 1:
         raise TrainyardError(f"limit must be at least 1, not {limit}")
-    # (10 minutes on: a run submitted a moment ago by a server whose clock is ahead of this one's is still listed)
+    # (10 minutes on: a run submitted a moment ago from a machine whose clock is ahead of this one's is listed too)
     soon = datetime.now(UTC) + timedelta(minutes=10)
     started = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(before_=soon))
     with _api() as api:
         runs: list = []
+        offset = 0
         while len(runs) < limit:
             want = min(200, limit - len(runs))
             page = api.read_flow_runs(
@@ -313,9 +314,10 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
                 flow_run_filter=started,
                 sort=FlowRunSort.START_TIME_DESC,
                 limit=want,
-                offset=len(runs),
+                offset=offset,
             )
-            runs += page
+            offset += len(page)
+            runs += [r for r in page if r.id not in {seen.id for seen in runs}]  # (a run started between pages moves)
             if len(page) < want:
                 break
         # A Crashed run's job may have ended Stopped (a worker shut down, a reclaim: SIGTERM): its events say so,

@@ -112,11 +112,11 @@ def training_pipeline(
                 else:
                     log.finish("Failed", "Failed", earlier.message or "", failure_reason=earlier.message)
                 return earlier
+            _check_budget_left(job, stages)  # past its budget already: nothing run, the earlier run's left as it is
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
             # an earlier run's model (stopped, or killed mid-upload) is not this run's, folder here or not
             outputs.remove_model(job, job_id)
-            _check_budget_left(job, stages)  # a rerun of a job its earlier runs took past its budget: no compute
             outputs.check_destination(job)  # before any compute: the model is uploaded there at the end
             if job.resources.work_pool != "local":  # before any compute: the groups' runs are of its deployment
                 check_deployment(job.resources.work_pool, job.resources.gpus_per_replica, pipeline_here=True)

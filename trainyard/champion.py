@@ -103,7 +103,9 @@ def _refusing_pickles(mlflow, local: str) -> Iterator[None]:
         yield
         return
     known = [name for name in _PICKLE_SWITCHES if hasattr(mlflow.environment_variables, name)]
-    name = known[0] if known and not _on_python_path(local) else _PICKLE_SWITCHES[-1]
+    older = _PICKLE_SWITCHES[-1]
+    # (an MLflow without the older one: the newer, refusing this champion, rather than a switch none reads)
+    name = older if not known or (older in known and _on_python_path(local)) else known[0]
     os.environ[name] = "false"
     try:
         yield

@@ -174,10 +174,12 @@ def found_classes(col: pa.ChunkedArray, where: str) -> list:
     """A label column's distinct values, sorted: its classes, as the training plan's JSON keeps them. A DECIMAL
     label's are numbers (ints where every one is whole): as Python's ``Decimal`` they were written as text, and
     a replica group streaming the channel found none of its labels among them. ``where``: the label, for errors."""
-    classes = pc.unique(col).to_pylist()
+    unique = pc.unique(col)
+    classes = unique.to_pylist()
     if pa.types.is_decimal(col.type):
         whole = all(c == c.to_integral_value() for c in classes)
-        numbers = [int(c) if whole else float(c) for c in classes]
+        # (as floats by Arrow's cast: the one that reads the labels back, _numeric_numpy)
+        numbers = [int(c) for c in classes] if whole else pc.cast(unique, pa.float64()).to_pylist()
         if len(set(numbers)) < len(classes) or (whole and any(abs(n) > 2**53 for n in numbers)):
             raise DataError(  # two labels one class (a float64 holds 15-17 significant digits)
                 f"{where}: DECIMAL classes past float64's precision ({[str(c) for c in classes[:3]]} ...); round "

@@ -153,7 +153,7 @@ def left_out_columns(
             continue
         numeric = pc.match_substring_regex(column, _NUMBER)
         values, numbers = len(column) - column.null_count, int(pc.sum(numeric).as_py() or 0)
-        if numbers * 2 < values:  # mostly text: an id, a name, a category
+        if numbers * 2 < values or not values:  # mostly text (an id, a name, a category), or nothing in it
             other.append(name)
             continue
         first = pc.index(pc.invert(numeric), True).as_py()

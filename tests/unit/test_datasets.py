@@ -165,6 +165,9 @@ def test_columns_left_out_of_inferred_features_are_warned_of_text_of_mostly_numb
     quoted = pa.table({"x": [1.0, 2.0], "y": ["1.5", None], "label": [0, 1]})
     (all_numbers,) = table_checks.left_out_columns(quoted, channel)
     assert "all 1 of its values are numbers written as text; write it as a number column" in all_numbers
+    empty = pa.table({"x": [1.0, 2.0], "notes": pa.array([None, None], pa.string()), "label": [0, 1]})
+    (unread,) = table_checks.left_out_columns(empty, channel)  # no values: not "all 0 numbers written as text"
+    assert "columns ['notes'] are left out of the features: they are not numbers" in unread
 
 
 def test_a_header_that_is_not_utf8_is_named(tmp_path):
