@@ -287,23 +287,13 @@ def stop(run_id: str, graceful: bool = False) -> list[str]:
 
 @reaching_api
 def jobs(limit: int = 20) -> list[dict[str, Any]]:
-    """The most recent training-pipeline runs, newest first (``limit``: at least 1; read in pages of the API's
-    200). Not a schedule's runs to come: Prefect makes them days ahead, and they sorted first."""
-    from datetime import UTC, timedelta
-
-    from prefect.client.schemas.filters import (
-        FlowFilter,
-        FlowFilterName,
-        FlowRunFilter,
-        FlowRunFilterExpectedStartTime,
-    )
+    """The most recent training-pipeline runs, newest first, a schedule's next ones (not started) among them
+    (``limit``: at least 1; read in pages of the API's 200)."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
     if limit < 1:
         raise TrainyardError(f"limit must be at least 1, not {limit}")
-    # (10 minutes on: a run submitted a moment ago from a machine whose clock is ahead of this one's is listed too)
-    soon = datetime.now(UTC) + timedelta(minutes=10)
-    started = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(before_=soon))
     with _api() as api:
         runs: list = []
         offset = 0
@@ -311,7 +301,6 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
             want = min(200, limit - len(runs))
             page = api.read_flow_runs(
                 flow_filter=FlowFilter(name=FlowFilterName(any_=[PIPELINE_FLOW])),
-                flow_run_filter=started,
                 sort=FlowRunSort.START_TIME_DESC,
                 limit=want,
                 offset=offset,
