@@ -6,6 +6,8 @@ queued ends Stopped at once."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +16,21 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from trainyard.errors import SpecError
 from trainyard.spec import parse_job
 from trainyard.status import JOB_TAG, REPLICA_TAG
+
+
+@contextmanager
+def _pipeline_deployment(api, name: str, **options) -> Iterator:
+    """A training-pipeline deployment ``name`` that no worker polls, deleted (its runs with it) at the end."""
+    deployment = api.create_deployment(
+        flow_id=api.create_flow_from_name("training-pipeline"),
+        name=name,
+        entrypoint="flows/training_pipeline.py:training_pipeline",
+        **options,
+    )
+    try:
+        yield deployment
+    finally:
+        api.delete_deployment(deployment)
 
 
 def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_it(prefect_api):
@@ -26,46 +43,39 @@ def test_a_spec_is_sent_as_written_so_a_deployment_of_an_older_trainyard_takes_i
 
     schema = parameter_schema(training_pipeline).model_dump_for_openapi()
     del schema["definitions"]["Stopping"]["properties"]["restore_best"]  # as deployed before it existed
-    with get_client(sync_client=True) as api:
-        deployment = api.create_deployment(
-            flow_id=api.create_flow_from_name("training-pipeline"),
-            name="older",
-            entrypoint="flows/training_pipeline.py:training_pipeline",
-            parameter_openapi_schema=schema,
-            enforce_parameter_schema=True,
+    with (
+        get_client(sync_client=True) as api,
+        _pipeline_deployment(
+            api, "older", parameter_openapi_schema=schema, enforce_parameter_schema=True
+        ) as deployment,
+    ):
+        run_id = client.submit(minimal(), deployment="training-pipeline/older")
+        sent = api.read_flow_run(run_id).parameters["job"]
+        assert sent == parse_job(minimal()).model_dump(mode="json", exclude_unset=True) and "stopping" not in sent
+        api.delete_flow_run(run_id)  # no worker runs it
+        # sifting's defaults (resolved for the train channel) are the deployed code's to fill in, too
+        sifted = client.submit(minimal() | {"sifting": {"enabled": True}}, deployment="training-pipeline/older")
+        assert api.read_flow_run(sifted).parameters["job"]["sifting"] == {"enabled": True}
+        api.delete_flow_run(sifted)
+        newer = minimal() | {"stopping": {"restore_best": False}}
+        with pytest.raises(client.DeploymentOutdated, match=r"restore_best.*prefect deploy --all"):
+            client.submit(newer, deployment="training-pipeline/older")
+        # a pool this API has no train-replica deployment for: refused here, before anything is queued
+        elsewhere = minimal() | {"resources": {"work_pool": "trainyard-gpuu"}}
+        with pytest.raises(SpecError, match=r"resources.work_pool: 'trainyard-gpuu' has no train-replica/"):
+            client.submit(elsewhere, deployment="training-pipeline/older")
+        assert api.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))) == []
+        # a group's run (a pool job's) asked after as if it were a job: named as what it is
+        group = api.create_flow_run_from_deployment(
+            deployment,
+            parameters={"job": sent},
+            name="j-7-g0-a0",
+            tags=[f"{JOB_TAG}j-7", REPLICA_TAG],
         )
-        try:
-            run_id = client.submit(minimal(), deployment="training-pipeline/older")
-            sent = api.read_flow_run(run_id).parameters["job"]
-            assert sent == parse_job(minimal()).model_dump(mode="json", exclude_unset=True) and "stopping" not in sent
-            api.delete_flow_run(run_id)  # no worker runs it
-            # sifting's defaults (resolved for the train channel) are the deployed code's to fill in, too
-            sifted = client.submit(minimal() | {"sifting": {"enabled": True}}, deployment="training-pipeline/older")
-            assert api.read_flow_run(sifted).parameters["job"]["sifting"] == {"enabled": True}
-            api.delete_flow_run(sifted)
-            newer = minimal() | {"stopping": {"restore_best": False}}
-            with pytest.raises(client.DeploymentOutdated, match=r"restore_best.*prefect deploy --all"):
-                client.submit(newer, deployment="training-pipeline/older")
-            # a pool this API has no train-replica deployment for: refused here, before anything is queued
-            elsewhere = minimal() | {"resources": {"work_pool": "trainyard-gpuu"}}
-            with pytest.raises(SpecError, match=r"resources.work_pool: 'trainyard-gpuu' has no train-replica/"):
-                client.submit(elsewhere, deployment="training-pipeline/older")
-            assert (
-                api.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))) == []
-            )
-            # a group's run (a pool job's) asked after as if it were a job: named as what it is
-            group = api.create_flow_run_from_deployment(
-                deployment,
-                parameters={"job": sent},
-                name="j-7-g0-a0",
-                tags=[f"{JOB_TAG}j-7", REPLICA_TAG],
-            )
-            for ask in (client.status, client.logs, client.stop):
-                with pytest.raises(client.RunNotFound, match="is j-7-g0-a0, a replica group's run of job j-7, not"):
-                    ask(str(group.id))
-            api.delete_flow_run(group.id)
-        finally:
-            api.delete_deployment(deployment)
+        for ask in (client.status, client.logs, client.stop):
+            with pytest.raises(client.RunNotFound, match="is j-7-g0-a0, a replica group's run of job j-7, not"):
+                ask(str(group.id))
+        api.delete_flow_run(group.id)
 
 
 def test_a_job_stopped_before_any_worker_started_it_ends_stopped_at_once(prefect_api, monkeypatch):
@@ -76,28 +86,24 @@ def test_a_job_stopped_before_any_worker_started_it_ends_stopped_at_once(prefect
     from flows.training_pipeline import training_pipeline
     from tests.unit.specs import minimal
 
-    with get_client(sync_client=True) as api:
-        deployment = api.create_deployment(
-            flow_id=api.create_flow_from_name("training-pipeline"),
-            name="unpolled",
-            entrypoint="flows/training_pipeline.py:training_pipeline",
-            parameter_openapi_schema=parameter_schema(training_pipeline).model_dump_for_openapi(),
-        )
-        try:
-            run_id = client.submit(minimal(), deployment="training-pipeline/unpolled")
-            queued = client.status(run_id)
-            assert (queued["status"], queued["secondary_status"]) == ("Scheduled", "Starting")
-            assert client.stop(run_id) == [run_id]
-            # no job ever ran, so there is no last status event to wait for: wait answers without sleeping
-            # (the client's time alone: Prefect's own client sleeps between its retries of a busy API)
-            clock = SimpleNamespace(monotonic=time.monotonic, sleep=lambda s: pytest.fail(f"wait slept {s} s"))
-            with monkeypatch.context() as patched:
-                patched.setattr(client, "time", clock)
-                ended = client.wait(run_id)
-            assert (ended["status"], ended["secondary_status"]) == ("Stopped", "Stopped")
-            assert ended["secondary_status_transitions"] == [] and ended["metrics"] is None
-        finally:
-            api.delete_deployment(deployment)
+    with (
+        get_client(sync_client=True) as api,
+        _pipeline_deployment(
+            api, "unpolled", parameter_openapi_schema=parameter_schema(training_pipeline).model_dump_for_openapi()
+        ),
+    ):
+        run_id = client.submit(minimal(), deployment="training-pipeline/unpolled")
+        queued = client.status(run_id)
+        assert (queued["status"], queued["secondary_status"]) == ("Scheduled", "Starting")
+        assert client.stop(run_id) == [run_id]
+        # no job ever ran, so there is no last status event to wait for: wait answers without sleeping
+        # (the client's time alone: Prefect's own client sleeps between its retries of a busy API)
+        clock = SimpleNamespace(monotonic=time.monotonic, sleep=lambda s: pytest.fail(f"wait slept {s} s"))
+        with monkeypatch.context() as patched:
+            patched.setattr(client, "time", clock)
+            ended = client.wait(run_id)
+        assert (ended["status"], ended["secondary_status"]) == ("Stopped", "Stopped")
+        assert ended["secondary_status_transitions"] == [] and ended["metrics"] is None
 
 
 def test_what_is_no_job_is_refused_by_type_and_a_url_without_api_is_named(prefect_api):
@@ -118,14 +124,8 @@ def test_what_is_no_job_is_refused_by_type_and_a_url_without_api_is_named(prefec
         client.submit(minimal(), deployment="train-replica/trainyard-gpu")
     with get_client(sync_client=True) as api:
         schema = parameter_schema(training_pipeline).model_dump_for_openapi()
-        deployment = api.create_deployment(
-            flow_id=api.create_flow_from_name("training-pipeline"),
-            name="keyed",
-            entrypoint="flows/training_pipeline.py:training_pipeline",
-            parameter_openapi_schema=schema,
-        )
-        other = api.create_flow_run(flow=_flow("other-teams-etl"), name="nightly-etl")
-        try:
+        with _pipeline_deployment(api, "keyed", parameter_openapi_schema=schema) as deployment:
+            other = api.create_flow_run(flow=_flow("other-teams-etl"), name="nightly-etl")
             # a key a REST caller first used with a spec the schema took and Trainyard refuses
             bad = minimal(resources={"replicas": 1, "min_replicas": 3})
             api.create_flow_run_from_deployment(deployment, parameters={"job": bad}, idempotency_key="k-rest")
@@ -136,8 +136,6 @@ def test_what_is_no_job_is_refused_by_type_and_a_url_without_api_is_named(prefec
                 with pytest.raises(client.RunNotFound, match="a run of flow 'other-teams-etl', not a training job"):
                     ask(str(other.id))
             assert api.read_flow_run(other.id).state.type.value != "CANCELLING"
-        finally:
-            api.delete_deployment(deployment)
     root = get_current_settings().api.url.removesuffix("/api")
     with temporary_settings({PREFECT_API_URL: root}), pytest.raises(client.ApiNotSet, match="is not a Prefect API"):
         client.jobs()
@@ -207,22 +205,14 @@ def test_a_stop_landing_as_the_job_ends_leaves_it_ended(prefect_api, monkeypatch
 
     from flows import client
 
-    with get_client(sync_client=True) as api:
-        deployment = api.create_deployment(
-            flow_id=api.create_flow_from_name("training-pipeline"),
-            name="ending",
-            entrypoint="flows/training_pipeline.py:training_pipeline",
-        )
-        try:
-            run = api.create_flow_run_from_deployment(deployment)
-            api.set_flow_run_state(run.id, Running(), force=True)
-            seen = api.read_flow_run(run.id)  # running, as stop reads it
-            api.set_flow_run_state(run.id, Completed(), force=True)  # ...and the job ends
-            monkeypatch.setattr(client, "_read_run", lambda _api, _run_id: copy.deepcopy(seen))
-            assert client.stop(str(run.id)) == []
-            assert api.read_flow_run(run.id).state.type.value == "COMPLETED"
-        finally:
-            api.delete_deployment(deployment)
+    with get_client(sync_client=True) as api, _pipeline_deployment(api, "ending") as deployment:
+        run = api.create_flow_run_from_deployment(deployment)
+        api.set_flow_run_state(run.id, Running(), force=True)
+        seen = api.read_flow_run(run.id)  # running, as stop reads it
+        api.set_flow_run_state(run.id, Completed(), force=True)  # ...and the job ends
+        monkeypatch.setattr(client, "_read_run", lambda _api, _run_id: copy.deepcopy(seen))
+        assert client.stop(str(run.id)) == []
+        assert api.read_flow_run(run.id).state.type.value == "COMPLETED"
 
 
 def test_jobs_lists_past_the_apis_page(prefect_api):
@@ -235,18 +225,10 @@ def test_jobs_lists_past_the_apis_page(prefect_api):
 
     from flows import client
 
-    with get_client(sync_client=True) as api:
-        deployment = api.create_deployment(
-            flow_id=api.create_flow_from_name("training-pipeline"),
-            name="nightly",
-            entrypoint="flows/training_pipeline.py:training_pipeline",
+    with get_client(sync_client=True) as api, _pipeline_deployment(api, "nightly") as deployment:
+        ran = api.create_flow_run_from_deployment(deployment)
+        tomorrow = api.create_flow_run_from_deployment(
+            deployment, state=Scheduled(scheduled_time=datetime.now(UTC) + timedelta(days=1))
         )
-        try:
-            ran = api.create_flow_run_from_deployment(deployment)
-            tomorrow = api.create_flow_run_from_deployment(
-                deployment, state=Scheduled(scheduled_time=datetime.now(UTC) + timedelta(days=1))
-            )
-            listed = [row["flow_run_id"] for row in client.jobs(250)]
-            assert str(ran.id) in listed and str(tomorrow.id) in listed
-        finally:
-            api.delete_deployment(deployment)  # and its runs
+        listed = [row["flow_run_id"] for row in client.jobs(250)]
+        assert str(ran.id) in listed and str(tomorrow.id) in listed
