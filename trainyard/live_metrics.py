@@ -11,17 +11,20 @@ import time
 
 from trainyard.registry import _experiment
 from trainyard.spec import TrainingJob
+from trainyard.status import primary_status
 from trainyard.tracking_store import tracking_uri
 
 LIVE_JOB_TAG = "trainyard.live_job_id"
 
 
+_RUN_STATUS = {"Completed": "FINISHED", "Stopped": "KILLED", "Failed": "FAILED"}
+
+
 def live_status(outcome) -> str:
-    """The MLflow status a job's live run ends with: FINISHED for a completed training, FAILED for one that
-    diverged or raised (no ``outcome``), KILLED for one stopped (by a person, its runtime or carbon budget)."""
-    if outcome is None or outcome.stop_reason == "Diverged":
-        return "FAILED"
-    return "FINISHED" if outcome.stop_reason == "Completed" else "KILLED"
+    """The MLflow status a job's live run ends with, by the job's status (``status.primary_status``): FINISHED
+    for a completed training (a target or patience reached included), KILLED for one stopped (by a person, its
+    runtime or carbon budget), FAILED for one that diverged or raised (no ``outcome``)."""
+    return "FAILED" if outcome is None else _RUN_STATUS[primary_status(outcome.stop_reason)[0]]
 
 
 class LiveRun:

@@ -238,4 +238,5 @@ def test_a_jobs_live_run_ends_as_its_training_did():
     ended = {reason: live_status(SimpleNamespace(stop_reason=reason)) for reason in reasons}
     assert ended == {"Completed": "FINISHED", "Diverged": "FAILED", "Stopped": "KILLED"}
     assert live_status(SimpleNamespace(stop_reason="CarbonBudgetExceeded")) == "KILLED"
+    assert live_status(SimpleNamespace(stop_reason="TargetMetricReached")) == "FINISHED"  # the job Completed
     assert live_status(None) == "FAILED"  # the training stage raised
