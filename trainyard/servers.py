@@ -52,20 +52,20 @@ def bind_host() -> str:
     return "127.0.0.1" if advertised_host() == "127.0.0.1" else "0.0.0.0"  # noqa: S104 - asked for by setting it
 
 
-def _unspecified(host: str) -> bool:
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address; None for a name (other machines resolve it)."""
     try:
-        return ipaddress.ip_address(host).is_unspecified
+        return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return False
+        return None
+
+
+def _unspecified(host: str) -> bool:
+    return (address := _address(host)) is not None and address.is_unspecified
 
 
 def _loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a name: other machines resolve it
-        return False
+    return host.lower() == "localhost" or ((address := _address(host)) is not None and address.is_loopback)
 
 
 def free_port() -> int:
