@@ -25,9 +25,8 @@ def kept(stored: dict[str, Any], desired: dict[str, Any], managed: frozenset[str
     stored_props = (stored.get("variables") or {}).get("properties") or {}
     changed = []
     for name, prop in (result.get("variables") or {}).get("properties", {}).items():
-        old = (
-            stored_props.get(name, {}).get("default", _ABSENT) if isinstance(stored_props.get(name), dict) else _ABSENT
-        )
+        before = stored_props.get(name)
+        old = before.get("default", _ABSENT) if isinstance(before, dict) else _ABSENT
         if old is _ABSENT or name in managed:
             continue
         new = prop.get("default", _ABSENT)
