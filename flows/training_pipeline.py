@@ -123,10 +123,10 @@ def training_pipeline(
             log.enter("Downloading", "Downloading input data")
             stages["staging"] = stage_inputs(job, str(job_dir))
             staged = stages["staging"]["staged"]
-            # before any compute: a user's algorithm on a first batch, and sifting's draw against the rows
+            # before any compute: a user's algorithm on a first batch; sifting's draw and the warm-up against the rows
             if job.algorithm.entrypoint:
                 preflight.check_algorithm(job, staged.train_data, staged.schema["num_outputs"], staged.extra_channels)
-            sifting.check_fits(job.sifting, job.hyperparameters.batch_size, staged.rows["train"])
+            preflight.check_rows(job, staged.rows["train"])
             log.enter("Training", "Launching replica groups")
             stages["launch"] = launch_groups(job, job_id, str(job_dir))
             handle = stages["launch"]["handle"]

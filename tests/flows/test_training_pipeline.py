@@ -311,6 +311,8 @@ def test_cli_run_exit_status_and_summary(prefect_api, s3_server, bucket, mlflow_
     # a spec problem only the data shows (more candidates a step than rows): still a spec problem, exit 2
     result = runner.invoke(app, ["run", str(spec_path), "--set", "sifting={enabled: true, beta: 50}"])
     assert result.exit_code == 2 and "sifting.beta" in result.output, result.output
+    result = runner.invoke(app, ["run", str(spec_path), "--set", "hyperparameters.warmup_steps=100000"])
+    assert result.exit_code == 2 and "hyperparameters.warmup_steps: 100000 is not below" in result.output, result.output
 
 
 def test_streamed_train_channel_trains_without_staging_it(prefect_api, s3_server, bucket, mlflow_uri):

@@ -94,14 +94,34 @@ def test_learning_rate_schedules():
     from trainyard.training.epochs import learning_rate
 
     constant = Hyperparameters(learning_rate=0.1)
-    assert learning_rate(constant, 500, 0.5) == 0.1
-    cosine = Hyperparameters(learning_rate=0.1, lr_schedule="cosine", warmup_steps=10, min_lr_fraction=0.1)
-    assert learning_rate(cosine, 0, 0.0) == pytest.approx(0.01)  # warm-up from near zero
-    assert learning_rate(cosine, 50, 0.0) == pytest.approx(0.1)
-    assert learning_rate(cosine, 50, 0.5) == pytest.approx(0.055)
-    assert learning_rate(cosine, 50, 1.0) == pytest.approx(0.01)
+    assert learning_rate(constant, 500, 0.5, 1000) == 0.1
     linear = Hyperparameters(learning_rate=0.1, lr_schedule="linear")
-    assert learning_rate(linear, 50, 0.25) == pytest.approx(0.075)
+    assert learning_rate(linear, 50, 0.25, 200) == pytest.approx(0.075)
+    # 100 steps: warm-up over the first 10, then the cosine from its peak to the floor over the other 90
+    cosine = Hyperparameters(learning_rate=0.1, lr_schedule="cosine", warmup_steps=10, min_lr_fraction=0.1)
+    assert learning_rate(cosine, 0, 0.0, 100) == pytest.approx(0.01)  # warm-up from near zero
+    assert learning_rate(cosine, 4, 0.04, 100) == pytest.approx(0.05)
+    assert learning_rate(cosine, 10, 0.1, 100) == pytest.approx(0.1)  # the peak: the decay starts after the ramp
+    assert learning_rate(cosine, 55, 0.55, 100) == pytest.approx(0.055)  # half way through the decay
+    assert learning_rate(cosine, 99, 1.0, 100) == pytest.approx(0.01)
+    # a warm-up of half the run reaches learning_rate (the decay ran under the ramp: it peaked at half of it)
+    half = Hyperparameters(learning_rate=0.1, lr_schedule="cosine", warmup_steps=50)
+    assert max(learning_rate(half, s, s / 100, 100) for s in range(100)) == pytest.approx(0.1)
+    assert learning_rate(half, 75, 0.75, 100) == pytest.approx(0.05)
+    rates = [learning_rate(half, s, s / 100, 100) for s in range(100)]
+    assert all(b <= a for a, b in zip(rates[49:], rates[50:], strict=False))  # then only down
+
+
+def test_a_warm_up_as_long_as_the_run_is_refused():
+    from trainyard.errors import SpecError
+    from trainyard.spec import Hyperparameters
+    from trainyard.training.epochs import check_warmup
+
+    hp = Hyperparameters(epochs=10, batch_size=250, warmup_steps=400)
+    check_warmup(hp, 10_000 + 1)  # 41 steps an epoch: 410
+    refused = r"warmup_steps: 400 is not below the run's 400 steps \(10 epochs of 40: .*below 400"
+    with pytest.raises(SpecError, match=refused):
+        check_warmup(hp, 10_000)  # 40 steps an epoch
 
 
 def test_slot_sizes_split_a_step_as_numpy_would():

@@ -80,7 +80,11 @@ class Hyperparameters(_Model):
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(
         default="constant", description="Learning-rate decay over the epochs: constant, cosine or linear."
     )
-    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear learning-rate warm-up from zero.")
+    warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Steps of linear learning-rate warm-up from zero; lr_schedule's decay runs after them.",
+    )
     min_lr_fraction: float = Field(
         default=0.0, ge=0, le=1, description="Where cosine or linear decay ends, as a fraction of learning_rate."
     )

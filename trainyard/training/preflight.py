@@ -4,10 +4,11 @@ named, not in every group after staging and the prefilter)."""
 
 from __future__ import annotations
 
-from trainyard import algorithms
+from trainyard import algorithms, sifting
 from trainyard.errors import TrainingError, TrainyardError
 from trainyard.spec import TrainingJob
 from trainyard.training import device
+from trainyard.training.epochs import check_warmup
 from trainyard.training.plan import TrainingPlan, export_channels
 from trainyard.training.trainer import load_arrays
 
@@ -19,6 +20,13 @@ def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
         device.check_fits(job.resources.replicas, job.resources.gpus_per_replica, device.visible_gpus())
     plan.export_channels()
     check_algorithm(job, plan.train_data, plan.schema["num_outputs"])
+
+
+def check_rows(job: TrainingJob, rows: int) -> None:
+    """Refuse, before any compute, what the staged channel's ``rows`` make of the job's settings: a sifting
+    step that draws more candidates than there are rows, a warm-up as long as the run."""
+    sifting.check_fits(job.sifting, job.hyperparameters.batch_size, rows)
+    check_warmup(job.hyperparameters, rows)
 
 
 def check_algorithm(

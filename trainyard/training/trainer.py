@@ -281,8 +281,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             data.committed()  # (sifting.score proxy: the proxy learns the step's rows only once it counts)
             stop_agreed = stopping
             buffers.apply()
+            run_steps = data.steps_per_epoch(cursor.get("first_slots") or members, 0) * hp.epochs
             for param_group in optimizer.param_groups:
-                param_group["lr"] = learning_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs)
+                param_group["lr"] = learning_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs, run_steps)
             optimizer.step()
             if step_log is not None:
                 step_log.add(manager.current_step())
