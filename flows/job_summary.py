@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from prefect.artifacts import create_markdown_artifact
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 
 from tasks import _events as events
@@ -116,7 +117,21 @@ def lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, model
 def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, logger) -> None:
     """Summary to S3, to the flow run as an artifact, and to the MLflow run. Each is best effort, its failure
     logged: the job is over and its summary written, and one raised here (a Prefect API's 500 on an artifact)
-    ended a completed, registered job's run Failed, with no ended event for the callers waiting on it."""
+    ended a completed, registered job's run Failed, with no ended event for the callers waiting on it.
+
+    A SIGTERM or Ctrl-C arriving meanwhile (the worker shut down, a second stop) skips what is left but the ended
+    event, then is raised again: it went past every step, and callers waited on an event that never came."""
+    interrupted: list[BaseException] = []
+
+    def report(failed: str, call) -> None:
+        if interrupted:
+            return
+        try:
+            best_effort(logger, failed, call)
+        except (TerminationSignal, KeyboardInterrupt) as exc:
+            interrupted.append(exc)
+            logger.warning("told to stop while publishing the summary of job %s: sending its ended event", job_id)
+
     if summary["sifting"].get("warning"):
         logger.warning(summary["sifting"]["warning"])
 
@@ -133,10 +148,9 @@ def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, lo
             del summary["summary_uri"]  # not there
             raise
 
-    best_effort(logger, "could not write the carbon ledger row: %s", ledger)
-    best_effort(logger, "could not upload the summary: %s", uploaded)
-    best_effort(
-        logger,
+    report("could not write the carbon ledger row: %s", ledger)
+    report("could not upload the summary: %s", uploaded)
+    report(
         "could not create the carbon artifact: %s",
         lambda: create_markdown_artifact(
             key=f"carbon-{job.name.lower()}", markdown=esg.markdown(job_id, summary["carbon"])
@@ -144,15 +158,13 @@ def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, lo
     )
     if model is not None:
         run_id = model["run_id"]  # (MLflow's hex id: no % to read as a format)
-        best_effort(
-            logger,
-            f"could not attach the summary to MLflow run {run_id}: %s",
-            lambda: registry.log_summary(run_id, summary),
+        report(
+            f"could not attach the summary to MLflow run {run_id}: %s", lambda: registry.log_summary(run_id, summary)
         )
+    # sent whatever came before it: a caller waiting on the job reads its end from this event alone
     best_effort(logger, "could not send the job's ended event: %s", lambda: _emit_ended(job_id, summary, model))
     rows = "\n".join(f"| {k} | {v} |" for k, v in summary["metrics"].items())
-    best_effort(
-        logger,
+    report(
         "could not create the summary artifact: %s",
         lambda: create_markdown_artifact(
             key=f"job-summary-{job.name.lower()}",
@@ -161,3 +173,5 @@ def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, lo
             description=f"Trainyard job summary of {job_id}",
         ),
     )
+    if interrupted:
+        raise interrupted[0]
