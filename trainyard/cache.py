@@ -32,6 +32,7 @@ CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
 CACHE_VERIFY_ENV = "TRAINYARD_CACHE_VERIFY"  # on: a cached object's bytes are digested again at each hit
 DEFAULT_MAX_BYTES = 100 * 2**30
 PART_SUFFIX = ".part"  # a download being written, under a dot name
+ROWGROUP_SUFFIX = ".rowgroup.npy"  # a kept row group (``kept_rowgroups``): share-locked while its arrays are mapped
 META_XATTR = "user.trainyard.verified"  # on an object: what was checked when it was fetched (remember)
 
 
@@ -236,7 +237,10 @@ def evict(limit: int | None = None, keep: Iterable[str] = ()) -> dict:
     """Delete the least recently used objects and kept row groups until the cache fits ``limit`` (one cap for
     both); never the objects a job has pinned, nor the files in ``keep``.
 
-    A row group a job is training on is not pinned: its arrays are memory-mapped, and outlive their file."""
+    Nor a row group whose arrays a job has mapped (``kept_rowgroups.load`` share-locks it while they live): on a
+    local file system a mapping outlives its file, but where the cache is an NFS volume that several nodes share
+    (EFS, a ReadWriteMany volume), a file unlinked on one node is freed under another's mapping, and that process
+    dies of SIGBUS at its next read of it."""
     with _eviction_lock(fcntl.LOCK_EX):
         files = itertools.chain(objects_dir().glob("*/*"), rowgroups_dir().glob("*"))
         return evict_files(files, pinned() | set(keep), limit)
@@ -244,7 +248,7 @@ def evict(limit: int | None = None, keep: Iterable[str] = ()) -> dict:
 
 def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None) -> dict:
     """Delete the least recently used of ``paths`` until they fit ``limit`` (``TRAINYARD_CACHE_MAX_BYTES``);
-    never those in ``keep``, nor names starting with a dot (being written)."""
+    never those in ``keep``, nor names starting with a dot (being written), nor kept row groups in use."""
     limit = max_bytes() if limit is None else limit
     entries, writing = [], 0
     for path in paths:
@@ -268,7 +272,42 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
             # linked into a job's folder (a raw channel's mirror): unlinking it here frees no disk until that job
             # is cleaned up, and the next job would fetch a second copy; it goes once it is the cache's alone
             continue
-        path.unlink(missing_ok=True)
+        if path.name.endswith(ROWGROUP_SUFFIX):
+            if not _unlink_unmapped(path):
+                continue  # in use: it frees nothing
+        else:
+            path.unlink(missing_ok=True)
         evicted += 1
         freed += size
     return {"cache_bytes": total - freed, "evicted_objects": evicted, "evicted_bytes": freed}
+
+
+def _unlink_unmapped(path: Path) -> bool:
+    """Unlink a kept row group unless some process has its arrays mapped, which holds a shared lock on it
+    (``kept_rowgroups.load``); whether it went. Unlinked under an exclusive lock: a load that opened the file
+    meanwhile cannot lock it before it is gone, then finds the name no longer its file, and reads it again.
+
+    Opened for writing: NFS takes ``flock`` as a byte-range lock, and refuses an exclusive one on a file opened
+    read-only (EBADF, as ``_abandoned`` says). One that cannot be opened so (another user's) is left: whether it
+    is in use cannot be told."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return True  # removed meanwhile (a load found it damaged): its room is free all the same
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # BlockingIOError: a process has its arrays mapped
+            return False
+        try:
+            # a save may have put a new copy under the name since it was opened, which a load may have mapped
+            if not os.path.samestat(os.fstat(fd), os.stat(path)):
+                return False
+            path.unlink()
+        except FileNotFoundError:
+            pass  # removed meanwhile
+        return True
+    finally:
+        os.close(fd)  # the lock goes with it

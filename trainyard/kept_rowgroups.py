@@ -4,12 +4,16 @@ every group and later job that reads the same row group the same way."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import math
+import mmap
 import os
 import uuid
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +22,7 @@ from trainyard import cache, datasets, s3
 
 log = logging.getLogger(__name__)
 
-UNIT_SUFFIX = ".rowgroup.npy"
+UNIT_SUFFIX = cache.ROWGROUP_SUFFIX  # eviction tells kept row groups by it
 
 
 def path(cache_dir: Path, unit_id: str, etag: str, schema: datasets.Schema) -> Path:
@@ -65,12 +69,46 @@ def load(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A kept row group's arrays, mapped read-only from the file, not read into memory: batches touch
     only the pages of the rows they gather, and the page cache holds one copy for every group of the
     machine. Reading copied the whole row group first: 18 MB took 3 ms, and 17-35 ms in 3 of 5 runs of
-    a probe like the staging benchmark's stream child, on the path to a group's first batch."""
-    with path.open("rb") as f:
-        return _map_next(f, path), _map_next(f, path)
+    a probe like the staging benchmark's stream child, on the path to a group's first batch.
+
+    The file is share-locked (``flock``) for as long as either array (or a view of it) is alive, and eviction
+    passes over a file it cannot lock exclusively (``cache.evict_files``): where the cache is an NFS volume that
+    pods of several nodes share, a file unlinked on one node is freed under another's mapping (NFS keeps a
+    removed file open only for its own client), and that process dies of SIGBUS at its next read of it. A file an
+    eviction is removing right now is missing (``FileNotFoundError``): the caller reads the row group again."""
+    fd = os.open(path, os.O_RDONLY)  # (a shared lock is a read lock on NFS: a read-only file takes it)
+    held = _Held(fd)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FileNotFoundError(errno.ENOENT, "being evicted", str(path)) from None
+        if not os.path.samestat(os.fstat(fd), os.stat(path)):  # unlinked (or replaced) between the open and the lock
+            raise FileNotFoundError(errno.ENOENT, "evicted while opened", str(path))
+        with open(fd, "rb", closefd=False) as f:
+            return _map_next(f, held), _map_next(f, held)
+    except BaseException:
+        held.release()
+        raise
 
 
-def _map_next(f, path: Path) -> np.ndarray:
+class _Held:
+    """A kept row group's file, open and share-locked until every mapping of it is gone (``load``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.release = weakref.finalize(self, os.close, fd)  # the lock goes with the descriptor
+
+    def outlive(self, mapping: mmap.mmap) -> None:
+        """Stay open at least as long as ``mapping``: both arrays' mappings hold it, through their finalizers'
+        arguments, so the file closes once the last of them is collected, whichever that is."""
+        weakref.finalize(mapping, _nothing, self).atexit = False
+
+
+def _nothing(*_) -> None:
+    """What a mapping's finalizer calls: it is there only to hold its arguments (``_Held.outlive``)."""
+
+
+def _map_next(f, held: _Held) -> np.ndarray:
     """Map the ``.npy`` record at ``f``'s position and move past it."""
     version = np.lib.format.read_magic(f)
     read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -81,6 +119,8 @@ def _map_next(f, path: Path) -> np.ndarray:
     offset = f.tell()
     if math.prod(shape) == 0:  # nothing to map (mmap refuses a length of 0)
         return np.empty(shape, dtype=dtype)
-    array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran_order else "C")
+    # mapped from the locked descriptor, not opened again by name: the name may be another file's by now
+    array = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran_order else "C")
+    held.outlive(array._mmap)  # type: ignore[attr-defined]  # (what owns the mapping: views of the array hold it)
     f.seek(offset + array.nbytes)
     return array

@@ -287,8 +287,9 @@ class RowGroupSource:
         else:
             self._keeping = False  # the disk is full: stop trying (each try writes until it fails)
         # Kept under the cache's size cap, least recently used first: a channel larger than the disk still
-        # streams (an evicted row group is read from S3 again). Mapped arrays outlive their file. A look
-        # stats every file of the cache under its lock, so it waits for a 16th of the cap to be written.
+        # streams (an evicted row group is read from S3 again), but not one whose arrays a group has mapped (they
+        # hold a lock on it: on an NFS cache its removal would kill that group, see ``cache.evict``). A look stats
+        # every file of the cache under its lock, so it waits for a 16th of the cap to be written.
         if self._unevicted > min(self.EVICT_EVERY_BYTES, cache.max_bytes() // 16):
             self._unevicted = 0
             cache.evict(keep={str(local)})

@@ -162,18 +162,11 @@ def test_a_download_abandoned_by_a_killed_job_is_removed_at_once_and_one_in_prog
 def test_evicting_on_nfs_probes_pins_and_parts_with_locks_a_read_only_file_may_take(tmp_path, monkeypatch):
     # NFS (an EFS or ReadWriteMany TRAINYARD_HOME, as infra/README sets up) takes flock as a byte-range lock: an
     # exclusive one on a file opened read-only is EBADF. The probes asked for one, and every staging failed.
-    import errno
     import fcntl
-    import os
 
-    real = fcntl.flock
+    from tests.nfs_locks import nfs_flock
 
-    def nfs_flock(fd: int, operation: int) -> None:
-        if operation & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
-            raise OSError(errno.EBADF, "Bad file descriptor")
-        real(fd, operation)
-
-    monkeypatch.setattr(fcntl, "flock", nfs_flock)
+    monkeypatch.setattr(fcntl, "flock", nfs_flock(fcntl.flock))
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     pinned, loose = cache.path_for("b", "k", "e"), cache.path_for("b", "k2", "e")
     for path, body in ((pinned, b"x"), (loose, b"y")):
