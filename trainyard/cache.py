@@ -32,6 +32,8 @@ CACHE_MAX_BYTES_ENV = "TRAINYARD_CACHE_MAX_BYTES"
 CACHE_VERIFY_ENV = "TRAINYARD_CACHE_VERIFY"  # on: a cached object's bytes are digested again at each hit
 DEFAULT_MAX_BYTES = 100 * 2**30
 PART_SUFFIX = ".part"  # a download being written, under a dot name
+CLAIM_SUFFIX = ".claim"  # a part file being claimed (``claim_part``): locked, then renamed to the part's name
+CLAIM_SECONDS = 60.0  # a claim older than this was left by a process killed before it renamed it
 ROWGROUP_SUFFIX = ".rowgroup.npy"  # a kept row group (``kept_rowgroups``): share-locked while its arrays are mapped
 META_XATTR = "user.trainyard.verified"  # on an object: what was checked when it was fetched (remember)
 
@@ -136,7 +138,7 @@ def claim_part(path: Path) -> int:
     (close it once the part is renamed or removed): an eviction then tells a live download's part from one
     a killed job left, which it removes at once (the rerun after an OOM kill needs the room)."""
     # Locked under another name first, then renamed: an eviction never sees a live part unlocked.
-    claiming = path.with_name(path.name + ".claim")
+    claiming = path.with_name(path.name + CLAIM_SUFFIX)
     fd = os.open(claiming, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -258,6 +260,10 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
             continue  # another job's eviction took it meanwhile
         if path.name.startswith("."):  # a download in progress (its room counted); one left by a killed job goes
             if path.name.endswith(PART_SUFFIX) and _abandoned(path):
+                path.unlink(missing_ok=True)
+            elif path.name.endswith(CLAIM_SUFFIX) and time.time() - st.st_mtime > CLAIM_SECONDS:
+                # a part's claim is renamed microseconds after it is made (``claim_part``): one this old was
+                # left by a process killed in between, and no eviction removed it (nor counted it gone)
                 path.unlink(missing_ok=True)
             else:
                 writing += st.st_size

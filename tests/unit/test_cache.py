@@ -4,6 +4,8 @@ from other jobs' eviction (against both S3 endpoints where staging is involved).
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -157,6 +159,20 @@ def test_a_download_abandoned_by_a_killed_job_is_removed_at_once_and_one_in_prog
     finally:
         os.close(claim)
     assert cache.evict()["cache_bytes"] == 0 and not live.exists()  # its writer gone (here: its claim closed)
+
+
+def test_a_claim_left_by_a_process_killed_before_renaming_it_goes(tmp_path, monkeypatch):
+    # claim_part makes ".<part>.claim", locks it and renames it to the part's name: a kill in between left it for good
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    folder = cache.path_for("b", "k", "e").parent
+    folder.mkdir(parents=True)
+    left, making = folder / ".x.123.ab.part.claim", folder / ".y.456.cd.part.claim"
+    left.write_bytes(b"")
+    making.write_bytes(b"")  # another process's, being claimed right now
+    old = time.time() - cache.CLAIM_SECONDS - 5
+    os.utime(left, (old, old))
+    cache.evict()
+    assert not left.exists() and making.exists()
 
 
 def test_evicting_on_nfs_probes_pins_and_parts_with_locks_a_read_only_file_may_take(tmp_path, monkeypatch):
