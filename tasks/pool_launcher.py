@@ -49,9 +49,9 @@ def check_deployment(pool: str, gpus_per_replica: int = 0, pipeline_here: bool =
     group's first run would fail after staging, as an internal error (Prefect's ObjectNotFound). Where the
     pipeline runs here (``pipeline_here``; not where a job is submitted from), a pool whose groups run in
     containers (Kubernetes, ECS, Docker) while ``TRAINYARD_HOST`` is unset: the lighthouse would be on this
-    machine's loopback, which no group there reaches. And a CPU job (``gpus_per_replica`` 0) on
-    a pool whose groups each reserve a GPU whatever they are given (its template's ``gpus`` minimum: ECS has no
-    GPU-less requirement), which would hold GPUs its groups never see."""
+    machine's loopback, which no group there reaches. A CPU job (``gpus_per_replica`` 0) on a pool whose groups
+    each reserve a GPU whatever they are given (its template's ``gpus`` minimum: ECS has no GPU-less requirement),
+    which would hold GPUs its groups never see. And an ECS pool with no subnets for its groups' tasks."""
     from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
@@ -75,7 +75,8 @@ def check_deployment(pool: str, gpus_per_replica: int = 0, pipeline_here: bool =
             f"{HOST_ENV} on the pipeline's worker to an address the groups can reach (infra/README.md)"
         )
     template = work_pool.base_job_template or {}
-    least = ((template.get("variables") or {}).get("properties") or {}).get("gpus", {}).get("minimum", 0)
+    variables = (template.get("variables") or {}).get("properties") or {}
+    least = variables.get("gpus", {}).get("minimum", 0)
     if least and not gpus_per_replica:
         raise SpecError(
             [
@@ -83,6 +84,17 @@ def check_deployment(pool: str, gpus_per_replica: int = 0, pipeline_here: bool =
                 f"at least {least} GPU (its template's gpus minimum); set resources.gpus_per_replica, or run the job "
                 "on a pool without GPUs"
             ]
+        )
+    network = (deployment.job_variables or {}).get("network_configuration") or variables.get(
+        "network_configuration", {}
+    ).get("default")
+    if work_pool.type == "ecs" and not (network or {}).get("subnets"):
+        # awsvpc tasks (the groups reach each other at their own addresses) need subnets, which prefect-aws picks
+        # with a public IP ECS refuses for EC2 tasks: each group's run was refused, after staging
+        raise TrainingError(
+            f"resources.work_pool: {pool!r} is an ECS pool whose tasks have no subnets (network_configuration); set "
+            "network_configuration {subnets, securityGroups} and vpc_id in the pool's defaults (infra/README.md, "
+            "ECS networking)"
         )
 
 

@@ -16,6 +16,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
+from trainyard import ecs_metadata
 from trainyard.errors import TrainingError
 
 # Where other machines reach this one (an IP or a resolvable name). Unset, the embedded default: the
@@ -23,12 +24,18 @@ from trainyard.errors import TrainingError
 # lighthouse's machine. Set it where groups run on other nodes (a pod's IP, by the downward API): the
 # lighthouse then listens on every interface and each group advertises it for peers to heal from.
 HOST_ENV = "TRAINYARD_HOST"
+# TRAINYARD_HOST's value in an ECS task: its address is the task's own network interface's, given at start, so the
+# pool's template cannot write it down (as Kubernetes' downward API does a pod's IP); the task reads it itself.
+ECS_TASK = "ecs-task"
 
 
 def advertised_host() -> str:
     """The address this machine's servers give their peers: ``TRAINYARD_HOST``, else 127.0.0.1. A loopback one
-    (``localhost``, ``127.0.0.2``, ``::1``) is 127.0.0.1: it names this machine alone, as the default does."""
+    (``localhost``, ``127.0.0.2``, ``::1``) is 127.0.0.1: it names this machine alone, as the default does.
+    ``ecs-task``: this ECS task's private IPv4 address, from its metadata endpoint (``ecs_metadata``), read once."""
     host = os.environ.get(HOST_ENV, "").strip()
+    if host.lower() == ECS_TASK:
+        host = ecs_metadata.task_address(f"{HOST_ENV}={host!r}")
     if not host or _loopback(host):
         return "127.0.0.1"
     if _unspecified(host):

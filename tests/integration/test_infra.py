@@ -109,10 +109,19 @@ def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server,
         for pool in ("ecs-gpu", "kubernetes-gpu"):
             with pytest.raises(TrainingError, match=rf"'{pool}' runs its groups in \w+ containers, and TRAINYARD_HOST"):
                 check_deployment(pool, gpus_per_replica=1, pipeline_here=True)
-            check_deployment(pool, gpus_per_replica=1)  # where a job is submitted from: not its worker's setting
+        check_deployment("kubernetes-gpu", gpus_per_replica=1)  # where a job is submitted from: not its worker's
         monkeypatch.setenv("TRAINYARD_HOST", "10.0.0.5")  # the pipeline's node, as the groups reach it
         with pytest.raises(SpecError, match=r"gpus_per_replica: 0 \(a CPU job\), and 'ecs-gpu'.s groups each reserve"):
             check_deployment("ecs-gpu", gpus_per_replica=0)
+        # awsvpc tasks with no subnets in the pool's defaults: each group's run was refused, after staging
+        with pytest.raises(TrainingError, match=r"'ecs-gpu' is an ECS pool whose tasks have no subnets"):
+            check_deployment("ecs-gpu", gpus_per_replica=1)
+        from prefect.client.schemas.actions import WorkPoolUpdate
+
+        template = client.read_work_pool("ecs-gpu").base_job_template
+        network = {"subnets": ["subnet-0a1b2c3d"], "securityGroups": ["sg-0a1b2c3d"]}
+        template["variables"]["properties"]["network_configuration"]["default"] = network
+        client.update_work_pool("ecs-gpu", WorkPoolUpdate(base_job_template=template))
         check_deployment("ecs-gpu", gpus_per_replica=1)
         check_deployment("kubernetes-gpu", gpus_per_replica=0)
 

@@ -65,3 +65,72 @@ def test_a_kubernetes_groups_pod_advertises_its_own_ip_to_its_peers():
             assert {"name": "CUDA_VISIBLE_DEVICES", "value": "0"} in listed
         else:
             assert named == [{"name": "TRAINYARD_HOST", "value": host}]
+
+
+class _Ec2:
+    """The worker's EC2 client, for a pool's own network: its VPC and subnets, as prefect-aws checks them."""
+
+    def describe_vpcs(self, **ask):
+        return {"Vpcs": [{"VpcId": "vpc-0a1b2c3d"}]}
+
+    def describe_subnets(self, **ask):
+        return {"Subnets": [{"SubnetId": "subnet-0aaa"}, {"SubnetId": "subnet-0bbb"}]}
+
+
+def test_an_ecs_groups_task_has_an_address_of_its_own_and_advertises_it(monkeypatch):
+    # EC2 tasks defaulted to bridge networking, whose container addresses no other instance reaches, and no group
+    # was told its task's address: each advertised 127.0.0.1. Now awsvpc, and TRAINYARD_HOST=ecs-task beside the
+    # job's own env (which wins). Never prefect-aws's default network either: assignPublicIp ENABLED, which ECS
+    # refuses for the EC2 launch type; a pool without its own subnets is refused for want of them, before any call.
+    import uuid
+
+    import botocore.session
+    from botocore.validate import ParamValidator
+    from prefect.client.schemas.objects import FlowRun
+    from prefect_aws.workers import ecs_worker
+
+    run_task = botocore.session.get_session().get_service_model("ecs").operation_model("RunTask").input_shape
+    network = {"subnets": ["subnet-0aaa"], "securityGroups": ["sg-0ccc"]}
+    for pool, env, host in (
+        ({}, {"CUDA_VISIBLE_DEVICES": "0"}, "ecs-task"),
+        ({"vpc_id": "vpc-0a1b2c3d", "network_configuration": network}, {"TRAINYARD_HOST": "10.0.3.7"}, "10.0.3.7"),
+    ):
+        template = infra.pool_template(infra.GPU_TEMPLATES["ecs"])
+        for name, value in {"trainyard_home_efs_id": "fs-0123456789abcdef0", **pool}.items():
+            template["variables"]["properties"][name]["default"] = value  # the operator's, in the pool's defaults
+        # the job's cpu and memory as numbers, or as numbers written as text, which a job spec may give for any pool
+        # (a container override's must be numbers: "32768" there was refused; the task's, which prefect-aws makes
+        # text, are the group's)
+        values = {**LAUNCHER_VALUES, "cpu": 4096, "memory": "32768" if pool else 32768, "env": env}
+        config = _render(ecs_worker.ECSJobConfiguration, template, values)
+        flow_run = FlowRun(flow_id=uuid.uuid4(), name="replica")
+        config.prepare_for_flow_run(flow_run)
+        worker = ecs_worker.ECSWorker(work_pool_name="ecs-gpu")
+        monkeypatch.setattr(worker, "_get_client", lambda configuration, kind: {"ec2": _Ec2()}[kind])
+        task_definition = worker._prepare_task_definition(config, "us-east-1", flow_run)
+        assert task_definition["networkMode"] == "awsvpc"
+        request = worker._prepare_task_run_request(config, task_definition, "arn:aws:ecs:us-east-1:1:task-definition/g")
+        listed = request["overrides"]["containerOverrides"][0]["environment"]
+        assert [e["value"] for e in listed if e["name"] == "TRAINYARD_HOST"] == [host]
+        problems = ParamValidator().validate(request, run_task)
+        assert (request["overrides"]["cpu"], request["overrides"]["memory"]) == ("4096", "32768")
+        if pool:
+            assert request["networkConfiguration"] == {"awsvpcConfiguration": network}
+            assert not problems.has_errors(), problems.generate_report()
+        else:
+            assert request["networkConfiguration"] == {"awsvpcConfiguration": {"assignPublicIp": "DISABLED"}}
+            assert 'Missing required parameter in networkConfiguration.awsvpcConfiguration: "subnets"' in (
+                problems.generate_report()
+            )
+
+
+def test_an_ecs_pool_made_before_gets_the_tasks_address_on_the_next_apply():
+    # its stored env default (the heartbeat, the operator's entries) is kept, and apply's new entry joins it
+    from infra.pool_defaults import kept
+
+    desired = infra.pool_template(infra.GPU_TEMPLATES["ecs"])
+    stored = infra.pool_template(infra.GPU_TEMPLATES["ecs"])
+    stored["variables"]["properties"]["env"]["default"] = {infra.HEARTBEAT_ENV: "30", "AWS_REGION": "eu-west-1"}
+    merged, _ = kept(stored, desired, frozenset(), infra.HEARTBEAT_ENV)
+    env = merged["variables"]["properties"]["env"]["default"]
+    assert env == {infra.HEARTBEAT_ENV: "30", "AWS_REGION": "eu-west-1", "TRAINYARD_HOST": "ecs-task"}
