@@ -161,7 +161,7 @@ def status(run_id: str) -> dict[str, Any]:
     with _api() as api:
         run = _read_run(api, run_id)
         job_id = job_id_of(run)  # None: a run from the UI or REST that no worker has started (it names the job)
-        transitions, ended = job_events.read(api, job_id, run.id, run.created) if job_id else ([], None)
+        transitions, ended = _said(api, job_id, run)
         training = bool(transitions) and transitions[-1]["status"] == "Training"
         # since this try's start: a retried run's first try had epochs of its own
         since = datetime.fromisoformat(transitions[0]["start_time"]) if training else None
@@ -315,7 +315,7 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
         for r in runs:
             job_id = job_id_of(r)
             if job_id and r.state and r.state.type.value == "CRASHED":
-                said[r.id] = job_events.read(api, job_id, r.id, r.created)
+                said[r.id] = _said(api, job_id, r)
     rows = []
     for r in runs:
         transitions, ended = said.get(r.id, ([], None))
@@ -337,6 +337,22 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+_ENDED = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")  # a run's state types once it is over
+
+
+def _said(api, job_id: str | None, run) -> tuple[list[dict], dict | None]:
+    """What the job of ``run`` said of itself (``job_events.read``); for a run that ended without its ended event
+    in reach (Prefect keeps events 7 days by default; or its process was killed as it published), what its summary
+    artifact says, which Prefect keeps. A job that finished a week ago read without its metrics or model."""
+    if not job_id:  # a run from the UI or REST that no worker has started (it names the job)
+        return [], None
+    transitions, ended = job_events.read(api, job_id, run.id, run.created)
+    if ended is None and run.state is not None and run.state.type.value in _ENDED:
+        kept, ended = job_events.from_summary_artifact(api, run.id)
+        transitions = transitions or kept
+    return transitions, ended
 
 
 def _job_status(state, transitions: list[dict]) -> str:

@@ -1,10 +1,16 @@
 """What a job has said of itself as Prefect events (``trainyard.job.*``, sent by the pipeline as each secondary
 status begins and once the job has ended, and ``trainyard.progress`` while it trains; ``tasks._events.emit``),
-read back for ``flows.client.status``: those of one flow run of the job id."""
+read back for ``flows.client.status``: those of one flow run of the job id; and, where Prefect no longer keeps them
+(``PREFECT_EVENTS_RETENTION_PERIOD``, 7 days by default), what the run's summary artifact says."""
 
 from __future__ import annotations
 
+import json
+
 from trainyard.status import PROGRESS_EVENT
+
+SUMMARY_ARTIFACT = "job-summary-"
+"""The key of a run's summary artifact: ``job-summary-<job name>``, its markdown ending in the summary as JSON."""
 
 FINAL = {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped"}
 """The secondary statuses that end a job, and the primary status each is."""
@@ -66,3 +72,36 @@ def read(api, job_id: str, run_id, since) -> tuple[list[dict], dict | None]:
         transitions[-1]["end_time"] = transitions[-1]["end_time"] or transitions[-1]["start_time"]
     ended = [e.payload["ended"] for e in events if "ended" in e.payload]
     return transitions, (dict(ended[-1]) if ended else None)
+
+
+def outcome(summary: dict) -> dict:
+    """The job's outcome as the ``trainyard.job.ended`` event carries it: from its summary."""
+    ended = {key: summary.get(key) for key in ("status", "failure_reason", "metrics", "summary_uri")}
+    model = summary.get("model")
+    ended["model"] = {key: model[key] for key in ("name", "version", "uri", "aliases")} if model else None
+    return ended
+
+
+def from_summary_artifact(api, run_id) -> tuple[list[dict], dict | None]:
+    """``read``'s answer from flow run ``run_id``'s summary artifact (its last try's): for a run whose events
+    Prefect has let go (kept 7 days by default), or whose ended event never went (its process killed as it
+    published); ``([], None)`` where it has none (the job never ended, or the artifact failed)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    found = api.read_artifacts(
+        artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]), key=ArtifactFilterKey(like_=SUMMARY_ARTIFACT)
+        ),
+        sort=ArtifactSort.CREATED_DESC,
+        limit=1,
+    )
+    markdown = found[0].data if found and isinstance(found[0].data, str) else ""
+    start, end = markdown.find("```json\n"), markdown.rfind("\n```")
+    if start < 0 or end <= start:
+        return [], None
+    try:
+        summary = json.loads(markdown[start + len("```json\n") : end])
+    except ValueError:
+        return [], None
+    return list(summary.get("secondary_status_transitions") or []), outcome(summary)

@@ -10,6 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 
+from flows import job_events
 from tasks import _events as events
 from tasks._reporting import best_effort
 from trainyard import STAGES, carbon, esg, outputs, registry, status
@@ -24,9 +25,7 @@ TIMED = (*STAGES[:4], UPLOADING, *STAGES[4:])  # the summary's timings, in the o
 def _emit_ended(job_id: str, summary: dict, model: dict | None) -> None:
     """The job's outcome as one Prefect event, after its last status: what ``trainyard jobs describe`` and
     other services read (``flows.client.status``) without reaching the S3 the summary is in."""
-    ended = {key: summary.get(key) for key in ("status", "failure_reason", "metrics", "summary_uri")}
-    ended["model"] = {key: model[key] for key in ("name", "version", "uri", "aliases")} if model else None
-    events.emit("trainyard.job.ended", job_id, {"ended": ended})
+    events.emit("trainyard.job.ended", job_id, {"ended": job_events.outcome(summary | {"model": model})})
 
 
 def summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, failed_groups: list[dict]) -> dict:
@@ -167,7 +166,7 @@ def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, lo
     report(
         "could not create the summary artifact: %s",
         lambda: create_markdown_artifact(
-            key=f"job-summary-{job.name.lower()}",
+            key=f"{job_events.SUMMARY_ARTIFACT}{job.name.lower()}",
             markdown=f"# {job_id}: {summary['status']}\n\n| metric | value |\n|---|---|\n{rows}\n\n"
             f"```json\n{json.dumps(summary, indent=2, default=str)}\n```",
             description=f"Trainyard job summary of {job_id}",

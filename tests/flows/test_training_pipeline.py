@@ -140,7 +140,9 @@ def test_pipeline_trains_and_registers(prefect_api, s3_server, bucket, mlflow_ur
     assert header.startswith("job_id,") and row.startswith(f"{job_id},")
 
 
-def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(prefect_api, s3_server, bucket, mlflow_uri):
+def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch
+):
     # A retry of a run killed after its registration trained again: it uploaded another model over the
     # registered one's, while the version (one per job id) kept the first.
     job = parse_job(job_dict(upload_dataset(bucket, rows=400)))
@@ -170,6 +172,14 @@ def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(pref
     with pytest.raises(JobFailed, match=f"job {job_id} was registered as {job.model_name} v1 by an earlier run"):
         training_pipeline(job, job_id=job_id)
     assert trained() == before and not (job_dir(job_id) / "summary.json").exists()
+    # a week on, Prefect has let the first run's events go (PREFECT_EVENTS_RETENTION_PERIOD): its outcome is read
+    # from its summary artifact, which Prefect keeps (it read no metrics, model nor transitions)
+    monkeypatch.setattr(client.job_events, "read", lambda *_: ([], None))
+    said = client.status(first["prefect_flow_run_id"])
+    assert (said["status"], said["metrics"]) == ("Completed", first["metrics"])
+    assert said["summary_uri"] == first["summary_uri"]
+    assert said["model"] == {key: first["model"][key] for key in ("name", "version", "uri", "aliases")}
+    assert [t["status"] for t in said["secondary_status_transitions"]][-1] == "Completed"
 
 
 def test_carbon_budget_stops_the_job_cleanly(prefect_api, s3_server, bucket, mlflow_uri):

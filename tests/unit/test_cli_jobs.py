@@ -202,6 +202,7 @@ def test_jobs_lists_a_crashed_runs_job_as_it_ended_as_status_does(monkeypatch):
 
     runs = [run("reclaimed", "CRASHED", "Flow run infrastructure exited"), run("broke", "CRASHED", "exit 137")]
     api = SimpleNamespace(read_flow_runs=lambda **_: runs)
+    monkeypatch.setattr(job_events, "from_summary_artifact", lambda api, run_id: ([], None))  # none made
     monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(api))
     said = {"reclaimed": ([{"status": "Stopped"}], {"failure_reason": "Terminated"}), "broke": ([], None)}
     monkeypatch.setattr(job_events, "read", lambda api, job_id, run_id, since: said[job_id])
@@ -262,6 +263,7 @@ def test_a_crashed_run_whose_job_wrote_its_end_has_the_jobs_status(monkeypatch):
     monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(None))
     monkeypatch.setattr(job_events, "read", lambda api, job_id, run_id, since: (ended, None))
     monkeypatch.setattr(client, "_read_run", lambda api, run_id: run("CRASHED"))
+    monkeypatch.setattr(job_events, "from_summary_artifact", lambda api, run_id: ([], None))  # none made
     monkeypatch.setattr(job_events, "progress", lambda api, job_id, run_id, since: None)
     assert client.status("r")["status"] == "Stopped"
     # one that crashed before the job could say how it ended (killed outright) stays Failed
