@@ -6,11 +6,14 @@ read back for ``flows.client.status``: those of one flow run of the job id; and,
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 from trainyard.status import PROGRESS_EVENT
 
 SUMMARY_ARTIFACT = "job-summary-"
 """The key of a run's summary artifact: ``job-summary-<job name>``, its markdown ending in the summary as JSON."""
+
+CLOCK_SKEW = timedelta(hours=1)  # how far the clock of the job's worker may be from the API's and a caller's
 
 FINAL = {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped"}
 """The secondary statuses that end a job, and the primary status each is."""
@@ -33,9 +36,11 @@ def _events(api, job_id: str, run_id, since, names: dict, limit: int) -> list:
         EventResourceFilter,
     )
 
+    # An event's time is its sender's clock (the pipeline's worker): Prefect's own ``until`` is this caller's now,
+    # which hid the events of a worker whose clock is ahead (the job's end, and ``wait`` read a job over without it)
     page = api.read_events(
         EventFilter(
-            occurred=EventOccurredFilter(since=since),
+            occurred=EventOccurredFilter(since=since, until=datetime.now(UTC) + CLOCK_SKEW),
             event=EventNameFilter(**names),
             resource=EventResourceFilter(id=[f"trainyard.job.{job_id}"]),
             related=EventRelatedFilter(id=[f"prefect.flow-run.{run_id}"]),
@@ -56,7 +61,8 @@ def read(api, job_id: str, run_id, since) -> tuple[list[dict], dict | None]:
     is sent as a status begins, its end time not yet known), and its outcome (the ``trainyard.job.ended``
     event's; None before)."""
     # the API's most per page; a job has under ten transitions a try
-    events = _events(api, job_id, run_id, since, {"name": STATUS_EVENTS}, limit=50)
+    # ``since``: the run's creation, by the API's clock; its events are by the worker's (the ids filter them)
+    events = _events(api, job_id, run_id, since - CLOCK_SKEW, {"name": STATUS_EVENTS}, limit=50)
     # A retried run (the same run id) starts the job again: only what its last try said is the job's now
     starts = [i for i, e in enumerate(events) if e.payload.get("status") == "Starting"]
     events = events[starts[-1] :] if starts else events

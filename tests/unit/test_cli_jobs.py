@@ -153,6 +153,32 @@ def test_a_job_that_scaled_often_keeps_its_first_transitions():
     assert [t["status"] for t in transitions] == ["Starting", "Training"]
 
 
+def test_a_job_on_a_worker_whose_clock_is_ahead_or_behind_is_read_whole():
+    # an event's time is its sender's clock: Prefect's filter ended at the caller's now, so a worker 20 s ahead had
+    # its job's end unseen (wait read a job over without it); one 20 s behind, its start before the run was made
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from flows import job_events
+
+    now = datetime.now(UTC)
+    for skew in (timedelta(seconds=20), timedelta(seconds=-20)):
+        sent = [
+            {"status": "Starting", "start_time": "t0", "end_time": None, "message": ""},
+            {"status": "Completed", "start_time": "t1", "end_time": None, "message": ""},
+            {"ended": {"status": "Completed", "metrics": {"val_accuracy": 0.9}}},
+        ]
+        events = [SimpleNamespace(occurred=now + skew + timedelta(seconds=i), payload=p) for i, p in enumerate(sent)]
+
+        def read_events(filter, limit, events=events):  # as the API answers: within the filter's times, oldest first
+            return SimpleNamespace(events=[e for e in events if filter.occurred.includes(e)][:limit])
+
+        created = now - timedelta(seconds=5)  # the run, by the API's clock
+        transitions, ended = job_events.read(SimpleNamespace(read_events=read_events), "j", "run-1", created)
+        assert [t["status"] for t in transitions] == ["Starting", "Completed"]
+        assert ended == {"status": "Completed", "metrics": {"val_accuracy": 0.9}}
+
+
 def test_wait_tells_a_retried_runs_transitions_once_each_the_new_try_included(monkeypatch):
     from flows import client
 
