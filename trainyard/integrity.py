@@ -90,7 +90,9 @@ def checksum_of(response: dict) -> dict | None:
     Without an ``x-amz-checksum-type`` header (botocore reads it from 1.36, the floor in pyproject.toml; an
     S3-compatible endpoint may not send it), a checksum of a multipart object (its ETag ends in
     ``-<parts>``) is taken as composite: some endpoints send a composite value without its suffix. Not a
-    CRC64NVME, which S3 keeps only of the whole object (a composite one could never match it).
+    CRC64NVME, which S3 keeps only of the whole object (a composite one could never match it). Without its
+    ``-<parts>`` suffix either, it may as well be a full-object one (S3's for a CRC32 upload that asked for it):
+    ``guessed``, and the bytes pass matching either.
     """
     multipart = "-" in str(response.get("ETag", ""))
     for algorithm in ALGORITHMS:
@@ -98,7 +100,10 @@ def checksum_of(response: dict) -> dict | None:
         if value:
             guess = "COMPOSITE" if ("-" in value or multipart) and algorithm != "CRC64NVME" else "FULL_OBJECT"
             kind = response.get("ChecksumType") or guess
-            return {"algorithm": algorithm, "value": value, "type": kind}
+            found = {"algorithm": algorithm, "value": value, "type": kind}
+            if not response.get("ChecksumType") and kind == "COMPOSITE" and "-" not in value:
+                found["guessed"] = True  # either kind: the bytes are checked against both (``Digester``)
+            return found
     return None
 
 
@@ -120,6 +125,8 @@ class Digester:
         self.full = full
         self.md5 = hashlib.md5(usedforsecurity=False) if _is_md5_etag(etag) and not full else None
         self.hasher: _Hasher | _Composite | None = None
+        # a checksum whose kind the endpoint did not say (``checksum_of``): the whole body's too, either matching
+        self.whole = _Hasher(checksum["algorithm"]) if checksum and checksum.get("guessed") else None
         if full:
             # a composite checksum is checked only with its part sizes (else `full` is None)
             composite = full["type"] == "COMPOSITE"
@@ -138,6 +145,8 @@ class Digester:
             self.md5.update(data)
         if self.hasher:
             self.hasher.update(data)
+        if self.whole:
+            self.whole.update(data)
         if self.local:
             self.local.update(data)
 
@@ -156,7 +165,9 @@ class Digester:
                 return f"MD5 {self.md5.hexdigest()} != ETag {self.etag}", "size+md5"
             checked.append("md5")
         full = self.full
-        if self.hasher and full:  # (a hasher only with a full checksum)
+        if self.whole and self.whole.b64digest() == self.checksum["value"]:  # (a guessed kind: see checksum_of)
+            checked.append(self.checksum["algorithm"].lower())  # a full-object checksum, after all
+        elif self.hasher and full:  # (a hasher only with a full checksum)
             expected = full["value"].split("-")[0]
             if self.hasher.b64digest() != expected:
                 return f"{full['algorithm']} {self.hasher.b64digest()} != {expected}", "+".join(checked)

@@ -149,3 +149,39 @@ def test_a_multipart_objects_checksum_without_its_type_is_composite_but_a_crc64n
     assert checksum_of(multipart | {"ChecksumCRC64NVME": "AAAAAAAAAAA="})["type"] == "FULL_OBJECT"
     said = multipart | {"ChecksumCRC32": "AAAAAA==", "ChecksumType": "FULL_OBJECT"}
     assert checksum_of(said)["type"] == "FULL_OBJECT"
+
+
+def test_a_multipart_objects_checksum_of_unsaid_kind_passes_good_bytes_of_either_kind_and_no_bad_ones():
+    # an endpoint that sends no x-amz-checksum-type: a multipart object's CRC32 without a "-<parts>" suffix was
+    # taken for a composite one, and good bytes whose CRC32 was the whole object's failed their check
+    from trainyard.integrity import checksum_of
+
+    data = random.Random(2).randbytes(3000)
+    sizes = [1000, 1000, 1000]
+
+    def b64(crc: int) -> str:
+        return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+    whole = b64(zlib.crc32(data))
+    parts = b"".join(zlib.crc32(data[i : i + 1000]).to_bytes(4, "big") for i in range(0, 3000, 1000))
+    composite = b64(zlib.crc32(parts))
+    for value, kind in ((whole, "crc32"), (composite, "crc32-composite")):
+        checksum = checksum_of({"ETag": '"abc-3"', "ChecksumCRC32": value})
+        assert checksum["type"] == "COMPOSITE" and checksum.get("guessed")
+        for part_sizes in (sizes, None):  # (the part sizes are not always to be had)
+            good = Digester("abc-3", checksum, part_sizes)
+            good.update(data)
+            problem, checked = good.result(len(data))
+            assert problem is None
+            if part_sizes or kind == "crc32":
+                assert checked == f"size+{kind}"
+            bad = Digester("abc-3", checksum, sizes)
+            bad.update(data[:-1] + b"X")
+            assert bad.result(len(data))[0].startswith("CRC32 ")
+    # said, or with its suffix: one kind only
+    said = checksum_of({"ETag": '"abc-3"', "ChecksumCRC32": whole, "ChecksumType": "COMPOSITE"})
+    suffixed = checksum_of({"ETag": '"abc-3"', "ChecksumCRC32": composite + "-3"})
+    assert "guessed" not in said and "guessed" not in suffixed
+    strict = Digester("abc-3", said, sizes)
+    strict.update(data)
+    assert strict.result(len(data))[0].startswith("CRC32 ")
