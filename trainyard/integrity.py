@@ -164,9 +164,9 @@ class Digester:
             if self.md5.hexdigest() != self.etag.lower():
                 return f"MD5 {self.md5.hexdigest()} != ETag {self.etag}", "size+md5"
             checked.append("md5")
-        full = self.full
-        if self.whole and self.whole.b64digest() == self.checksum["value"]:  # (a guessed kind: see checksum_of)
-            checked.append(self.checksum["algorithm"].lower())  # a full-object checksum, after all
+        full, said = self.full, self.checksum or {}
+        if self.whole and self.whole.b64digest() == said.get("value"):  # (a guessed kind: see checksum_of)
+            checked.append(said["algorithm"].lower())  # a full-object checksum, after all
         elif self.hasher and full:  # (a hasher only with a full checksum)
             expected = full["value"].split("-")[0]
             if self.hasher.b64digest() != expected:
