@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flows import job_events
@@ -340,6 +340,7 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
 
 
 _ENDED = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")  # a run's state types once it is over
+EVENTS_SETTLE = timedelta(minutes=5)  # a run's events are in this long after its end (they take a second or two)
 
 
 def _said(api, job_id: str | None, run) -> tuple[list[dict], dict | None]:
@@ -349,7 +350,9 @@ def _said(api, job_id: str | None, run) -> tuple[list[dict], dict | None]:
     if not job_id:  # a run from the UI or REST that no worker has started (it names the job)
         return [], None
     transitions, ended = job_events.read(api, job_id, run.id, run.created)
-    if ended is None and run.state is not None and run.state.type.value in _ENDED:
+    # (not in the moments after the run's end, before its events are in: a rerun's artifact is the first run's)
+    settled = run.end_time is not None and datetime.now(UTC) - run.end_time > EVENTS_SETTLE
+    if ended is None and settled and run.state is not None and run.state.type.value in _ENDED:
         kept, ended = job_events.from_summary_artifact(api, run.id)
         transitions = transitions or kept
     return transitions, ended

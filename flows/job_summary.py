@@ -28,14 +28,25 @@ def _emit_ended(job_id: str, summary: dict, model: dict | None) -> None:
     events.emit("trainyard.job.ended", job_id, {"ended": job_events.outcome(summary | {"model": model})})
 
 
-def summary(job: TrainingJob, job_id: str, log, stages: dict, outcome, model, failed_groups: list[dict]) -> dict:
-    """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome)."""
+def summary(
+    job: TrainingJob,
+    job_id: str,
+    log,
+    stages: dict,
+    outcome,
+    model,
+    failed_groups: list[dict],
+    done: dict | None = None,
+) -> dict:
+    """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome).
+    ``done``: what the job's groups computed (``accounting.work_done``), where it has no outcome."""
     report = stages.get("filtering", {}).get("report")
     energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
     # a stage that gave up or was stopped: its compute, and the last epoch's metrics (as SageMaker's final
     # metrics of a stopped job)
     # (only once this run launched groups: before, the job folder may still hold an earlier run's)
-    done = accounting.work_done(make_job_dir(job_id)) if outcome is None and "launch" in stages else None
+    if done is None and outcome is None and "launch" in stages:
+        done = accounting.work_done(make_job_dir(job_id))
     metrics = (
         status.final_metrics(outcome.history, outcome.restored_epoch)
         if outcome

@@ -8,8 +8,6 @@ a user's mistake (a ``TrainyardError``) is logged as its message, without a trac
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 from uuid import UUID, uuid4
@@ -21,7 +19,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from pydantic import Field
 
-from flows import job_summary
+from flows import job_summary, reruns
 from flows.job_summary import UPLOADING
 from tasks import _events as events
 from tasks._metering import journal, stage_meter
@@ -30,12 +28,11 @@ from tasks.carbon import account
 from tasks.filtering import filter_samples
 from tasks.launch import launch_groups
 from tasks.pool_launcher import CANCEL_CONFIRM_SECONDS, CANCEL_CONFIRM_SECONDS_ENV, check_deployment
-from tasks.registry import one_gate_at_a_time, register_model
+from tasks.registry import register_model
 from tasks.staging import stage_inputs
 from tasks.training import train
 from trainyard import (
     cache,
-    energy_journal,
     env_settings,
     job_folder,
     launch,
@@ -100,19 +97,17 @@ def training_pipeline(
         try:
             # first: a run failing below (a bad setting, MLflow down) publishes a summary and ledger line that replace
             # the earlier runs', and without their energy it said 0 kWh for a job that trained for hours
-            _count_earlier_runs(stages, job_dir, run, logger)
+            reruns.count_earlier_runs(stages, job_dir, run, logger)
             _check_settings()  # a bad TRAINYARD_* value fails the job here, not after staging has downloaded it all
             tracking_store.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
-            earlier = _registered_earlier(job, job_id, job_dir, logger)
-            if earlier is not None:  # a rerun of a job an earlier run registered: no summary of its own
-                if isinstance(earlier, dict):  # its outcome (the earlier run's) ends this run's transitions too
-                    said = f"registered by an earlier run as {job.model_name} v{earlier['model']['version']}"
-                    last = earlier["secondary_status_transitions"][-1]["status"]
-                    log.finish(earlier["status"], last, f"{said}: nothing was trained again")
-                else:
-                    log.finish("Failed", "Failed", earlier.message or "", failure_reason=earlier.message)
+            earlier = reruns.registered_earlier(job, job_id, job_dir, log, stages, logger)
+            if isinstance(earlier, str):  # registered by an earlier run, which this one cannot finish
+                refused = JobFailed(earlier)
+                log.finish("Failed", "Failed", str(refused), failure_reason=str(refused))
+                return Failed(message=str(refused), data=refused)
+            if earlier is not None:  # a rerun of a job an earlier run registered: nothing trained again
                 return earlier
-            _check_budget_left(job, stages)  # past its budget already: nothing run, the earlier run's left as it is
+            reruns.check_budget_left(job, stages)  # past its budget already: nothing run, the earlier run's left as is
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
             # an earlier run's model (stopped, or killed mid-upload) is not this run's, folder here or not
@@ -182,7 +177,7 @@ def training_pipeline(
                 f"Training stopped: {outcome.stop_reason}",
                 None if primary == "Completed" else status.failure_reason(outcome.stop_reason, outcome.history),
             )
-        except BudgetSpent as exc:
+        except reruns.BudgetSpent as exc:
             log.finish("Stopped", "Stopped", str(exc), failure_reason="CarbonBudgetExceeded")
         except TrainyardError as exc:
             # masked: it may quote the user's code's own error (an entrypoint's build failing on a URL with its
@@ -269,86 +264,6 @@ def _version_left(job: TrainingJob, job_id: str, log, logger) -> dict | None:
             f"{log.failure_reason or 'ended in its registration'}; {said} (or a rerun of job {job_id}) gates it"
         )
     return model
-
-
-def _registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, logger) -> dict | State | None:
-    """What a rerun of a job id that an earlier run registered returns (a retry of a run killed after its
-    registration): that run's summary, published again, and nothing trained. Training again would upload
-    another model over the registered one's outputs while the version, registered once per job id, kept
-    the first. None for a job id with no registered version (its first run, or one that never got that far).
-    A version whose promotion gate an earlier run never reached (stopped between the two) is gated now.
-    """
-    model = registry.finish_gate(job, job_id, one_gate_at_a_time)
-    if model is None:
-        return None
-    version = model["version"]
-    written = job_dir / "summary.json"
-    summary = json.loads(written.read_text()) if written.exists() else None
-    if summary is not None and (summary.get("model") or {}).get("version") == version:
-        logger.info(
-            "job %s was registered as %s v%s by an earlier run: nothing is trained again",
-            job_id,
-            job.model_name,
-            version,
-        )
-        summary["model"] = model  # as it stands now (an earlier run stopped before its gate: gated above)
-        if summary["status"] != "Completed":  # it ended inside its registration (a signal, an outage): now finished
-            now = datetime.now(UTC).isoformat(timespec="milliseconds")
-            done = {
-                "status": "Completed",
-                "start_time": now,
-                "end_time": now,
-                "message": f"registered: {model['gate']}",
-            }
-            summary["secondary_status_transitions"].append(done)
-            summary |= {"status": "Completed", "failure_reason": None}
-        job_summary.publish(job, job_id, summary, model, logger)
-        write_json_atomic(written, summary)
-        return summary
-    ended = (  # the earlier run's end: killed before its summary, or failed after the version (its gate, say)
-        f"which ended {summary['status']} after registering it ({summary.get('failure_reason')}); this run "
-        "finished its registration"
-        if summary is not None
-        else "which ended before its summary was written here"
-    )
-    failed = JobFailed(
-        f"job {job_id} was registered as {job.model_name} v{version} by an earlier run, {ended}; that model and "
-        f"its outputs stand ({model['gate']}), and a rerun would train another under the same id: submit the job "
-        "under a new id to train it again"
-    )
-    return Failed(message=str(failed), data=failed)
-
-
-def _count_earlier_runs(stages: dict, job_dir: Path, run: str, logger) -> None:
-    """The energy of the job id's earlier runs (a failed one's, a killed one's) as a stage of this run's, so
-    that its summary, ledger line (which replaces theirs) and carbon budget count what every run spent."""
-    record = energy_journal.earlier(job_dir, run)
-    if record is not None:
-        stages[energy_journal.EARLIER_STAGE] = record
-        logger.info(
-            "job %s ran %d time(s) before: their %.3g kWh are counted with this run's",
-            job_dir.name,
-            record["runs"],
-            record["energy"]["energy_kwh"],
-        )
-
-
-class BudgetSpent(TrainyardError):
-    """The job id's earlier runs spent its whole ``carbon.budget_kg``: this run stops before any compute."""
-
-
-def _check_budget_left(job: TrainingJob, stages: dict) -> None:
-    """``BudgetSpent`` where the earlier runs' emissions (``_count_earlier_runs``) are past the budget. Without
-    this, the rerun staged, filtered and launched its groups before the first live reading stopped it."""
-    earlier = stages.get(energy_journal.EARLIER_STAGE)
-    budget = job.carbon.budget_kg
-    if earlier is None or budget is None or earlier["energy"]["emissions_kg"] <= budget:
-        return
-    raise BudgetSpent(
-        f"the earlier runs of this job id emitted {earlier['energy']['emissions_kg']:.4g} kgCO2e, past "
-        f"carbon.budget_kg={budget:g}: nothing was run again; raise carbon.budget_kg, or submit the job under a "
-        "new id"
-    )
 
 
 def _add_failed_stage(stages: dict, exc: BaseException) -> None:

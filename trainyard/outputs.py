@@ -84,6 +84,27 @@ def upload_summary(job: TrainingJob, job_id: str, summary: dict) -> str:
     return uri
 
 
+def published_summary(job: TrainingJob, job_id: str) -> dict | None:
+    """The job summary an earlier run uploaded, or None where there is none (or it is not JSON)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    uri = summary_uri(job, job_id)
+    where = s3.S3Uri.parse(uri)
+    try:
+        body = s3.client().get_object(Bucket=where.bucket, Key=where.key)["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise s3.describe_error(exc, uri) from exc
+    except BotoCoreError as exc:
+        raise s3.describe_error(exc, uri) from exc
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def _upload_json(data: dict, uri: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "data.json"

@@ -202,3 +202,16 @@ def _named_wrong(exc: BaseException, label: str) -> ModelNotFound | None:
     if isinstance(exc, MlflowException) and exc.error_code == "INVALID_PARAMETER_VALUE" and "name" in exc.message:
         return ModelNotFound(f"{label}: no such registered model ({exc.message})")
     return None
+
+
+def version_metrics(name: str, version: int) -> dict[str, float | int]:
+    """The final metrics registered with version ``version`` of ``name`` (its ``metrics.<name>`` tags, to 6
+    significant digits), for a summary made after the fact (``flows.reruns``)."""
+    import mlflow
+
+    uri = tracking_uri()
+    try:
+        tags = mlflow.MlflowClient(uri).get_model_version(name, str(version)).tags or {}
+    except service_errors() as exc:
+        raise translate(exc, f"reading the metrics of {name} v{version}", uri, registering=False) from exc
+    return {k: int(v) if v.isdigit() else float(v) for k, v in model_card.tagged_metrics(tags).items()}

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import mlflow
@@ -167,14 +169,29 @@ def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(
     assert s3.client().head_object(Bucket=bucket, Key=model_key)["ETag"] == etag
     tracking = mlflow.MlflowClient(mlflow_uri)
     assert [int(v.version) for v in tracking.search_model_versions(f"name='{job.model_name}'")] == [1]
-    # killed before it wrote its summary: nothing to publish again, and nothing is trained
+    # killed after its registration, before its summary (here or in S3): it had no ledger line either. The rerun
+    # writes them, the runs' energy from their journals and the metrics the version holds; nothing is trained
     (job_dir(job_id) / "summary.json").unlink()
-    with pytest.raises(JobFailed, match=f"job {job_id} was registered as {job.model_name} v1 by an earlier run"):
+    for key in (f"output/{job_id}/summary.json", f"output/carbon-ledger/{job_id}.csv"):
+        s3.client().delete_object(Bucket=bucket, Key=key)
+    made = training_pipeline(job, job_id=job_id)
+    assert (made["status"], made["model"]["version"]) == ("Completed", first["model"]["version"])
+    assert made["metrics"] == pytest.approx(first["metrics"], rel=1e-5)
+    assert made["carbon"]["energy_kwh"] >= first["carbon"]["energy_kwh"] > 0  # every run's, the first's included
+    ledger = [r for r in esg.read_ledger(f"s3://{bucket}/output/") if r["job_id"] == job_id]
+    assert [float(r["energy_kwh"]) for r in ledger] == pytest.approx([made["carbon"]["energy_kwh"]])
+    assert trained() == before and json.loads((job_dir(job_id) / "summary.json").read_text())["status"] == "Completed"
+    # killed so on another machine: no journal here to count its energy by, and nothing is made up
+    (job_dir(job_id) / "summary.json").unlink()
+    shutil.rmtree(job_dir(job_id) / "energy")
+    s3.client().delete_object(Bucket=bucket, Key=f"output/{job_id}/summary.json")
+    with pytest.raises(JobFailed, match=r"by an earlier run, which ended before its summary, on another machine"):
         training_pipeline(job, job_id=job_id)
     assert trained() == before and not (job_dir(job_id) / "summary.json").exists()
     # a week on, Prefect has let the first run's events go (PREFECT_EVENTS_RETENTION_PERIOD): its outcome is read
     # from its summary artifact, which Prefect keeps (it read no metrics, model nor transitions)
     monkeypatch.setattr(client.job_events, "read", lambda *_: ([], None))
+    monkeypatch.setattr(client, "EVENTS_SETTLE", timedelta(0))  # (a week on: long past the run's end)
     said = client.status(first["prefect_flow_run_id"])
     assert (said["status"], said["metrics"]) == ("Completed", first["metrics"])
     assert said["summary_uri"] == first["summary_uri"]

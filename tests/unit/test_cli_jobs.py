@@ -221,19 +221,26 @@ def test_jobs_lists_a_crashed_runs_job_as_it_ended_as_status_does(monkeypatch):
             parameters={"job_id": name, "job": {"name": "churn"}},
             tags=[],
             created=datetime(2026, 12, 7, tzinfo=UTC),
+            end_time=datetime(2026, 12, 7, 1, tzinfo=UTC),  # (its events long in: its summary artifact read too)
             start_time=None,
             expected_start_time=None,
             run_count=1,
         )
 
     runs = [run("reclaimed", "CRASHED", "Flow run infrastructure exited"), run("broke", "CRASHED", "exit 137")]
+    runs.append(run("last-week", "CRASHED", "Flow run infrastructure exited"))  # its events since let go
     api = SimpleNamespace(read_flow_runs=lambda **_: runs)
-    monkeypatch.setattr(job_events, "from_summary_artifact", lambda api, run_id: ([], None))  # none made
+    kept = {"last-week": ([{"status": "Stopped"}], {"failure_reason": "Terminated"})}  # its summary artifact
+    monkeypatch.setattr(job_events, "from_summary_artifact", lambda api, run_id: kept.get(run_id, ([], None)))
     monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(api))
-    said = {"reclaimed": ([{"status": "Stopped"}], {"failure_reason": "Terminated"}), "broke": ([], None)}
-    monkeypatch.setattr(job_events, "read", lambda api, job_id, run_id, since: said[job_id])
+    said = {"reclaimed": ([{"status": "Stopped"}], {"failure_reason": "Terminated"})}
+    monkeypatch.setattr(job_events, "read", lambda api, job_id, run_id, since: said.get(job_id, ([], None)))
     rows = {r["job_id"]: (r["status"], r["reason"]) for r in client.jobs()}
-    assert rows == {"reclaimed": ("Stopped", "Terminated"), "broke": ("Failed", "exit 137")}
+    assert rows == {
+        "reclaimed": ("Stopped", "Terminated"),
+        "broke": ("Failed", "exit 137"),
+        "last-week": ("Stopped", "Terminated"),
+    }
 
 
 def test_a_status_entered_again_with_a_new_message_is_told_again_and_stays_one_transition():
@@ -279,6 +286,7 @@ def test_a_crashed_run_whose_job_wrote_its_end_has_the_jobs_status(monkeypatch):
             name="j",
             parameters={"job_id": "j"},
             created=None,
+            end_time=None,
             state=SimpleNamespace(type=SimpleNamespace(value=state), name=state.title(), message="crashed"),
         )
 
