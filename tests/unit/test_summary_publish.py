@@ -18,6 +18,15 @@ def _job() -> TrainingJob:
     return TrainingJob.model_validate(job_dict(uris))
 
 
+def _record_publishing(monkeypatch, done: list[str]) -> None:
+    """Each of publish's steps but the ledger's write, recorded in ``done`` as it is made, nothing sent."""
+    monkeypatch.setattr(flows.job_summary.esg, "ledger_row", lambda summary: {"job_id": "job-1"})
+    monkeypatch.setattr(flows.job_summary.esg, "markdown", lambda job_id, carbon: f"# {job_id}")
+    monkeypatch.setattr(flows.job_summary.outputs, "upload_summary", lambda *_: done.append("upload"))
+    monkeypatch.setattr(flows.job_summary, "create_markdown_artifact", lambda **_: done.append("artifact"))
+    monkeypatch.setattr(flows.job_summary.events, "emit", lambda event, job_id, payload: done.append(event))
+
+
 @pytest.mark.parametrize("signal", [TerminationSignal(signal=15), KeyboardInterrupt()])
 def test_a_signal_while_publishing_still_sends_the_ended_event(monkeypatch, caplog, signal):
     # SIGTERM (a worker shutting down, a second stop) while the ledger line is written: the ended event, which
@@ -29,11 +38,7 @@ def test_a_signal_while_publishing_still_sends_the_ended_event(monkeypatch, capl
         raise signal
 
     monkeypatch.setattr(flows.job_summary.esg, "write_ledger_row", told_to_stop)
-    monkeypatch.setattr(flows.job_summary.esg, "ledger_row", lambda summary: {"job_id": "job-1"})
-    monkeypatch.setattr(flows.job_summary.esg, "markdown", lambda job_id, carbon: f"# {job_id}")
-    monkeypatch.setattr(flows.job_summary.outputs, "upload_summary", lambda *_: done.append("upload"))
-    monkeypatch.setattr(flows.job_summary, "create_markdown_artifact", lambda **_: done.append("artifact"))
-    monkeypatch.setattr(flows.job_summary.events, "emit", lambda event, job_id, payload: done.append(event))
+    _record_publishing(monkeypatch, done)
     summary = {
         "status": "Completed",
         "failure_reason": None,
@@ -56,11 +61,7 @@ def test_publishing_goes_on_past_a_failed_step(monkeypatch, caplog):
         raise ConnectionError("S3 refused it")
 
     monkeypatch.setattr(flows.job_summary.esg, "write_ledger_row", refused)
-    monkeypatch.setattr(flows.job_summary.esg, "ledger_row", lambda summary: {"job_id": "job-1"})
-    monkeypatch.setattr(flows.job_summary.esg, "markdown", lambda job_id, carbon: f"# {job_id}")
-    monkeypatch.setattr(flows.job_summary.outputs, "upload_summary", lambda *_: done.append("upload"))
-    monkeypatch.setattr(flows.job_summary, "create_markdown_artifact", lambda **_: done.append("artifact"))
-    monkeypatch.setattr(flows.job_summary.events, "emit", lambda event, job_id, payload: done.append(event))
+    _record_publishing(monkeypatch, done)
     summary = {"status": "Failed", "failure_reason": "x", "metrics": {}, "sifting": {}, "carbon": {}}
     flows.job_summary.publish(job, "job-1", summary, None, logging.getLogger("test"))
     assert done == ["upload", "artifact", "trainyard.job.ended", "artifact"]
