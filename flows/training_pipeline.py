@@ -39,7 +39,6 @@ from trainyard import (
     outputs,
     progress,
     registry,
-    sifting,
     status,
     tracking_store,
 )
@@ -131,9 +130,7 @@ def training_pipeline(
                 job = job.model_copy(update={"sifting": report.sifting})
             if report.dropped or report.sifting is not None:  # after the stage is recorded (its compute counts)
                 picked = report.sifting is not None
-                sifting.check_fits(
-                    job.sifting, job.hyperparameters.batch_size, report.kept, "rows the prefilter kept", picked
-                )
+                preflight.check_rows(job, report.kept, "rows the prefilter kept", picked)
             plan = TrainingPlan(
                 job_id=job_id,
                 job=job.model_dump(mode="json"),

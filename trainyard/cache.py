@@ -261,9 +261,10 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
         if path.name.startswith("."):  # a download in progress (its room counted); one left by a killed job goes
             if path.name.endswith(PART_SUFFIX) and _abandoned(path):
                 path.unlink(missing_ok=True)
-            elif path.name.endswith(CLAIM_SUFFIX) and time.time() - st.st_mtime > CLAIM_SECONDS:
-                # a part's claim is renamed microseconds after it is made (``claim_part``): one this old was
-                # left by a process killed in between, and no eviction removed it (nor counted it gone)
+            elif path.name.endswith(CLAIM_SUFFIX) and time.time() - st.st_mtime > CLAIM_SECONDS and _abandoned(path):
+                # a part's claim is locked and renamed microseconds after it is made (``claim_part``): one this old
+                # and unlocked was left by a process killed in between (the age: the file server's clock may not be
+                # this machine's), and no eviction removed it
                 path.unlink(missing_ok=True)
             else:
                 writing += st.st_size
@@ -294,12 +295,17 @@ def _unlink_unmapped(path: Path) -> bool:
     meanwhile cannot lock it before it is gone, then finds the name no longer its file, and reads it again.
 
     Opened for writing: NFS takes ``flock`` as a byte-range lock, and refuses an exclusive one on a file opened
-    read-only (EBADF, as ``_abandoned`` says). One that cannot be opened so (another user's) is left: whether it
-    is in use cannot be told."""
+    read-only (EBADF, as ``_abandoned`` says). Another user's, which this one may not write, is probed read-only:
+    on NFS it is then left, as whether it is in use cannot be told there."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return True  # removed meanwhile (a load found it damaged): its room is free all the same
+    except PermissionError:  # another user's (pods of other users on a shared volume): probed read-only, which a
+        try:  # local file system's flock takes; NFS's refuses (EBADF, below), and the file is left
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return False
     except OSError:
         return False
     try:

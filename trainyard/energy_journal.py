@@ -67,6 +67,13 @@ class Journal:
         )
 
 
+def kept_of(job_dir: Path | str, flow_run_id: str | None, run: str) -> bool:
+    """Whether a journal of flow run ``flow_run_id`` (a try of it other than ``run``) is in the job's folder: its
+    runs' journals are named ``<flow run id>-<try>``, ``local-<try>`` for one run in-process."""
+    prefix = f"{flow_run_id if flow_run_id not in (None, 'none', 'None') else 'local'}-"
+    return any(p.stem.startswith(prefix) and p.stem != run for p in _folder(job_dir).glob("*.json"))
+
+
 def earlier(job_dir: Path | str, run: str) -> dict | None:
     """Every other run's journal of the job, added up as a stage record (``stage``, ``seconds``,
     ``energy``: ``StageEnergy``'s fields, and ``runs``: how many); None when there is none."""

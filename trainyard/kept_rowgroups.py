@@ -51,7 +51,19 @@ def save(path: Path, x: np.ndarray, y: np.ndarray) -> bool:
         with open(fd, "wb", closefd=False) as f:
             np.lib.format.write_array(f, x, allow_pickle=False)
             np.lib.format.write_array(f, y, allow_pickle=False)
-        os.replace(tmp, path)
+        # linked, not renamed over: a copy kept already (another group's, another job's staging of the same
+        # channel) may be mapped by a group on another node, which its replacement would kill (SIGBUS on NFS, as
+        # an eviction would: see ``load``). Its name then changes only by an eviction that holds its lock.
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # kept already: the same arrays (named by the row group, its ETag and the schema)
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                raise
+            if not path.exists():  # a file system without hard links: renamed into place, where none is kept yet
+                os.replace(tmp, path)
+        tmp.unlink(missing_ok=True)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if not s3.disk_full(exc):

@@ -204,14 +204,20 @@ def _named_wrong(exc: BaseException, label: str) -> ModelNotFound | None:
     return None
 
 
-def version_metrics(name: str, version: int) -> dict[str, float | int]:
-    """The final metrics registered with version ``version`` of ``name`` (its ``metrics.<name>`` tags, to 6
-    significant digits), for a summary made after the fact (``flows.reruns``)."""
+def version_record(name: str, version: int) -> dict:
+    """What version ``version`` of ``name`` says of the run that registered it, for a summary made after the fact
+    (``flows.reruns``): its final ``metrics`` (its ``metrics.<name>`` tags, to 6 significant digits), the Prefect
+    ``flow_run_id`` it ran under (``"none"`` in-process) and when it was ``created`` (UTC)."""
     import mlflow
 
     uri = tracking_uri()
     try:
-        tags = mlflow.MlflowClient(uri).get_model_version(name, str(version)).tags or {}
+        found = mlflow.MlflowClient(uri).get_model_version(name, str(version))
     except service_errors() as exc:
-        raise translate(exc, f"reading the metrics of {name} v{version}", uri, registering=False) from exc
-    return {k: int(v) if v.isdigit() else float(v) for k, v in model_card.tagged_metrics(tags).items()}
+        raise translate(exc, f"reading {name} v{version}", uri, registering=False) from exc
+    tags = found.tags or {}
+    return {
+        "metrics": {k: int(v) if v.isdigit() else float(v) for k, v in model_card.tagged_metrics(tags).items()},
+        "flow_run_id": tags.get("prefect.flow_run_id", "none"),
+        "created": datetime.fromtimestamp(found.creation_timestamp / 1000, UTC),
+    }

@@ -173,6 +173,16 @@ def test_a_claim_left_by_a_process_killed_before_renaming_it_goes(tmp_path, monk
     os.utime(left, (old, old))
     cache.evict()
     assert not left.exists() and making.exists()
+    os.utime(making, (old, old))  # by a file server whose clock is behind: old, but locked
+    import fcntl
+
+    held = os.open(making, os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        cache.evict()
+        assert making.exists()
+    finally:
+        os.close(held)
 
 
 def test_evicting_on_nfs_probes_pins_and_parts_with_locks_a_read_only_file_may_take(tmp_path, monkeypatch):

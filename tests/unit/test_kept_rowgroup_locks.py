@@ -103,6 +103,19 @@ def test_a_row_group_an_eviction_is_removing_is_missing_to_a_load(tmp_path, monk
     assert kept_rowgroups.load(path)[1].tolist() == [0, 1, 2, 3]  # once it is let go
 
 
+def test_a_row_group_kept_again_leaves_the_copy_a_group_has_mapped_in_place(tmp_path, monkeypatch):
+    # staging the same channel again (another job), or two groups missing it at once: the second save renamed its
+    # copy over the first, which a group on another node had mapped (SIGBUS on NFS, as an eviction's unlink)
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    path = keep("unit")
+    x, y = kept_rowgroups.load(path)
+    before = os.stat(path)
+    assert kept_rowgroups.save(path, np.zeros((4, 3), np.float32), np.arange(4))
+    assert os.path.samestat(os.stat(path), before) and os.stat(path).st_nlink == 1
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # its part file gone
+    assert x.tolist() == np.ones((4, 3)).tolist()
+
+
 @pytest.mark.parametrize("meanwhile", ["evicted", "replaced"])
 def test_a_row_group_evicted_or_replaced_between_the_open_and_the_lock_is_missing_to_a_load(
     tmp_path, monkeypatch, meanwhile
@@ -117,7 +130,7 @@ def test_a_row_group_evicted_or_replaced_between_the_open_and_the_lock_is_missin
         if operation & fcntl.LOCK_SH:
             if meanwhile == "evicted":
                 assert cache.evict(limit=0)["evicted_objects"] == 1
-            else:  # another group kept the same row group again
+            else:  # renamed over it (a save on a file system without hard links, where none was kept yet)
                 os.replace(keep("copy"), path)
         real(fd, operation)
 

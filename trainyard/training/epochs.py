@@ -114,22 +114,22 @@ def history_state(history: History) -> dict:
     }
 
 
-def learning_rate(hp, step: int, progress: float, run_steps: int) -> float:
-    """The learning rate at ``step``, ``progress`` (0..1) of the way through the epochs, of a run of about
-    ``run_steps`` steps (the first epoch's steps times the epochs).
+def learning_rate(hp, step: int, progress: float, warm_progress: float = 0.0) -> float:
+    """The learning rate at ``step``, ``progress`` (0..1) of the way through the epochs; ``warm_progress``: the
+    progress at which the warm-up ended (``warmup_steps``' last step; 0 without one).
 
     ``warmup_steps`` ramp linearly from zero to ``learning_rate``; the schedule's decay then runs over the rest
     of the run, as Hugging Face's schedulers do (it ran from step 0, under the ramp: a warm-up of half the run
-    peaked at half the rate with cosine). A function of the committed step and the epoch position only, which
-    every group shares, so the schedule needs no state of its own and a healed group is on it at once.
+    peaked at half the rate with cosine). A function of the committed step, the epoch position and where the
+    warm-up ended (the trainer's cursor, in the state a healed group loads), which every group shares.
     """
     lr = hp.learning_rate
     if step < hp.warmup_steps:
         return lr * (step + 1) / hp.warmup_steps
     if hp.lr_schedule != "constant":
-        # the decay's start, as a share of the epochs: steps per epoch vary (pruning deals fewer rows a
-        # step later on), so the warm-up's end is placed by the first epoch's count, which every group knows
-        warm = min(hp.warmup_steps / max(run_steps, 1), 1.0)
+        # from where the ramp ended: by progress, as steps per epoch vary (pruning deals more rows a step, a
+        # sharded epoch's count follows its groups), so no step count known up front places it
+        warm = min(max(warm_progress, 0.0), 1.0)
         t = min(max((progress - warm) / (1 - warm), 0.0), 1.0) if warm < 1 else 1.0
         decay = 0.5 * (1 + math.cos(math.pi * t)) if hp.lr_schedule == "cosine" else 1 - t
         floor = hp.min_lr_fraction
@@ -137,16 +137,18 @@ def learning_rate(hp, step: int, progress: float, run_steps: int) -> float:
     return lr
 
 
-def check_warmup(hp, rows: int) -> None:
-    """Refuse a warm-up as long as the run (its steps at one step a ``batch_size`` of ``rows``, before any
-    filtering): the learning rate would never reach ``learning_rate``, and the decay would never start."""
-    steps = hp.epochs * max(1, math.ceil(rows / hp.batch_size))
+def check_warmup(hp, rows: int, candidates: int | None = None) -> None:
+    """Refuse a warm-up as long as the run: the learning rate would never reach ``learning_rate``, and the decay
+    would never start. The run's steps are counted as its first epoch's, ``rows`` over ``candidates`` rows a step
+    (``batch_size``, or more with sifting), times the epochs: pruning's epochs take fewer, so a warm-up may still
+    outlast a pruned run."""
+    steps = hp.epochs * max(1, math.ceil(rows / (candidates or hp.batch_size)))
     if hp.warmup_steps >= steps:
         raise SpecError(
             [
                 f"hyperparameters.warmup_steps: {hp.warmup_steps} is not below the run's {steps} steps ({hp.epochs} "
-                f"epochs of {steps // hp.epochs}: {rows} rows at batch_size {hp.batch_size}): the learning rate "
-                f"would never reach learning_rate; set it below {steps} (a tenth of the run, {max(1, steps // 10)}, "
-                "is common)"
+                f"epochs of {steps // hp.epochs}: {rows} rows at {candidates or hp.batch_size} a step): the learning "
+                f"rate would never reach learning_rate; set it below {steps} (a tenth of the run, "
+                f"{max(1, steps // 10)}, is common)"
             ]
         )

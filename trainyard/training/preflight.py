@@ -22,11 +22,14 @@ def preflight(job: TrainingJob, plan: TrainingPlan) -> None:
     check_algorithm(job, plan.train_data, plan.schema["num_outputs"])
 
 
-def check_rows(job: TrainingJob, rows: int) -> None:
-    """Refuse, before any compute, what the staged channel's ``rows`` make of the job's settings: a sifting
-    step that draws more candidates than there are rows, a warm-up as long as the run."""
-    sifting.check_fits(job.sifting, job.hyperparameters.batch_size, rows)
-    check_warmup(job.hyperparameters, rows)
+def check_rows(job: TrainingJob, rows: int, whose: str = "training rows", picked: bool = False) -> None:
+    """Refuse, before any compute, what the channel's ``rows`` (staged, or those the prefilter kept: ``whose``)
+    make of the job's settings: a sifting step that draws more candidates than there are rows, a warm-up as long
+    as the run. ``picked``: the sifting rule is the one the labels picked (``sifting.check_fits``)."""
+    batch = job.hyperparameters.batch_size
+    sifting.check_fits(job.sifting, batch, rows, whose, picked)
+    beta = job.sifting.settled()[0] if job.sifting.enabled else 0.0
+    check_warmup(job.hyperparameters, rows, sifting.candidate_batch(beta, batch))
 
 
 def check_algorithm(

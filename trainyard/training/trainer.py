@@ -281,9 +281,11 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             data.committed()  # (sifting.score proxy: the proxy learns the step's rows only once it counts)
             stop_agreed = stopping
             buffers.apply()
-            run_steps = data.steps_per_epoch(cursor.get("first_slots") or members, 0) * hp.epochs
+            progress = (cursor["epoch"] + index / spe) / hp.epochs
+            if step == hp.warmup_steps - 1:  # the ramp's last step: the decay starts from here (cursor: state)
+                cursor["warm_progress"] = progress
             for param_group in optimizer.param_groups:
-                param_group["lr"] = learning_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs, run_steps)
+                param_group["lr"] = learning_rate(hp, step, progress, cursor.get("warm_progress", 0.0))
             optimizer.step()
             if step_log is not None:
                 step_log.add(manager.current_step())
