@@ -353,8 +353,10 @@ def _said(api, job_id: str | None, run) -> tuple[list[dict], dict | None]:
     # (not in the moments after the run's end, before its events are in: a rerun's artifact is the first run's)
     settled = run.end_time is not None and datetime.now(UTC) - run.end_time > EVENTS_SETTLE
     if ended is None and settled and run.state is not None and run.state.type.value in _ENDED:
-        kept, ended = job_events.from_summary_artifact(api, run.id)
-        transitions = transitions or kept
+        kept, outcome = job_events.from_summary_artifact(api, run.id)
+        # the last try's, where its events are in reach: a retried run's artifact may be an earlier try's
+        if not transitions or (kept and kept[0].get("start_time") == transitions[0].get("start_time")):
+            transitions, ended = kept, outcome  # (the whole of them: its events may be partly let go)
     return transitions, ended
 
 

@@ -84,7 +84,7 @@ def outcome(summary: dict) -> dict:
     """The job's outcome as the ``trainyard.job.ended`` event carries it: from its summary."""
     ended = {key: summary.get(key) for key in ("status", "failure_reason", "metrics", "summary_uri")}
     model = summary.get("model")
-    ended["model"] = {key: model[key] for key in ("name", "version", "uri", "aliases")} if model else None
+    ended["model"] = {key: model.get(key) for key in ("name", "version", "uri", "aliases")} if model else None
     return ended
 
 

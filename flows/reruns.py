@@ -5,10 +5,11 @@ without training it again."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from flows import job_summary
+from tasks._reporting import best_effort
 from tasks.registry import one_gate_at_a_time
 from trainyard import energy_journal, outputs, registry, registry_admin
 from trainyard.errors import TrainyardError
@@ -17,13 +18,16 @@ from trainyard.spec import TrainingJob
 from trainyard.training import accounting
 
 
-def registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, log, stages: dict, logger) -> dict | str | None:
-    """What a rerun of a job id that an earlier run registered returns: the job's summary (the earlier run's,
-    published again, or, where it was killed before writing one, made now from its energy journal and the
-    version), nothing trained; or why this run is refused. Training again would upload another model over the
+def registered_earlier(
+    job: TrainingJob, job_id: str, job_dir: Path, run: str, log, stages: dict, logger
+) -> dict | str | None:
+    """What a rerun of a job id that an earlier run registered ends with: the job's summary to publish again (the
+    earlier run's, or, where that run was killed before writing one, made now from its energy journals here and
+    the version), nothing trained; or why this run is refused. Training again would upload another model over the
     registered one's outputs while the version, registered once per job id, kept the first. None for a job id
     with no registered version (its first run, or one that never got that far). A version whose promotion gate an
-    earlier run never reached (stopped between the two) is gated now. ``log`` ends as the job does."""
+    earlier run never reached (stopped between the two) is gated now. ``log`` ends as the job does; ``run``: this
+    run's journal name."""
     model = registry.finish_gate(job, job_id, one_gate_at_a_time)
     if model is None:
         return None
@@ -42,32 +46,58 @@ def registered_earlier(job: TrainingJob, job_id: str, job_dir: Path, log, stages
             summary |= {"status": "Completed", "failure_reason": None}
         last = summary["secondary_status_transitions"][-1]["status"]
         log.finish(summary["status"], last, f"{said}: nothing was trained again")
-    elif summary is None and energy_journal.EARLIER_STAGE in stages:
+        return summary
+    record = registry_admin.version_record(job.model_name, version)
+    if summary is not None and _before(summary, record):
+        summary = None  # a run's before the one that registered it (a failed one's, uploaded), not the job's end
+    if summary is None and energy_journal.kept_of(job_dir, record["flow_run_id"], run):
         # killed after its registration, before its summary: the job is done, and without a summary it had no
         # ledger line either. Made now: the runs' energy from their journals here, the metrics the version holds.
         logger.info("job %s was %s, which ended before its summary: it is written now", job_id, said)
-        log.finish("Completed", "Completed", f"{said}, which ended before its summary: nothing was trained again")
         computed = accounting.work_done(job_dir)  # what its groups computed, as their files here say
-        summary = job_summary.summary(job, job_id, log, stages, None, model, [], computed)
-        # as registered (the model's epoch: its best, where the job restored it), and how many were trained
         history: list[dict] = computed["history"]
-        epochs = history[-1]["epoch"] if history else 0
-        summary["metrics"] = registry_admin.version_metrics(job.model_name, version) | {"epochs": epochs}
-    else:
-        ended = (  # failed after the version (its gate, say), or killed before its summary on another machine
-            f"which ended {summary['status']} after registering it ({summary.get('failure_reason')}); this run "
-            "finished its registration"
-            if summary is not None
-            else "which ended before its summary, on another machine (its energy is not known here)"
-        )
-        return (
-            f"job {job_id} was registered as {job.model_name} v{version} by an earlier run, {ended}; that model "
-            f"and its outputs stand ({model['gate']}), and a rerun would train another under the same id: submit the "
-            "job under a new id to train it again"
-        )
-    job_summary.publish(job, job_id, summary, model, logger)
-    write_json_atomic(written, summary)
+        # as registered (the model's epoch: its best, where the job restored it), and how many were trained
+        metrics = record["metrics"] | {"epochs": history[-1]["epoch"] if history else 0}
+        log.finish("Completed", "Completed", f"{said}, which ended before its summary: nothing was trained again")
+        made = job_summary.summary(job, job_id, log, stages, None, model, [], computed)
+        made["metrics"] = metrics
+        made["carbon"]["g_per_val_accuracy_point"] = None  # (this run's emissions per point: it trained nothing)
+        return made
+    ended = (  # failed after the version (its gate, say), or killed before its summary on another machine
+        f"which ended {summary['status']} after registering it ({summary.get('failure_reason')}); this run "
+        "finished its registration"
+        if summary is not None
+        else "which ended before its summary, on another machine (its energy is not known here)"
+    )
+    return (
+        f"job {job_id} was registered as {job.model_name} v{version} by an earlier run, {ended}; that model and its "
+        f"outputs stand ({model['gate']}), and a rerun would train another under the same id: submit the job under "
+        "a new id to train it again"
+    )
+
+
+def publish_again(job: TrainingJob, job_id: str, job_dir: Path, summary: dict, logger) -> dict:
+    """Publish ``registered_earlier``'s summary and write it to the job folder (best effort, as the pipeline's
+    own: a full disk); a signal meanwhile is raised once the ended event is sent (``job_summary.publish``)."""
+    try:
+        job_summary.publish(job, job_id, summary, summary["model"], logger)
+    finally:
+        unwritten = "could not write the summary to the job's folder (%s)"
+        best_effort(logger, unwritten, write_json_atomic, job_dir / "summary.json", summary)
     return summary
+
+
+def _before(summary: dict, record: dict) -> bool:
+    """Whether ``summary``, which does not record the version, is of a run before the one that registered it:
+    another flow run's, or one that ended over a minute before the version was made (an earlier try of the same
+    run; a minute for the clocks of the worker and the registry's server)."""
+    if str(summary.get("prefect_flow_run_id") or "none") != record["flow_run_id"]:
+        return True
+    transitions = summary.get("secondary_status_transitions") or [{}]
+    try:
+        return datetime.fromisoformat(transitions[-1]["start_time"]) < record["created"] - timedelta(minutes=1)
+    except (KeyError, TypeError, ValueError):  # (no time, or one without its zone)
+        return False
 
 
 def count_earlier_runs(stages: dict, job_dir: Path, run: str, logger) -> None:

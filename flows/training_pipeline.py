@@ -86,6 +86,7 @@ def training_pipeline(
     stages: dict[str, dict] = {}
     handle, outcome, model, carbon_section = None, None, None, None
     registering = False  # the registry stage began: a version of the job may exist whatever ended it
+    republished = False  # a rerun of a registered job: its summary is being published again
     error: BaseException | None = None  # a TrainyardError (the user's to fix) or a bug's, raised at the end
     failed_groups: list[dict] = []  # a training stage that gave up: its group failures, for the summary
     terminated: TerminationSignal | KeyboardInterrupt | None = None
@@ -99,13 +100,14 @@ def training_pipeline(
             reruns.count_earlier_runs(stages, job_dir, run, logger)
             _check_settings()  # a bad TRAINYARD_* value fails the job here, not after staging has downloaded it all
             tracking_store.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
-            earlier = reruns.registered_earlier(job, job_id, job_dir, log, stages, logger)
+            earlier = reruns.registered_earlier(job, job_id, job_dir, run, log, stages, logger)
             if isinstance(earlier, str):  # registered by an earlier run, which this one cannot finish
                 refused = JobFailed(earlier)
                 log.finish("Failed", "Failed", str(refused), failure_reason=str(refused))
                 return Failed(message=str(refused), data=refused)
             if earlier is not None:  # a rerun of a job an earlier run registered: nothing trained again
-                return earlier
+                republished = True  # (the job has ended: a signal now ends the run, not the job again)
+                return reruns.publish_again(job, job_id, job_dir, earlier, logger)
             reruns.check_budget_left(job, stages)  # past its budget already: nothing run, the earlier run's left as is
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:
                 logger.info("what an earlier run of job %s left in its folder is now in %s", job_id, aside)
@@ -185,6 +187,8 @@ def training_pipeline(
             failed_groups = getattr(exc, "failures", [])
             _add_failed_stage(stages, exc)
         except (TerminationSignal, KeyboardInterrupt) as exc:
+            if republished:  # the job ended Completed and its summary went out: nothing to end again
+                raise
             # SIGTERM (`trainyard jobs stop` through a worker, or the process told to end), or Ctrl-C: the job still
             # ends with its summary, as Stopped; the signal is raised again below for Prefect to finish the run
             terminated = exc

@@ -88,7 +88,10 @@ def check_deployment(pool: str, gpus_per_replica: int = 0, pipeline_here: bool =
     network = (deployment.job_variables or {}).get("network_configuration") or variables.get(
         "network_configuration", {}
     ).get("default")
-    if work_pool.type == "ecs" and not (network or {}).get("subnets"):
+    # (an operator's own template may name its subnets in the run request itself)
+    request = (template.get("job_configuration") or {}).get("task_run_request") or {}
+    written = ((request.get("networkConfiguration") or {}).get("awsvpcConfiguration") or {}).get("subnets")
+    if work_pool.type == "ecs" and not (network or {}).get("subnets") and not written:
         # awsvpc tasks (the groups reach each other at their own addresses) need subnets, which prefect-aws picks
         # with a public IP ECS refuses for EC2 tasks: each group's run was refused, after staging
         raise TrainingError(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+import flows.job_summary
 from flows import client
 from flows.training_pipeline import JobFailed, training_pipeline
 from tests.conftest import job_dict, put_table, upload_dataset
@@ -171,9 +171,12 @@ def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(
     assert [int(v.version) for v in tracking.search_model_versions(f"name='{job.model_name}'")] == [1]
     # killed after its registration, before its summary (here or in S3): it had no ledger line either. The rerun
     # writes them, the runs' energy from their journals and the metrics the version holds; nothing is trained
+    # (S3 holds a summary an earlier run uploaded, one that failed before the registering run: not the job's end)
     (job_dir(job_id) / "summary.json").unlink()
-    for key in (f"output/{job_id}/summary.json", f"output/carbon-ledger/{job_id}.csv"):
-        s3.client().delete_object(Bucket=bucket, Key=key)
+    s3.client().delete_object(Bucket=bucket, Key=f"output/carbon-ledger/{job_id}.csv")
+    stale = {"status": "Failed", "model": None, "prefect_flow_run_id": "0" * 8 + "-0000-4000-8000-" + "0" * 12}
+    stale["secondary_status_transitions"] = [{"status": "Failed", "start_time": "2026-12-01T00:00:00+00:00"}]
+    s3.client().put_object(Bucket=bucket, Key=f"output/{job_id}/summary.json", Body=json.dumps(stale).encode())
     made = training_pipeline(job, job_id=job_id)
     assert (made["status"], made["model"]["version"]) == ("Completed", first["model"]["version"])
     assert made["metrics"] == pytest.approx(first["metrics"], rel=1e-5)
@@ -181,9 +184,24 @@ def test_a_rerun_of_a_registered_job_id_trains_nothing_and_leaves_its_model(
     ledger = [r for r in esg.read_ledger(f"s3://{bucket}/output/") if r["job_id"] == job_id]
     assert [float(r["energy_kwh"]) for r in ledger] == pytest.approx([made["carbon"]["energy_kwh"]])
     assert trained() == before and json.loads((job_dir(job_id) / "summary.json").read_text())["status"] == "Completed"
-    # killed so on another machine: no journal here to count its energy by, and nothing is made up
+
+    # interrupted while it publishes that summary again (Ctrl-C; SIGTERM is the same branch, but Prefect's engine
+    # passes it on to this process): the job has ended Completed, and stays so (it was ended again, Stopped, with
+    # no model, and every later rerun refused)
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(flows.job_summary, "publish", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            training_pipeline(job, job_id=job_id)
+    kept = json.loads((job_dir(job_id) / "summary.json").read_text())
+    assert (kept["status"], kept["model"]["version"]) == ("Completed", first["model"]["version"])
+    # killed so on another machine: no journal of its run here to count its energy by (other runs' are), and
+    # nothing is made up
     (job_dir(job_id) / "summary.json").unlink()
-    shutil.rmtree(job_dir(job_id) / "energy")
+    (registering,) = (job_dir(job_id) / "energy").glob(f"{first['prefect_flow_run_id']}-*.json")
+    registering.rename(registering.with_name(f"{stale['prefect_flow_run_id']}-0a1b2c3d.json"))  # another run's
     s3.client().delete_object(Bucket=bucket, Key=f"output/{job_id}/summary.json")
     with pytest.raises(JobFailed, match=r"by an earlier run, which ended before its summary, on another machine"):
         training_pipeline(job, job_id=job_id)

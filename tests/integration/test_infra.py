@@ -120,9 +120,16 @@ def test_kubernetes_and_ecs_pools_accept_the_launchers_variables(prefect_server,
 
         template = client.read_work_pool("ecs-gpu").base_job_template
         network = {"subnets": ["subnet-0a1b2c3d"], "securityGroups": ["sg-0a1b2c3d"]}
-        template["variables"]["properties"]["network_configuration"]["default"] = network
-        client.update_work_pool("ecs-gpu", WorkPoolUpdate(base_job_template=template))
-        check_deployment("ecs-gpu", gpus_per_replica=1)
+        written = template["job_configuration"]["task_run_request"]["networkConfiguration"]["awsvpcConfiguration"]
+        for where in ("the template's run request", "the pool's defaults"):
+            if where == "the template's run request":  # an operator's own template, its subnets written in
+                written |= network
+            else:
+                written.pop("subnets")
+                written.pop("securityGroups")
+                template["variables"]["properties"]["network_configuration"]["default"] = network
+            client.update_work_pool("ecs-gpu", WorkPoolUpdate(base_job_template=template))
+            check_deployment("ecs-gpu", gpus_per_replica=1)
         check_deployment("kubernetes-gpu", gpus_per_replica=0)
 
 

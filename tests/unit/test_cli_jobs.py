@@ -243,6 +243,35 @@ def test_jobs_lists_a_crashed_runs_job_as_it_ended_as_status_does(monkeypatch):
     }
 
 
+def test_a_run_past_its_events_reads_its_summary_artifact_but_not_an_earlier_trys(monkeypatch):
+    # Prefect keeps events 7 days: a job finished before read without metrics or model. Its summary artifact says
+    # them; but a retried run's last artifact may be an earlier try's (the last try killed before publishing)
+    import contextlib
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from flows import client, job_events
+
+    state = SimpleNamespace(type=SimpleNamespace(value="CRASHED"), name="Crashed", message="exit 137")
+    ended_at = datetime.now(UTC) - timedelta(days=8)
+    run = SimpleNamespace(id="r", name="j", parameters={"job_id": "j"}, state=state)
+    run.created = run.end_time = ended_at
+    first_try = [{"status": "Starting", "start_time": "t0"}, {"status": "Failed", "start_time": "t1"}]
+    monkeypatch.setattr(client, "_api", lambda: contextlib.nullcontext(None))
+    monkeypatch.setattr(client, "_read_run", lambda api, run_id: run)
+    monkeypatch.setattr(job_events, "progress", lambda *_: None)
+    monkeypatch.setattr(job_events, "from_summary_artifact", lambda api, run_id: (first_try, {"failure_reason": "x"}))
+    for events, reason in (
+        (([], None), "x"),  # let go: the artifact's
+        ((first_try[:1], None), "x"),  # the same try's start
+        (([{"status": "Starting", "start_time": "t5"}], None), "exit 137"),  # a later try's: not the first's end
+    ):
+        monkeypatch.setattr(job_events, "read", lambda *_, events=events: events)
+        said = client.status("r")
+        assert said["failure_reason"] == reason
+        assert said["secondary_status"] == ("Failed" if reason == "x" else "Starting")
+
+
 def test_a_status_entered_again_with_a_new_message_is_told_again_and_stays_one_transition():
     from trainyard.status import StatusLog
 
