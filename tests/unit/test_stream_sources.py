@@ -23,13 +23,13 @@ s3_endpoint = s3_endpoints.s3_endpoint
 
 
 def test_a_kept_row_group_reads_back_as_it_was_written(tmp_path):
-    path = tmp_path / f"unit{kept_rowgroups.UNIT_SUFFIX}"
     cases = [
         (np.arange(12, dtype=np.float32).reshape(4, 3), np.arange(4)),
         (np.zeros((0, 3), np.float32), np.zeros(0, np.int64)),  # an empty row group: nothing to map
         (np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)), np.array([0.5, 1.5], np.float32)),
     ]
-    for x, y in cases:
+    for i, (x, y) in enumerate(cases):  # (a name is one row group's arrays: a second save keeps the first's)
+        path = tmp_path / f"unit{i}{kept_rowgroups.UNIT_SUFFIX}"
         kept_rowgroups.save(path, x, y)
         got_x, got_y = kept_rowgroups.load(path)
         np.testing.assert_array_equal(got_x, x)
