@@ -217,16 +217,16 @@ def test_a_full_disk_leaves_a_row_group_unkept_and_training_goes_on(s3_endpoint,
 
 
 def test_a_row_group_being_kept_survives_an_eviction_while_it_is_written(tmp_path, monkeypatch):
-    # another job's eviction (or this group's own, every 256 MB read) between the write and the rename: the part
+    # another job's eviction (or this group's own, every 256 MB read) between the write and the link: the part
     # file is a live writer's, not one a killed job left, and must not be taken for that
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
-    real_replace = os.replace
+    real_link = os.link
 
-    def evict_then_replace(src, dst):
+    def evict_then_link(src, dst):  # (the part is linked into place under the kept name)
         shared_cache.evict(limit=10**12)
-        return real_replace(src, dst)
+        return real_link(src, dst)
 
-    monkeypatch.setattr(os, "replace", evict_then_replace)
+    monkeypatch.setattr(os, "link", evict_then_link)
     path = shared_cache.rowgroups_dir() / f"unit{kept_rowgroups.UNIT_SUFFIX}"
     assert kept_rowgroups.save(path, np.ones((4, 3), np.float32), np.arange(4))
     assert kept_rowgroups.load(path)[1].tolist() == [0, 1, 2, 3]
