@@ -31,6 +31,18 @@ def registered_earlier(
     model = registry.finish_gate(job, job_id, one_gate_at_a_time)
     if model is None:
         return None
+    try:  # the job has ended: what fails from here refuses this run, and publishes nothing over the job's end
+        return _finished(job, job_id, job_dir, run, log, stages, logger, model)
+    except TrainyardError as exc:
+        return (
+            f"job {job_id} was registered as {job.model_name} v{model['version']} by an earlier run, and this run "
+            f"could not read what that run left ({exc}); that model and its outputs stand: run the job id again "
+            "once that is mended"
+        )
+
+
+def _finished(job: TrainingJob, job_id: str, job_dir: Path, run: str, log, stages: dict, logger, model: dict):
+    """``registered_earlier``'s answer for a job id whose version is ``model``."""
     version = model["version"]
     written = job_dir / "summary.json"
     # the job folder's, else the one it uploaded (its folder's copy is best effort: a full disk)
@@ -91,13 +103,19 @@ def _before(summary: dict, record: dict) -> bool:
     """Whether ``summary``, which does not record the version, is of a run before the one that registered it:
     another flow run's, or one that ended over a minute before the version was made (an earlier try of the same
     run; a minute for the clocks of the worker and the registry's server)."""
-    if str(summary.get("prefect_flow_run_id") or "none") != record["flow_run_id"]:
+    if _run_id(summary.get("prefect_flow_run_id")) != _run_id(record["flow_run_id"]):
         return True
     transitions = summary.get("secondary_status_transitions") or [{}]
     try:
         return datetime.fromisoformat(transitions[-1]["start_time"]) < record["created"] - timedelta(minutes=1)
     except (KeyError, TypeError, ValueError):  # (no time, or one without its zone)
         return False
+
+
+def _run_id(value) -> str:
+    """A flow run id as the summary and the version's tag write it: ``none`` for a run outside Prefect (one wrote
+    ``"none"``, the other ``str(None)``)."""
+    return "none" if value in (None, "None", "none", "") else str(value)
 
 
 def count_earlier_runs(stages: dict, job_dir: Path, run: str, logger) -> None:

@@ -100,13 +100,14 @@ def training_pipeline(
             reruns.count_earlier_runs(stages, job_dir, run, logger)
             _check_settings()  # a bad TRAINYARD_* value fails the job here, not after staging has downloaded it all
             tracking_store.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
+            republished = True  # (a signal from here ends the run, not a job an earlier run may have ended)
             earlier = reruns.registered_earlier(job, job_id, job_dir, run, log, stages, logger)
+            republished = isinstance(earlier, dict)
             if isinstance(earlier, str):  # registered by an earlier run, which this one cannot finish
                 refused = JobFailed(earlier)
                 log.finish("Failed", "Failed", str(refused), failure_reason=str(refused))
                 return Failed(message=str(refused), data=refused)
             if earlier is not None:  # a rerun of a job an earlier run registered: nothing trained again
-                republished = True  # (the job has ended: a signal now ends the run, not the job again)
                 return reruns.publish_again(job, job_id, job_dir, earlier, logger)
             reruns.check_budget_left(job, stages)  # past its budget already: nothing run, the earlier run's left as is
             if (aside := job_folder.set_aside_earlier_run(job_dir)) is not None:

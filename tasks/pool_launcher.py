@@ -91,7 +91,8 @@ def check_deployment(pool: str, gpus_per_replica: int = 0, pipeline_here: bool =
     # (an operator's own template may name its subnets in the run request itself)
     request = (template.get("job_configuration") or {}).get("task_run_request") or {}
     written = ((request.get("networkConfiguration") or {}).get("awsvpcConfiguration") or {}).get("subnets")
-    if work_pool.type == "ecs" and not (network or {}).get("subnets") and not written:
+    named = [found for found in ((network or {}).get("subnets"), written) if isinstance(found, list) and found]
+    if work_pool.type == "ecs" and not named:  # (a template's "{{ subnets }}" with no value is no list)
         # awsvpc tasks (the groups reach each other at their own addresses) need subnets, which prefect-aws picks
         # with a public IP ECS refuses for EC2 tasks: each group's run was refused, after staging
         raise TrainingError(

@@ -280,7 +280,7 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
             # is cleaned up, and the next job would fetch a second copy; it goes once it is the cache's alone
             continue
         if path.name.endswith(ROWGROUP_SUFFIX):
-            if not _unlink_unmapped(path):
+            if not unlink_unmapped(path):
                 continue  # in use: it frees nothing
         else:
             path.unlink(missing_ok=True)
@@ -289,7 +289,7 @@ def evict_files(paths: Iterable[Path], keep: set[str], limit: int | None = None)
     return {"cache_bytes": total - freed, "evicted_objects": evicted, "evicted_bytes": freed}
 
 
-def _unlink_unmapped(path: Path) -> bool:
+def unlink_unmapped(path: Path) -> bool:
     """Unlink a kept row group unless some process has its arrays mapped, which holds a shared lock on it
     (``kept_rowgroups.load``); whether it went. Unlinked under an exclusive lock: a load that opened the file
     meanwhile cannot lock it before it is gone, then finds the name no longer its file, and reads it again.
@@ -320,6 +320,8 @@ def _unlink_unmapped(path: Path) -> bool:
             path.unlink()
         except FileNotFoundError:
             pass  # removed meanwhile
+        except PermissionError:  # another user's in a sticky folder: left, as before
+            return False
         return True
     finally:
         os.close(fd)  # the lock goes with it

@@ -59,9 +59,9 @@ def save(path: Path, x: np.ndarray, y: np.ndarray) -> bool:
         except FileExistsError:
             pass  # kept already: the same arrays (named by the row group, its ETag and the schema)
         except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            if s3.disk_full(exc):
                 raise
-            if not path.exists():  # a file system without hard links: renamed into place, where none is kept yet
+            if not path.exists():  # a file system without hard links (EPERM, ENOTSUP, ENOSYS): renamed into place
                 os.replace(tmp, path)
         tmp.unlink(missing_ok=True)
     except OSError as exc:

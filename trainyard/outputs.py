@@ -85,8 +85,8 @@ def upload_summary(job: TrainingJob, job_id: str, summary: dict) -> str:
 
 
 def published_summary(job: TrainingJob, job_id: str) -> dict | None:
-    """The job summary an earlier run uploaded, or None where there is none, this role may not read it, or it is
-    not JSON."""
+    """The job summary an earlier run uploaded, or None where there is none (or it is not JSON). A refusal is
+    raised: a role that may not list the bucket is answered 403 for a missing key, as for a denied one."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     uri = summary_uri(job, job_id)
@@ -94,8 +94,7 @@ def published_summary(job: TrainingJob, job_id: str) -> dict | None:
     try:
         body = s3.client().get_object(Bucket=where.bucket, Key=where.key)["Body"].read()
     except ClientError as exc:
-        # (S3 answers a missing key 403 to a role that may not list the bucket)
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "AccessDenied", "403"):
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None
         raise s3.describe_error(exc, uri) from exc
     except BotoCoreError as exc:

@@ -277,7 +277,7 @@ class RowGroupSource:
         except ValueError as exc:
             # cut short or not .npy (a machine that lost power after the rename, a disk error): read it again
             log.warning("kept row group %s is damaged (%s): reading it from S3 again", local.name, exc)
-            local.unlink(missing_ok=True)
+            cache.unlink_unmapped(local)  # (another node may have mapped a new copy under the name meanwhile)
         columns = [*self._schema.features, self._schema.label]
         with self._lock:  # one reader at a time per open object
             table = _read_row_group(self._parquet(uri), int(index), uri, columns)

@@ -158,3 +158,21 @@ def test_a_group_whose_row_group_is_being_evicted_reads_it_from_s3_again(s3_endp
         os.close(evictor)
     assert reads == [1]  # read again, not mapped from a file on its way out
     np.testing.assert_array_equal(y, table["label"].to_numpy()[100:])
+
+
+def test_a_row_group_this_user_may_not_remove_is_left_and_eviction_goes_on(tmp_path, monkeypatch):
+    # another user's, in a shared sticky folder: its unlink refused; eviction raised, and the group evicting failed
+    from pathlib import Path
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    theirs, ours = keep("theirs"), keep("ours")
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self == theirs:
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    done = cache.evict(limit=0)
+    assert theirs.exists() and not ours.exists() and done["evicted_objects"] == 1

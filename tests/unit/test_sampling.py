@@ -109,24 +109,31 @@ def test_learning_rate_schedules():
 def test_a_warm_up_reaches_the_rate_and_the_decay_goes_on_from_it_whatever_the_epochs_steps():
     # the decay ran under the ramp from step 0 (a warm-up of half the run peaked at half the rate with cosine); and
     # placed by a step count, it jumped where the warm-up ran into pruned epochs of fewer steps (100, 34, 34 steps)
-    from trainyard.spec import Hyperparameters
-    from trainyard.training.epochs import learning_rate
+    import copy
 
-    for epochs_steps, warmup in (([50, 50], 50), ([100, 34, 34], 150)):
+    from trainyard.spec import Hyperparameters
+    from trainyard.training.epochs import step_rate
+
+    for epochs_steps, warmup, healed_at in (([50, 50], 50, 70), ([100, 34, 34], 150, 120), ([100, 34, 34], 150, 160)):
         hp = Hyperparameters(learning_rate=0.1, lr_schedule="cosine", warmup_steps=warmup, epochs=len(epochs_steps))
-        rates, warm, step = [], 0.0, 0
+        rates, cursor, step = [], {}, 0
         for epoch, spe in enumerate(epochs_steps):  # as the trainer walks them
             for index in range(spe):
-                progress = (epoch + index / spe) / hp.epochs
-                if step == hp.warmup_steps - 1:
-                    warm = progress
-                rates.append(learning_rate(hp, step, progress, warm))
+                if step == healed_at:  # a group healed here loads its peer's cursor (the torchft state), a copy
+                    cursor = copy.deepcopy(cursor)
+                rates.append(step_rate(hp, step, (epoch + index / spe) / hp.epochs, cursor))
                 step += 1
         assert max(rates) == pytest.approx(0.1, rel=1e-3) and rates[warmup - 1] == pytest.approx(0.1)
         decay = rates[warmup - 1 :]
         assert all(b <= a for a, b in zip(decay, decay[1:], strict=False))  # then only down
         assert max(a - b for a, b in zip(decay, decay[1:], strict=False)) < 0.02  # and without a jump
         assert decay[-1] < 0.002
+    # a group's state saved before the warm-up's end was recorded (an older checkpoint): the decay goes on from
+    # the rate it is at, not from the run's start
+    hp = Hyperparameters(learning_rate=0.1, lr_schedule="cosine", warmup_steps=10, epochs=1)
+    recorded = {}
+    assert step_rate(hp, 60, 0.6, recorded) == pytest.approx(0.1) and recorded == {"warm_progress": 0.6}
+    assert step_rate(hp, 61, 0.61, recorded) == pytest.approx(0.05 * (1 + math.cos(math.pi * 0.01 / 0.4)))
 
 
 def test_a_warm_up_as_long_as_the_run_is_refused():

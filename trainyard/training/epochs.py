@@ -137,6 +137,15 @@ def learning_rate(hp, step: int, progress: float, warm_progress: float = 0.0) ->
     return lr
 
 
+def step_rate(hp, step: int, progress: float, cursor: dict) -> float:
+    """``learning_rate`` for a committed ``step``; the warm-up's end is recorded in ``cursor`` (the trainer's, in
+    the state a healed group loads) at its last step, or at the first step past it where a group's state has none
+    (one saved before it was recorded): the decay then goes on from the rate it is at, without a jump."""
+    if hp.warmup_steps and step >= hp.warmup_steps - 1 and "warm_progress" not in cursor:
+        cursor["warm_progress"] = progress
+    return learning_rate(hp, step, progress, cursor.get("warm_progress", 0.0))
+
+
 def check_warmup(hp, rows: int, candidates: int | None = None) -> None:
     """Refuse a warm-up as long as the run: the learning rate would never reach ``learning_rate``, and the decay
     would never start. The run's steps are counted as its first epoch's, ``rows`` over ``candidates`` rows a step

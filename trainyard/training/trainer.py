@@ -39,7 +39,7 @@ from trainyard.training.attempt_files import (
 )
 from trainyard.training.batches import StepData
 from trainyard.training.drills import DRILL_FILE, drills, due_drill, inject_fault, played_drills
-from trainyard.training.epochs import History, end_epoch, evaluate, history_state, learning_rate, validates
+from trainyard.training.epochs import History, end_epoch, evaluate, history_state, step_rate, validates
 from trainyard.training.flops import FlopMeter
 from trainyard.training.heal_transport import HealTransport, confine_manager_server, group_store
 from trainyard.training.plan import LIGHTHOUSE_ENV, TrainingPlan, attempt_dir, stop_requested
@@ -281,11 +281,9 @@ def train_replica(job_dir: Path, replica: int, attempt: int, resume: bool = Fals
             data.committed()  # (sifting.score proxy: the proxy learns the step's rows only once it counts)
             stop_agreed = stopping
             buffers.apply()
-            progress = (cursor["epoch"] + index / spe) / hp.epochs
-            if step == hp.warmup_steps - 1:  # the ramp's last step: the decay starts from here (cursor: state)
-                cursor["warm_progress"] = progress
+            rate = step_rate(hp, step, (cursor["epoch"] + index / spe) / hp.epochs, cursor)  # (cursor: the warm-up)
             for param_group in optimizer.param_groups:
-                param_group["lr"] = learning_rate(hp, step, progress, cursor.get("warm_progress", 0.0))
+                param_group["lr"] = rate
             optimizer.step()
             if step_log is not None:
                 step_log.add(manager.current_step())
