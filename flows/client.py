@@ -339,7 +339,6 @@ def jobs(limit: int = 20) -> list[dict[str, Any]]:
     return rows
 
 
-_ENDED = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")  # a run's state types once it is over
 EVENTS_SETTLE = timedelta(minutes=5)  # a run's events are in this long after its end (they take a second or two)
 
 
@@ -352,7 +351,7 @@ def _said(api, job_id: str | None, run) -> tuple[list[dict], dict | None]:
     transitions, ended = job_events.read(api, job_id, run.id, run.created)
     # (not in the moments after the run's end, before its events are in: a rerun's artifact is the first run's)
     settled = run.end_time is not None and datetime.now(UTC) - run.end_time > EVENTS_SETTLE
-    if ended is None and settled and run.state is not None and run.state.type.value in _ENDED:
+    if ended is None and settled and run.state is not None and run.state.is_final():
         kept, outcome = job_events.from_summary_artifact(api, run.id)
         # the last try's, where its events are in reach: a retried run's artifact may be an earlier try's
         if not transitions or (kept and kept[0].get("start_time") == transitions[0].get("start_time")):

@@ -62,7 +62,7 @@ def _finished(job: TrainingJob, job_id: str, job_dir: Path, run: str, log, stage
     record = registry_admin.version_record(job.model_name, version)
     if summary is not None and _before(summary, record):
         summary = None  # a run's before the one that registered it (a failed one's, uploaded), not the job's end
-    if summary is None and energy_journal.kept_of(job_dir, record["flow_run_id"], run):
+    if summary is None and energy_journal.kept_of(job_dir, _run_id(record["flow_run_id"]), run):
         # killed after its registration, before its summary: the job is done, and without a summary it had no
         # ledger line either. Made now: the runs' energy from their journals here, the metrics the version holds.
         logger.info("job %s was %s, which ended before its summary: it is written now", job_id, said)
@@ -112,10 +112,10 @@ def _before(summary: dict, record: dict) -> bool:
         return False
 
 
-def _run_id(value) -> str:
-    """A flow run id as the summary and the version's tag write it: ``none`` for a run outside Prefect (one wrote
+def _run_id(value) -> str | None:
+    """A flow run id as the summary and the version's tag write it: None for a run outside Prefect (one wrote
     ``"none"``, the other ``str(None)``)."""
-    return "none" if value in (None, "None", "none", "") else str(value)
+    return None if value in (None, "None", "none", "") else str(value)
 
 
 def count_earlier_runs(stages: dict, job_dir: Path, run: str, logger) -> None:

@@ -69,8 +69,9 @@ class Journal:
 
 def kept_of(job_dir: Path | str, flow_run_id: str | None, run: str) -> bool:
     """Whether a journal of flow run ``flow_run_id`` (a try of it other than ``run``) is in the job's folder: its
-    runs' journals are named ``<flow run id>-<try>``, ``local-<try>`` for one run in-process."""
-    prefix = f"{flow_run_id if flow_run_id not in (None, 'none', 'None') else 'local'}-"
+    runs' journals are named ``<flow run id>-<try>``, ``local-<try>`` for one run in-process (``flow_run_id``
+    None)."""
+    prefix = f"{flow_run_id or 'local'}-"
     return any(p.stem.startswith(prefix) and p.stem != run for p in _folder(job_dir).glob("*.json"))
 
 

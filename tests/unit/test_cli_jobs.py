@@ -11,6 +11,7 @@ import time
 
 import pytest
 import yaml
+from prefect.client.schemas.objects import State, StateType
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
 
@@ -213,7 +214,7 @@ def test_jobs_lists_a_crashed_runs_job_as_it_ended_as_status_does(monkeypatch):
     from flows import client, job_events
 
     def run(name: str, kind: str, message: str) -> SimpleNamespace:
-        state = SimpleNamespace(type=SimpleNamespace(value=kind), name=kind.title(), message=message)
+        state = State(type=StateType(kind), name=kind.title(), message=message)
         return SimpleNamespace(
             id=name,
             name=name,
@@ -252,7 +253,7 @@ def test_a_run_past_its_events_reads_its_summary_artifact_but_not_an_earlier_try
 
     from flows import client, job_events
 
-    state = SimpleNamespace(type=SimpleNamespace(value="CRASHED"), name="Crashed", message="exit 137")
+    state = State(type=StateType.CRASHED, name="Crashed", message="exit 137")
     ended_at = datetime.now(UTC) - timedelta(days=8)
     run = SimpleNamespace(id="r", name="j", parameters={"job_id": "j"}, state=state)
     run.created = run.end_time = ended_at
