@@ -5,6 +5,9 @@ event for services that follow the job."""
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
+from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import TerminationSignal
@@ -37,20 +40,46 @@ def summary(
     model,
     failed_groups: list[dict],
     done: dict | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
 ) -> dict:
     """The job summary. ``failed_groups``: the group failures of a training stage that gave up (no outcome).
-    ``done``: what the job's groups computed (``accounting.work_done``), where it has no outcome."""
+    ``done``: what the job's groups computed (``accounting.work_done``), where it has no outcome.
+
+    Each section is made apart: one that cannot be made (a bug of ours on a job's unusual outcome) is ``null``
+    (``carbon``: the stages' energy rolled up without the ESG report's figures), said in ``summary_errors`` and
+    logged with its traceback to ``logger``. The job has ended by now: one raised here failed its run after that
+    end, with no summary, ledger line or ended event for the callers waiting on it."""
+    errors: list[str] = []
+    logger = logger or logging.getLogger(__name__)
+
+    def made(name: str, make: Callable[[], Any], fallback: Callable[[], Any] = lambda: None) -> Any:
+        try:
+            return make()
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback, and said in the summary
+            logger.exception("could not make the %s section of job %s's summary (please report it)", name, job_id)
+            errors.append(f"{name}: internal error: {exc!r}; please report it")
+            try:
+                return fallback()
+            except Exception:  # noqa: BLE001 - the fallback's failure is the same bug: already said
+                return None
+
     report = stages.get("filtering", {}).get("report")
-    energy = [carbon.StageEnergy(**s["energy"]) for s in stages.values()]
     # a stage that gave up or was stopped: its compute, and the last epoch's metrics (as SageMaker's final
     # metrics of a stopped job)
     # (only once this run launched groups: before, the job folder may still hold an earlier run's)
     if done is None and outcome is None and "launch" in stages:
-        done = accounting.work_done(make_job_dir(job_id))
-    metrics = (
-        status.final_metrics(outcome.history, outcome.restored_epoch)
-        if outcome
-        else status.final_metrics((done or {}).get("history", []))
+        done = made("compute", lambda: accounting.work_done(make_job_dir(job_id)))
+    metrics = made(
+        "metrics",
+        lambda: (
+            status.final_metrics(outcome.history, outcome.restored_epoch)
+            if outcome
+            else status.final_metrics((done or {}).get("history", []))
+        ),
+        dict,
+    )
+    rollup = made(
+        "carbon", lambda: carbon.rollup([carbon.StageEnergy(**s["energy"]) for s in stages.values()], job.carbon)
     )
     summary = {
         "job_id": job_id,
@@ -58,35 +87,15 @@ def summary(
         "status": log.status,
         "secondary_status_transitions": log.transitions,
         "metrics": metrics,
-        "compute": status.compute_section(outcome, report.scoring_flops if report else 0, done),
-        "sifting": status.sifting_section(job, report, outcome, done),
-        "elastic": {
-            "replicas_min": job.resources.min_replicas,
-            "replicas_max": job.resources.max_replicas,
-            "failures": len(outcome.failures) if outcome else len(failed_groups),
-            "failure_details": outcome.failures if outcome else failed_groups,
-            "recoveries": outcome.recoveries if outcome else [],
-            "departures": outcome.departures if outcome else [],
-            "joins": outcome.joins if outcome else [],
-            "scaling": outcome.scaling if outcome else [],
-            "withdrawn": outcome.withdrawn if outcome else [],
-        },
-        "carbon": esg.report(
-            carbon.rollup(energy, job.carbon),
-            job.carbon,
-            outcome,
-            report,
-            metrics,
+        "compute": made(
+            "compute", lambda: status.compute_section(outcome, report.scoring_flops if report else 0, done)
         ),
-        "training": {
-            "stop_reason": outcome.stop_reason,
-            "restored_epoch": outcome.restored_epoch,
-            "steps_per_epoch": outcome.steps_per_epoch,
-            "first_batch_seconds": outcome.first_batch_seconds,
-            "replicas_finished": outcome.replicas_finished,
-        }
-        if outcome
+        "sifting": made("sifting", lambda: status.sifting_section(job, report, outcome, done)),
+        "elastic": made("elastic", lambda: _elastic(job, outcome, failed_groups)),
+        "carbon": made("carbon", lambda: esg.report(rollup, job.carbon, outcome, report, metrics), lambda: rollup)
+        if rollup is not None
         else None,
+        "training": made("training", lambda: _training(outcome)),
         "data": {"channels": stages.get("staging", {}).get("channels", {})},
         "model": model,
         "timings": {name: round(stages[name]["seconds"], 3) for name in TIMED if name in stages},
@@ -95,7 +104,35 @@ def summary(
     }
     if log.failure_reason:
         summary["failure_reason"] = log.failure_reason
+    if errors:
+        summary["summary_errors"] = errors
     return summary
+
+
+def _elastic(job: TrainingJob, outcome, failed_groups: list[dict]) -> dict:
+    return {
+        "replicas_min": job.resources.min_replicas,
+        "replicas_max": job.resources.max_replicas,
+        "failures": len(outcome.failures) if outcome else len(failed_groups),
+        "failure_details": outcome.failures if outcome else failed_groups,
+        "recoveries": outcome.recoveries if outcome else [],
+        "departures": outcome.departures if outcome else [],
+        "joins": outcome.joins if outcome else [],
+        "scaling": outcome.scaling if outcome else [],
+        "withdrawn": outcome.withdrawn if outcome else [],
+    }
+
+
+def _training(outcome) -> dict | None:
+    if outcome is None:
+        return None
+    return {
+        "stop_reason": outcome.stop_reason,
+        "restored_epoch": outcome.restored_epoch,
+        "steps_per_epoch": outcome.steps_per_epoch,
+        "first_batch_seconds": outcome.first_batch_seconds,
+        "replicas_finished": outcome.replicas_finished,
+    }
 
 
 def lineage_tags(job_id: str, stages: dict, outcome, carbon_section: dict, model_uri: str) -> dict[str, str]:
@@ -142,7 +179,7 @@ def publish(job: TrainingJob, job_id: str, summary: dict, model: dict | None, lo
             interrupted.append(exc)
             logger.warning("told to stop while publishing the summary of job %s: sending its ended event", job_id)
 
-    if summary["sifting"].get("warning"):
+    if (summary["sifting"] or {}).get("warning"):
         logger.warning(summary["sifting"]["warning"])
 
     # Each apart (a summary refused by S3 cost the job its ledger line too), the ledger first: the summary uploaded

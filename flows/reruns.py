@@ -71,9 +71,10 @@ def _finished(job: TrainingJob, job_id: str, job_dir: Path, run: str, log, stage
         # as registered (the model's epoch: its best, where the job restored it), and how many were trained
         metrics = record["metrics"] | {"epochs": history[-1]["epoch"] if history else 0}
         log.finish("Completed", "Completed", f"{said}, which ended before its summary: nothing was trained again")
-        made = job_summary.summary(job, job_id, log, stages, None, model, [], computed)
+        made = job_summary.summary(job, job_id, log, stages, None, model, [], computed, logger)
         made["metrics"] = metrics
-        made["carbon"]["g_per_val_accuracy_point"] = None  # (this run's emissions per point: it trained nothing)
+        if made["carbon"] is not None:  # (this run's emissions per point: it trained nothing)
+            made["carbon"]["g_per_val_accuracy_point"] = None
         return made
     ended = (  # failed after the version (its gate, say), or killed before its summary on another machine
         f"which ended {summary['status']} after registering it ({summary.get('failure_reason')}); this run "

@@ -214,7 +214,7 @@ def training_pipeline(
                 launch.shutdown(handle)
         if registering and model is None:  # ended inside its registration (a signal, an outage): a version made?
             model = _version_left(job, job_id, log, logger)
-        summary = job_summary.summary(job, job_id, log, stages, outcome, model, failed_groups)
+        summary = job_summary.summary(job, job_id, log, stages, outcome, model, failed_groups, logger=logger)
         # best effort: a full disk must not keep the summary from S3 and the callers, nor replace the job's end
         unwritten = "could not write the summary to the job's folder (%s); it is published all the same"
         best_effort(logger, unwritten, write_json_atomic, job_dir / "summary.json", summary)
