@@ -18,19 +18,10 @@ def logs(run_id: str, groups: bool = True) -> list[dict[str, Any]]:
     that ran as flow runs on a work pool (a ``local`` job's groups log to files in its job folder).
     Each: ``time`` (ISO), ``level`` (``INFO``), ``run`` (the flow run's name), ``task`` (the task run's, a stage's;
     "" for the flow's own lines) and ``message``."""
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.client.schemas.sorting import LogSort
-
     with _api() as api:
         run = _read_run(api, run_id)
         names = {run.id: run.name} | ({r.id: r.name for r in group_runs(api, run)} if groups else {})
-        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=list(names)))
-        lines: list = []
-        while True:  # pages of the API's most per request
-            page = api.read_logs(log_filter=log_filter, limit=200, offset=len(lines), sort=LogSort.TIMESTAMP_ASC)
-            lines += page
-            if len(page) < 200:
-                break
+        lines = log_lines(api, list(names))
         tasks = task_names(api, list(names))
     return [
         {
@@ -44,6 +35,32 @@ def logs(run_id: str, groups: bool = True) -> list[dict[str, Any]]:
         }
         for line in lines
     ]
+
+
+PAGE = 200  # the API's most log lines a request
+
+
+def log_lines(api, run_ids: list) -> list:
+    """The log lines of the flow runs ``run_ids``, oldest first, each once. Paged by time, not by offset: the API
+    sorts by timestamp alone, so lines of one instant may come in another order from one request to the next, and
+    a group's batch of lines landing between two requests shifts every offset after it; by offset a line at a page's
+    edge came twice or not at all. Each page starts at the last one's latest instant (the API's ``after_`` includes
+    it), its lines already read left out by id; a whole page of one instant is stepped through by offset."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+    from prefect.client.schemas.sorting import LogSort
+
+    lines: dict = {}
+    since, skip = None, 0
+    while True:
+        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=run_ids), timestamp=LogFilterTimestamp(after_=since))
+        page = api.read_logs(log_filter=log_filter, limit=PAGE, offset=skip, sort=LogSort.TIMESTAMP_ASC)
+        lines |= {line.id: line for line in page if line.id not in lines}
+        if len(page) < PAGE:
+            return sorted(
+                lines.values(), key=lambda line: line.timestamp
+            )  # (stable: the order read, within an instant)
+        latest = page[-1].timestamp
+        since, skip = (since, skip + len(page)) if latest == since else (latest, 0)
 
 
 def task_names(api, run_ids: list) -> dict:
