@@ -154,3 +154,25 @@ def test_slot_sizes_split_a_step_as_numpy_would():
         for index in range(4):  # the last step is short (3 rows), the one after it empty
             rows = max(0, min(10, 23 - index * 10))
             assert dealt.slot_sizes(index, slots) == [len(p) for p in np.array_split(np.arange(rows), slots)]
+
+
+def test_a_warm_up_is_counted_against_a_pruned_run_s_fewer_steps():
+    # counted as the first epoch's steps times the epochs (400), a warm-up of 300 passed for a run of 192 steps: its
+    # pruning epochs deal three batches a step, and the rate never reached learning_rate
+    from tests.conftest import job_dict
+    from trainyard.errors import SpecError
+    from trainyard.spec import parse_job
+    from trainyard.training.preflight import check_rows
+
+    spec = job_dict({"train": "s3://bkt/t/", "validation": "s3://bkt/v/", "output": "s3://bkt/o/"})
+    spec["hyperparameters"] |= {"epochs": 10, "batch_size": 250, "warmup_steps": 300}
+    spec["sifting"] = {"enabled": True, "noisy_share": None}  # pruning x3 (the first and last epochs deal 250)
+    job = parse_job(spec)
+    refused = (
+        r"warmup_steps: 300 is not below the run's 192 steps \(epochs of \[40, 14, 14, 14, 14, 14, 14, 14, 14, 40\]"
+    )
+    with pytest.raises(SpecError, match=refused):
+        check_rows(job, 10_000)
+    check_rows(
+        job.model_copy(update={"hyperparameters": job.hyperparameters.model_copy(update={"warmup_steps": 191})}), 10_000
+    )

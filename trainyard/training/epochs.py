@@ -146,18 +146,22 @@ def step_rate(hp, step: int, progress: float, cursor: dict) -> float:
     return learning_rate(hp, step, progress, cursor.get("warm_progress", 0.0))
 
 
-def check_warmup(hp, rows: int, candidates: int | None = None) -> None:
+def check_warmup(hp, rows: int, draws: list[int] | None = None) -> None:
     """Refuse a warm-up as long as the run: the learning rate would never reach ``learning_rate``, and the decay
-    would never start. The run's steps are counted as its first epoch's, ``rows`` over ``candidates`` rows a step
-    (``batch_size``, or more with sifting), times the epochs: pruning's epochs take fewer, so a warm-up may still
-    outlast a pruned run."""
-    steps = hp.epochs * max(1, math.ceil(rows / (candidates or hp.batch_size)))
+    would never start. ``draws``: the rows each epoch draws a step (``batch_size`` for every epoch without it; more
+    with sifting's candidates, and more again in the epochs that ``sifting.prune.batch_factor`` deals more rows), so
+    the run's steps are each epoch's ``rows`` over its draw, summed: pruned epochs take fewer (counted as the first
+    epoch's, a warm-up could outlast a pruned run)."""
+    draws = draws or [hp.batch_size] * hp.epochs
+    per_epoch = [max(1, math.ceil(rows / draw)) for draw in draws]
+    steps = sum(per_epoch)
     if hp.warmup_steps >= steps:
+        epochs = f"{hp.epochs} epochs of {per_epoch[0]}" if len(set(per_epoch)) == 1 else f"epochs of {per_epoch}"
+        drawn = f"{draws[0]} a step" if len(set(draws)) == 1 else f"{sorted(set(draws))} a step"
         raise SpecError(
             [
-                f"hyperparameters.warmup_steps: {hp.warmup_steps} is not below the run's {steps} steps ({hp.epochs} "
-                f"epochs of {steps // hp.epochs}: {rows} rows at {candidates or hp.batch_size} a step): the learning "
-                f"rate would never reach learning_rate; set it below {steps} (a tenth of the run, "
-                f"{max(1, steps // 10)}, is common)"
+                f"hyperparameters.warmup_steps: {hp.warmup_steps} is not below the run's {steps} steps ({epochs}: "
+                f"{rows} rows at {drawn}): the learning rate would never reach learning_rate; set it below {steps} "
+                f"(a tenth of the run, {max(1, steps // 10)}, is common)"
             ]
         )

@@ -28,8 +28,12 @@ def check_rows(job: TrainingJob, rows: int, whose: str = "training rows", picked
     as the run. ``picked``: the sifting rule is the one the labels picked (``sifting.check_fits``)."""
     batch = job.hyperparameters.batch_size
     sifting.check_fits(job.sifting, batch, rows, whose, picked)
+    hp = job.hyperparameters
     beta = job.sifting.settled()[0] if job.sifting.enabled else 0.0
-    check_warmup(job.hyperparameters, rows, sifting.candidate_batch(beta, batch))
+    prune = job.sifting.settled()[1] if job.sifting.prunes else None
+    # each epoch's draw, as the groups' sampler deals it (StepData): pruning's epochs deal batch_factor times more
+    dealt = [prune.dealt_batch(batch, epoch, hp.epochs) if prune else batch for epoch in range(hp.epochs)]
+    check_warmup(hp, rows, [sifting.candidate_batch(beta, d) for d in dealt])
 
 
 def check_algorithm(
