@@ -42,6 +42,7 @@ from trainyard import (
     status,
     tracking_store,
 )
+from trainyard.carbon_probe import machine_id
 from trainyard.errors import TrainyardError
 from trainyard.home import JOB_ID_PATTERN, new_job_id, write_json_atomic
 from trainyard.home import job_dir as make_job_dir
@@ -93,11 +94,11 @@ def training_pipeline(
     # a new name per run: a flow run that Prefect retries keeps its id, and each try spends its own energy
     run = f"{flow_run.get_id() or 'local'}-{uuid4().hex[:8]}"
     # the lock held to the end; each stage's energy written down as it is spent: a rerun counts this run
-    with lock, journal(job_dir, run):
+    with lock, journal(job_dir, run) as energy_log:
         try:
             # first: a run failing below (a bad setting, MLflow down) publishes a summary and ledger line that replace
             # the earlier runs', and without their energy it said 0 kWh for a job that trained for hours
-            reruns.count_earlier_runs(stages, job_dir, run, logger)
+            reruns.count_earlier_runs(job, stages, job_dir, run, logger)
             _check_settings()  # a bad TRAINYARD_* value fails the job here, not after staging has downloaded it all
             tracking_store.ensure_store()  # fails fast, and creates the MLflow database before any writer races for it
             republished = True  # (a signal from here ends the run, not a job an earlier run may have ended)
@@ -127,6 +128,10 @@ def training_pipeline(
             log.enter("Training", "Launching replica groups")
             stages["launch"] = launch_groups(job, job_id, str(job_dir))
             handle = stages["launch"]["handle"]
+            # killed in training, a rerun adds what its groups on other machines drew (energy_journal.settle_killed)
+            best_effort(
+                logger, "could not write the energy journal: %s", energy_log.launched, handle.launch_id, machine_id()
+            )
             stages["filtering"] = filter_samples(job, staged, job_id)
             report = stages["filtering"]["report"]
             if report.sifting is not None:  # sifting.noisy_share: the online rule the labels called for

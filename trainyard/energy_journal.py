@@ -10,7 +10,9 @@ ends (or fails), and the running stage's energy so far, rewritten every few seco
 adds every other run's journal of the job id to its own figures as one more stage, ``earlier runs``
 (``earlier``), so the job's summary, its ESG report, its ledger line and its carbon budget count the
 energy of every run of it on this machine. A run killed outright loses at most the last few seconds
-before its last write.
+before its last write. What its groups on other machines drew (a GPU pool's nodes: outside this machine's
+meters, added to the training stage as it ends) a run killed in training never added: a rerun adds it
+(``settle_killed``) from the energy files those groups wrote, by the launch and machine the journal names.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Journal:
         self.path = _folder(job_dir) / f"{run}.json"
         self._stages: dict[str, dict] = {}
         self._running: dict | None = None
+        self._launch: dict = {}
         self._lock = threading.Lock()
 
     def ended(self, stage: str, energy: dict) -> None:
@@ -60,10 +63,18 @@ class Journal:
             self._running |= {"duration_seconds": seconds, **(devices or {})}
             self._write()
 
+    def launched(self, launch: str, machine: str) -> None:
+        """The groups' launch (their energy files name it) and the machine whose meters this journal reads:
+        should this run be killed in training, a rerun adds what its groups on other machines drew."""
+        with self._lock:
+            self._launch = {"launch": launch, "machine": machine}
+            self._write()
+
     def _write(self) -> None:
         write_json_atomic(
             self.path,
-            {"run": self.run, "written_unix": time.time(), "stages": self._stages, "running": self._running},
+            {"run": self.run, "written_unix": time.time(), "stages": self._stages, "running": self._running}
+            | self._launch,
         )
 
 
@@ -88,7 +99,11 @@ def earlier(job_dir: Path | str, run: str) -> dict | None:
         except (OSError, ValueError):
             continue  # not a journal this module wrote (they are written whole)
         runs += 1
-        for figures in [*journal.get("stages", {}).values(), journal.get("running") or {}]:
+        for figures in [
+            *journal.get("stages", {}).values(),
+            journal.get("running") or {},
+            journal.get("elsewhere") or {},
+        ]:
             for field in FIELDS:
                 totals[field] += float(figures.get(field) or 0.0)
             modes |= {figures["measurement_mode"]} if "measurement_mode" in figures else set()
@@ -97,3 +112,38 @@ def earlier(job_dir: Path | str, run: str) -> dict | None:
     mode = ";".join(sorted(modes)) or "unknown"  # a run killed in its first stage recorded none
     energy = {"stage": EARLIER_STAGE, "measurement_mode": mode, **totals}
     return {"stage": EARLIER_STAGE, "seconds": totals["duration_seconds"], "energy": energy, "runs": runs}
+
+
+def settle_killed(job_dir: Path | str, run: str, pue: float) -> int:
+    """Add to each other run's journal that was killed in training (its training stage still running) what its
+    groups on other machines drew (``accounting.launch_energy_elsewhere``, times ``pue``, its emissions at the
+    stage's own grid intensity so far, as ``carbon.add_elsewhere`` does for a stage that ends), once, as the
+    journal's ``elsewhere``; returns how many. Call it holding the job's ``RunLock`` (no run of the job is then
+    writing a journal), before the killed run's folder is set aside: those groups' files are found among the last
+    few set aside too, but not past them."""
+    from trainyard.training.accounting import launch_energy_elsewhere
+
+    settled = 0
+    for path in sorted(_folder(job_dir).glob("*.json")):
+        try:
+            journal = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        running = journal.get("running") or {}
+        if path.stem == run or running.get("stage") != "training" or "launch" not in journal or "elsewhere" in journal:
+            continue
+        drawn = launch_energy_elsewhere(Path(job_dir), journal["launch"], journal["machine"])
+        if drawn is None:
+            continue
+        kwh = drawn["energy_kwh"] * pue
+        intensity = running["emissions_kg"] / running["energy_kwh"] if running.get("energy_kwh") else 0.0
+        journal["elsewhere"] = {
+            "energy_kwh": kwh,
+            "emissions_kg": kwh * intensity,
+            **{f"{d}_energy_kwh": drawn[f"{d}_energy_kwh"] * pue for d in ("cpu", "gpu", "ram")},
+            "measurement_mode": f"other machines' groups: {drawn['measurement_mode']}",
+            "attempts": drawn["attempts"],
+        }
+        write_json_atomic(path, journal)
+        settled += 1
+    return settled

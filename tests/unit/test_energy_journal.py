@@ -83,3 +83,39 @@ def test_a_run_killed_outright_mid_stage_leaves_what_it_spent_for_the_next_run(t
     assert running["energy_kwh"] == pytest.approx(sum(running[f"{d}_energy_kwh"] for d in ("cpu", "gpu", "ram")))
     devices = sum(record["energy"][f"{d}_energy_kwh"] for d in ("cpu", "gpu", "ram"))
     assert devices == pytest.approx(record["energy"]["energy_kwh"])
+
+
+def test_a_rerun_adds_what_a_run_killed_in_training_drew_on_other_machines_once(tmp_path):
+    # its training stage never ended, so the groups on a GPU pool's nodes were never added: the job's ledger left
+    # them out for good
+    from trainyard import job_folder
+
+    def attempt(folder, replica: int, launch: str, machine: str, kwh: float) -> None:
+        where = folder / "replicas" / str(replica) / "attempt-0"
+        where.mkdir(parents=True)
+        record = {"energy_kwh": kwh, "cpu_energy_kwh": kwh / 2, "gpu_energy_kwh": kwh / 2, "ram_energy_kwh": 0.0}
+        (where / "energy.json").write_text(json.dumps(record | {"launch": launch, "machine": machine}))
+
+    ended = energy_journal.Journal(tmp_path, "ended")  # its training ended: its stage has its groups already
+    ended.launched("launch-a", "pipeline-host")
+    ended.ended("training", STAGE)
+    killed = energy_journal.Journal(tmp_path, "killed")
+    killed.launched("launch-b", "pipeline-host")
+    killed.running("training", 1.0, 0.25, 30.0)  # 250 g/kWh at PUE 1.5: this machine's meter so far
+    attempt(tmp_path, 0, "launch-b", "pipeline-host", 0.4)  # inside that meter already
+    attempt(tmp_path, 1, "launch-b", "gpu-node-1", 2.0)
+    job_folder.set_aside_earlier_run(tmp_path)  # a rerun that failed before launching set them aside
+    attempt(tmp_path, 1, "launch-a", "gpu-node-1", 5.0)  # the ended run's: counted in its stage
+    attempt(tmp_path, 2, "launch-b", "gpu-node-2", 1.0)
+
+    assert energy_journal.settle_killed(tmp_path, "now", pue=1.5) == 1
+    record = energy_journal.earlier(tmp_path, "now")
+    assert record["energy"]["energy_kwh"] == pytest.approx(2.0 + 1.0 + (2.0 + 1.0) * 1.5)
+    assert record["energy"]["emissions_kg"] == pytest.approx(0.5 + 0.25 + 4.5 * 0.25)
+    assert record["energy"]["gpu_energy_kwh"] == pytest.approx(1.5 * 1.5)
+    assert "other machines' groups" in record["energy"]["measurement_mode"]
+    # once: the next rerun reads it from the journal, and the groups' files may be gone by then
+    for path in (tmp_path / "earlier-runs").rglob("energy.json"):
+        path.unlink()
+    assert energy_journal.settle_killed(tmp_path, "later", pue=1.5) == 0
+    assert energy_journal.earlier(tmp_path, "later")["energy"]["energy_kwh"] == pytest.approx(7.5)

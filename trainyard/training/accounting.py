@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainyard.job_folder import EARLIER
 from trainyard.sifting import fractions_by_class
 from trainyard.status import pruned_fraction, pruned_rows, trained_fraction_by_class
 from trainyard.training.attempt_files import latest_counts
@@ -59,11 +60,24 @@ def energy_elsewhere(job_dir: Path, machine: str) -> dict | None:
     """What the group attempts that ran on another machine than ``machine`` measured (their process-mode
     meters, at PUE 1): ``energy_kwh``, by device, how (``measurement_mode``) and how many attempts; None
     when every group ran on ``machine``, whose stage meters (machine-wide) counted them already."""
+    # (none named: written before groups named theirs)
+    return _summed(job_dir.glob("replicas/*/attempt-*/energy.json"), lambda r: r.get("machine", machine) != machine)
+
+
+def launch_energy_elsewhere(job_dir: Path, launch: str, machine: str) -> dict | None:
+    """``energy_elsewhere`` of launch ``launch``'s group attempts alone, wherever the job's folder keeps them: in
+    its ``replicas`` or set aside by a later run (``earlier-runs/<n>/replicas``, the last few)."""
+    pattern = "replicas/*/attempt-*/energy.json"
+    paths = [*job_dir.glob(pattern), *job_dir.glob(f"{EARLIER}/*/{pattern}")]
+    return _summed(paths, lambda r: r.get("launch") == launch and r.get("machine", machine) != machine)
+
+
+def _summed(paths, counted) -> dict | None:
     total = {"energy_kwh": 0.0, "cpu_energy_kwh": 0.0, "gpu_energy_kwh": 0.0, "ram_energy_kwh": 0.0}
     modes, attempts = set(), 0
-    for path in job_dir.glob("replicas/*/attempt-*/energy.json"):
+    for path in paths:
         record = json.loads(path.read_text())
-        if record.get("machine", machine) == machine:  # (none named: written before groups named theirs)
+        if not counted(record):
             continue
         attempts += 1
         modes.add(record.get("measurement_mode", "unknown"))

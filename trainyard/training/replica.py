@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if energy is not None:  # its figures so far, every half minute: a group killed outright is counted too
         from trainyard.carbon_probe import machine_id
 
-        energy.keep_writing(out / "energy.json", {"machine": machine_id()})
+        # (and which launch: a rerun of a job killed in training counts its groups on other machines by it)
+        energy.keep_writing(out / "energy.json", {"machine": machine_id(), "launch": os.environ.get(LAUNCH_ENV)})
     try:
         train_replica(args.job_dir, args.replica, args.attempt, resume=args.resume)
     except Exception as exc:  # noqa: BLE001 - reported to the train stage, which decides
@@ -159,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             # and which machine: a group on another one than the pipeline's is outside its stage meters
             from trainyard.carbon_probe import machine_id
 
-            write_json_atomic(out / "energy.json", record | {"machine": machine_id()})
+            write_json_atomic(
+                out / "energy.json", record | {"machine": machine_id(), "launch": os.environ.get(LAUNCH_ENV)}
+            )
     return 0
 
 
