@@ -18,6 +18,7 @@ from tasks import _events as events
 from tasks._reporting import best_effort
 from trainyard import STAGES, carbon, esg, outputs, registry, status
 from trainyard.home import job_dir as make_job_dir
+from trainyard.redaction import redact_text
 from trainyard.spec import TrainingJob
 from trainyard.training import accounting
 
@@ -57,7 +58,7 @@ def summary(
             return make()
         except Exception as exc:  # noqa: BLE001 - logged with its traceback, and said in the summary
             logger.exception("could not make the %s section of job %s's summary (please report it)", name, job_id)
-            errors.append(f"{name}: internal error: {exc!r}; please report it")
+            errors.append(redact_text(f"{name}: internal error: {exc!r}; please report it"))  # (a URL's password)
             try:
                 return fallback()
             except Exception:  # noqa: BLE001 - the fallback's failure is the same bug: already said
@@ -68,7 +69,7 @@ def summary(
     # metrics of a stopped job)
     # (only once this run launched groups: before, the job folder may still hold an earlier run's)
     if done is None and outcome is None and "launch" in stages:
-        done = made("compute", lambda: accounting.work_done(make_job_dir(job_id)))
+        done = made("compute (the groups' files)", lambda: accounting.work_done(make_job_dir(job_id)))
     metrics = made(
         "metrics",
         lambda: (

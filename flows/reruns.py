@@ -125,7 +125,7 @@ def count_earlier_runs(job: TrainingJob, stages: dict, job_dir: Path, run: str, 
     (which replaces theirs) and carbon budget count what every run spent."""
     try:
         energy_journal.settle_killed(job_dir, run, job.carbon.pue)
-    except (OSError, ValueError, KeyError) as exc:  # their meters' figures stand
+    except OSError as exc:  # (the journals' folder unreadable) their meters' figures stand
         logger.warning("could not add what a killed run's groups on other machines drew: %s", exc)
     record = energy_journal.earlier(job_dir, run)
     if record is not None:

@@ -136,7 +136,7 @@ def train(job: TrainingJob, handle: LaunchHandle, plan: TrainingPlan, spent: tup
                     best_effort(logger, failed, live.log_file, curves)
         finally:
             # groups on other nodes: outside this machine's meter, added to the stage (stopped or failed too)
-            record["elsewhere"] = _energy_elsewhere(Path(handle.job_dir), logger)
+            record["elsewhere"] = _energy_elsewhere(Path(handle.job_dir), handle.launch_id, logger)
             if live is not None:  # ended as the training did: a stopped, diverged or failed job's run said FINISHED
                 ended = live_status(record.get("outcome"))
                 best_effort(logger, "closing the live MLflow run failed (%s); the job goes on", live.close, ended)
@@ -173,11 +173,11 @@ def _say_restored(job: TrainingJob, outcome, logger) -> None:
         )
 
 
-def _energy_elsewhere(job_dir: Path, logger) -> dict | None:
-    """``accounting.energy_elsewhere`` for this machine, said in the log; None (and a warning) if it cannot
-    be read: the stage's own figures stand."""
+def _energy_elsewhere(job_dir: Path, launch: str, logger) -> dict | None:
+    """``accounting.energy_elsewhere`` of this launch's groups for this machine, said in the log; None (and a
+    warning) if it cannot be read: the stage's own figures stand."""
     try:
-        elsewhere = accounting.energy_elsewhere(job_dir, machine_id())
+        elsewhere = accounting.energy_elsewhere(job_dir, machine_id(), launch)
     except (OSError, ValueError, KeyError) as exc:
         logger.warning("could not read the energy of groups on other machines: %s", exc)
         return None

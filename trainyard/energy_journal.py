@@ -18,6 +18,7 @@ meters, added to the training stage as it ends) a run killed in training never a
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -116,13 +117,11 @@ def earlier(job_dir: Path | str, run: str) -> dict | None:
 
 def settle_killed(job_dir: Path | str, run: str, pue: float) -> int:
     """Add to each other run's journal that was killed in training (its training stage still running) what its
-    groups on other machines drew (``accounting.launch_energy_elsewhere``, times ``pue``, its emissions at the
+    groups on other machines drew (``accounting.energy_elsewhere`` of its launch, times ``pue``, its emissions at the
     stage's own grid intensity so far, as ``carbon.add_elsewhere`` does for a stage that ends), once, as the
     journal's ``elsewhere``; returns how many. Call it holding the job's ``RunLock`` (no run of the job is then
     writing a journal), before the killed run's folder is set aside: those groups' files are found among the last
     few set aside too, but not past them."""
-    from trainyard.training.accounting import launch_energy_elsewhere
-
     settled = 0
     for path in sorted(_folder(job_dir).glob("*.json")):
         try:
@@ -132,18 +131,27 @@ def settle_killed(job_dir: Path | str, run: str, pue: float) -> int:
         running = journal.get("running") or {}
         if path.stem == run or running.get("stage") != "training" or "launch" not in journal or "elsewhere" in journal:
             continue
-        drawn = launch_energy_elsewhere(Path(job_dir), journal["launch"], journal["machine"])
-        if drawn is None:
-            continue
-        kwh = drawn["energy_kwh"] * pue
-        intensity = running["emissions_kg"] / running["energy_kwh"] if running.get("energy_kwh") else 0.0
-        journal["elsewhere"] = {
-            "energy_kwh": kwh,
-            "emissions_kg": kwh * intensity,
-            **{f"{d}_energy_kwh": drawn[f"{d}_energy_kwh"] * pue for d in ("cpu", "gpu", "ram")},
-            "measurement_mode": f"other machines' groups: {drawn['measurement_mode']}",
-            "attempts": drawn["attempts"],
-        }
-        write_json_atomic(path, journal)
-        settled += 1
+        try:
+            settled += _settle(Path(job_dir), path, journal, running, pue)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # that run's meter's figures stand; the others go on
+            logging.getLogger(__name__).warning("could not add what the groups of %s drew elsewhere: %r", path, exc)
     return settled
+
+
+def _settle(job_dir: Path, path: Path, journal: dict, running: dict, pue: float) -> bool:
+    from trainyard.training.accounting import energy_elsewhere
+
+    drawn = energy_elsewhere(job_dir, journal["machine"], journal["launch"])
+    if drawn is None:
+        return False
+    kwh = drawn["energy_kwh"] * pue
+    intensity = running["emissions_kg"] / running["energy_kwh"] if running.get("energy_kwh") else 0.0
+    journal["elsewhere"] = {
+        "energy_kwh": kwh,
+        "emissions_kg": kwh * intensity,
+        **{f"{d}_energy_kwh": drawn[f"{d}_energy_kwh"] * pue for d in ("cpu", "gpu", "ram")},
+        "measurement_mode": f"other machines' groups: {drawn['measurement_mode']}",
+        "attempts": drawn["attempts"],
+    }
+    write_json_atomic(path, journal)
+    return True

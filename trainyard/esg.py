@@ -232,7 +232,7 @@ def ledger_row(summary: dict) -> dict:
         "measurement_mode": esg.get("measurement_mode"),
         "intensity_source": esg.get("intensity_source"),
         "scope2_market_basis": esg.get("scope2_market_basis"),
-        "samples_trained": summary.get("compute", {}).get("samples_trained"),
+        "samples_trained": (summary.get("compute") or {}).get("samples_trained"),
         "g_per_1k_samples": esg.get("g_per_1k_samples_trained"),
         "sifting_saved_kwh": (esg.get("sifting_saved") or {}).get("energy_kwh"),
     }

@@ -165,7 +165,7 @@ def test_a_full_disk_under_the_local_summary_keeps_the_summary_published(
 
 
 def test_a_summary_section_that_cannot_be_made_leaves_the_rest_published(
-    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch
+    prefect_api, s3_server, bucket, mlflow_uri, monkeypatch, capsys
 ):
     # summary() ran after the job's end, unguarded: a bug in one section failed the completed, registered job's run
     # with no summary, ledger line or ended event
@@ -175,21 +175,25 @@ def test_a_summary_section_that_cannot_be_made_leaves_the_rest_published(
     import flows.job_summary as job_summary
     from flows.training_pipeline import training_pipeline
     from tests.conftest import upload_dataset
-    from trainyard import esg, s3, status
+    from trainyard import cli, esg, s3, status
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug, in a test")
 
-    monkeypatch.setattr(job_summary, "status", types.SimpleNamespace(**vars(status) | {"sifting_section": broken}))
+    def compute_broken(*args):  # the summary's call (the registry's lineage tags make theirs without `done`)
+        return broken() if len(args) == 3 else status.compute_section(*args)
+
+    broke = {"sifting_section": broken, "compute_section": compute_broken}
+    monkeypatch.setattr(job_summary, "status", types.SimpleNamespace(**vars(status) | broke))
     monkeypatch.setattr(job_summary, "esg", types.SimpleNamespace(**vars(esg) | {"report": broken}))
     spec = job_dict(upload_dataset(bucket, rows=200))
     spec["hyperparameters"]["epochs"] = 1
     job = parse_job(spec)
     summary = training_pipeline(job, job_id="bad-section-1")
     assert summary["status"] == "Completed" and summary["model"]["version"] == 1
-    assert summary["sifting"] is None and summary["metrics"]["val_accuracy"] is not None
-    assert [e.split(":")[0] for e in summary["summary_errors"]] == ["sifting", "carbon"]
-    assert "RuntimeError('a bug, in a test')" in summary["summary_errors"][0]
+    assert summary["sifting"] is None and summary["compute"] is None and summary["metrics"]["val_accuracy"] is not None
+    assert [e.split(":")[0] for e in summary["summary_errors"]] == ["compute", "sifting", "carbon"]
+    assert "RuntimeError('a bug, in a test')" in summary["summary_errors"][1]
     # the carbon section is the stages' energy rolled up, without the ESG report's figures
     assert summary["carbon"]["energy_kwh"] > 0 and "training" in summary["carbon"]["by_stage"]
     where = s3.S3Uri.parse(summary["summary_uri"])
@@ -197,3 +201,5 @@ def test_a_summary_section_that_cannot_be_made_leaves_the_rest_published(
     assert uploaded["summary_errors"] == summary["summary_errors"]
     (row,) = [r for r in esg.read_ledger(job.output.s3_uri) if r["job_id"] == "bad-section-1"]
     assert float(row["energy_kwh"]) == summary["carbon"]["energy_kwh"] > 0
+    cli.print_summary(summary)  # the end-of-job table, with what could not be made said under it
+    assert "summary incomplete: compute: internal error" in capsys.readouterr().out

@@ -89,6 +89,7 @@ def test_a_rerun_adds_what_a_run_killed_in_training_drew_on_other_machines_once(
     # its training stage never ended, so the groups on a GPU pool's nodes were never added: the job's ledger left
     # them out for good
     from trainyard import job_folder
+    from trainyard.training import accounting
 
     def attempt(folder, replica: int, launch: str, machine: str, kwh: float) -> None:
         where = folder / "replicas" / str(replica) / "attempt-0"
@@ -108,6 +109,9 @@ def test_a_rerun_adds_what_a_run_killed_in_training_drew_on_other_machines_once(
     attempt(tmp_path, 1, "launch-a", "gpu-node-1", 5.0)  # the ended run's: counted in its stage
     attempt(tmp_path, 2, "launch-b", "gpu-node-2", 1.0)
 
+    # the training stage's own count, by its launch: neither that killed run's groups nor the ended one's
+    assert accounting.energy_elsewhere(tmp_path, "pipeline-host", "launch-c") is None
+    assert accounting.energy_elsewhere(tmp_path, "pipeline-host", "launch-b")["energy_kwh"] == pytest.approx(3.0)
     assert energy_journal.settle_killed(tmp_path, "now", pue=1.5) == 1
     record = energy_journal.earlier(tmp_path, "now")
     assert record["energy"]["energy_kwh"] == pytest.approx(2.0 + 1.0 + (2.0 + 1.0) * 1.5)

@@ -56,18 +56,16 @@ def energy_by_replica(job_dir: Path) -> dict[str, float]:
     return dict(sorted(totals.items()))
 
 
-def energy_elsewhere(job_dir: Path, machine: str) -> dict | None:
+def energy_elsewhere(job_dir: Path, machine: str, launch: str | None = None) -> dict | None:
     """What the group attempts that ran on another machine than ``machine`` measured (their process-mode
     meters, at PUE 1): ``energy_kwh``, by device, how (``measurement_mode``) and how many attempts; None
-    when every group ran on ``machine``, whose stage meters (machine-wide) counted them already."""
-    # (none named: written before groups named theirs)
-    return _summed(job_dir.glob("replicas/*/attempt-*/energy.json"), lambda r: r.get("machine", machine) != machine)
-
-
-def launch_energy_elsewhere(job_dir: Path, launch: str, machine: str) -> dict | None:
-    """``energy_elsewhere`` of launch ``launch``'s group attempts alone, wherever the job's folder keeps them: in
-    its ``replicas`` or set aside by a later run (``earlier-runs/<n>/replicas``, the last few)."""
+    when every group ran on ``machine``, whose stage meters (machine-wide) counted them already. ``launch``: that
+    launch's attempts alone (their files name it), wherever the job's folder keeps them: in its ``replicas``, or
+    set aside by a later run (``earlier-runs/<n>/replicas``, the last few). A group of an earlier launch that
+    outlived its run (killed) may write its last figures into this run's ``replicas``: not this launch's."""
     pattern = "replicas/*/attempt-*/energy.json"
+    if launch is None:  # (none named: written before groups named theirs)
+        return _summed(job_dir.glob(pattern), lambda r: r.get("machine", machine) != machine)
     paths = [*job_dir.glob(pattern), *job_dir.glob(f"{EARLIER}/*/{pattern}")]
     return _summed(paths, lambda r: r.get("launch") == launch and r.get("machine", machine) != machine)
 
