@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from trainyard import cache, datasets, kept_rowgroups, parallel, progress, s3, sharding, table_checks
+from trainyard import cache, datasets, kept_rowgroups, parallel, progress, s3, sharding, stream_sample, table_checks
 from trainyard.errors import DataError, StorageError
 from trainyard.listing import MAX_CONCURRENT_OBJECTS, ChannelManifest, StagedObject
 from trainyard.spec import Channel
@@ -76,11 +76,11 @@ def describe(
 ) -> datasets.StagedData:
     """Read what streaming needs without downloading the channel: footers, classes, a scaling sample.
 
-    The sample is the channel's first ``SAMPLE_ROWS`` rows. The whole row groups they come from are
-    kept in ``cache_dir`` (the groups' row-group cache), and the first epoch starts with them, so the
-    first batch needs no further read from S3. The label column is read for the class list unless the
-    channel declares its ``classes``. Every object's footer is checked for the columns training reads,
-    so an object without them fails here, named, not hours into training.
+    The sample is about ``SAMPLE_ROWS`` rows, whole row groups spread through the channel (``stream_sample``; the
+    layout's ``sampled`` names them). They are kept in ``cache_dir`` (the groups' row-group cache), and the first
+    epoch starts with them, so the first batch needs no further read from S3. The label column is read for the
+    class list unless the channel declares its ``classes``. Every object's footer is checked for the columns
+    training reads, so an object without them fails here, named, not hours into training.
     """
     if manifest.format != "parquet":
         raise DataError(f"channel {manifest.name!r}: mode stream reads parquet row groups; set format parquet")
@@ -89,7 +89,7 @@ def describe(
 
     layout: list[dict] = []
     start = 0
-    sample: list[tuple[str, str, pa.Table]] = []  # (row group id, ETag, its rows) up to SAMPLE_ROWS
+    sample: list[tuple[str, str, pa.Table]] = []  # (row group id, ETag, its rows): stream_sample.spread picks them
     schemas: dict[str, pa.Schema] = {}
     for obj, (parquet, size, etag) in _opened(manifest, filesystem):
         _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
@@ -107,12 +107,12 @@ def describe(
         )
         schemas[obj.uri] = parquet.schema_arrow
         start += sum(counts)
-        for i in range(len(counts)):
-            if sum(t.num_rows for *_, t in sample) >= SAMPLE_ROWS:
-                break
-            sample.append((f"{obj.uri}#rg{i}", obj.etag, _read_row_group(parquet, i, obj.uri)))
     if start == 0:
         raise DataError(f"{where}: the objects hold no rows")
+    sample_layout = stream_sample.pick(layout, SAMPLE_ROWS)  # (marks the layout's entries: "sampled")
+    wanted = [(obj, entry) for obj, entry in zip(manifest.objects, layout, strict=True) if entry.get("sampled")]
+    for groups in parallel.in_threads(lambda o: _sample_of(*o, filesystem), wanted, MAX_CONCURRENT_OBJECTS):
+        sample += groups
     try:
         # category columns as their values (file mode's rule): one object's category and another's text are one column
         table = pa.concat_tables([table_checks.decoded(t) for *_, t in sample], promote_options="permissive")
@@ -163,10 +163,14 @@ def describe(
             raise read_error(exc, where, "the label column cannot be read") from exc
         datasets.check_labels(labels, label, where, label_layout)
         classes = datasets.found_classes(labels[label], f"{where}: label {label!r}")
-    schema = datasets.infer_schema(table, channel.model_copy(update={"classes": classes}), task, manifest.name, layout)
+    schema = datasets.infer_schema(
+        table, channel.model_copy(update={"classes": classes}), task, manifest.name, sample_layout
+    )
+    if channel.features is None:  # inferred from the sample's row groups: a column some objects lack is named
+        table_checks.check_objects_share_numeric(with_rows, channel.label)
     _check_objects(schemas, [*schema.features, schema.label])
     _check_objects(with_rows, [], schema.features)
-    x, y = datasets.to_arrays(table, schema, where, layout)  # the sample: the channel's first rows, in layout order
+    x, y = datasets.to_arrays(table, schema, where, sample_layout)
     if cache_dir is not None:
         offset = 0
         for unit_id, etag, part in sample:
@@ -175,10 +179,18 @@ def describe(
             offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     sample_path = out_dir / "train.sample.npz"
-    np.savez(sample_path, x=x[:SAMPLE_ROWS], y=y[:SAMPLE_ROWS])
+    every = -(-len(x) // SAMPLE_ROWS)  # (a row group may be larger than the sample: evenly through it)
+    np.savez(sample_path, x=x[::every], y=y[::every])
     meta = datasets.schema_dict(schema)
-    warnings = table_checks.left_out_columns(table, channel, manifest.name, layout)  # in the sample: a writer's typing
+    warnings = table_checks.left_out_columns(table, channel, manifest.name, sample_layout)  # a writer's typing
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True, warnings=warnings)
+
+
+def _sample_of(obj: StagedObject, entry: dict, filesystem) -> list[tuple[str, str, pa.Table]]:
+    """The row groups of ``obj`` the scaling sample takes (``entry["sampled"]``): opened again, checked unchanged."""
+    parquet, size, etag = _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}", listed=True)
+    _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
+    return [(f"{obj.uri}#rg{i}", obj.etag, _read_row_group(parquet, i, obj.uri)) for i in entry["sampled"]]
 
 
 def _check_objects(schemas: dict[str, pa.Schema], columns: list[str], numeric: Sequence[str] = ()) -> None:
@@ -357,9 +369,8 @@ def _open(filesystem: pafs.S3FileSystem, path: str, listed: bool = False) -> tup
     """The object ``bucket/key`` as a parquet file (its footer read), its size in bytes and its ETag
     (unquoted; ``""`` where the endpoint sent none), from the HEAD pyarrow makes to open it. ``listed``: opened
     while staging, seconds after the listing (an object gone since is transient, as ``_check_unchanged``'s)."""
-    # pre_buffer: a row group's column chunks are fetched as concurrent, coalesced range reads rather
-    # than one after another (an 18 MB row group from a local endpoint: 55 ms -> 36 ms; more where
-    # each request waits on a network round trip).
+    # pre_buffer: a row group's column chunks are fetched as concurrent, coalesced range reads rather than one after
+    # another (an 18 MB row group from a local endpoint: 55 ms -> 36 ms; more where each waits on a round trip).
     try:
         source = filesystem.open_input_file(path)
         etag = (source.metadata().get("ETag") or b"").decode(errors="replace").strip('"')

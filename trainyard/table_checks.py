@@ -115,6 +115,15 @@ def check_objects_have(required: Sequence[str], columns: dict[str, list[str]]) -
             )
 
 
+def check_objects_share_numeric(schemas: dict[str, pa.Schema], label: str | None) -> None:
+    """Where the features are inferred from a sample of a channel's row groups (stream mode): every number column
+    (but the label) one object has, each of the others has too (``schemas``: the objects with rows), else the first
+    without one is named. The sample's objects decide the features: a column that they lacked and others had was
+    left out of training without a word (the file mode's whole table shows it as missing values, refused)."""
+    numeric = {n for s in schemas.values() for n in s.names if n != label and is_numeric(s.field(n).type)}
+    check_objects_have(sorted(numeric), {uri: schema.names for uri, schema in schemas.items()})
+
+
 def required_columns(channel: Channel) -> list[str]:
     """The columns every object of a channel must have, as far as the spec names them."""
     return [c for c in (channel.label, *(channel.features or ())) if c]

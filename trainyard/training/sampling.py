@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from numpy.random import default_rng  # imported at start-up, not lazily on the first batch's path
 
-from trainyard import sharding, streaming
+from trainyard import sharding, stream_sample, streaming
 from trainyard.errors import DataError, TrainyardError
 from trainyard.spec import TrainingJob
 from trainyard.training.plan import TrainingPlan
@@ -213,7 +213,7 @@ class StreamSampler:
         # One copy per machine: groups on the same node share what any of them read.
         self.source = streaming.RowGroupSource(plan.train_layout, plan.schema, cache_dir)
         self.units = streaming.units(plan.train_layout)
-        self.warm_rows = streaming.SAMPLE_ROWS  # row groups starting below this were read by staging
+        self.warm = stream_sample.sampled_units(plan.train_layout)  # the row groups staging read (in the cache)
         self._shares: dict[int, list[list[tuple[str, int, int]]]] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
         self._loaded: dict[str, Future] = {}
@@ -284,7 +284,7 @@ class StreamSampler:
         gen = default_rng(self.seed * _SEED_STRIDE + epoch * 1009 + slot)
         units = [share[i] for i in gen.permutation(len(share))]
         if epoch == 0:  # begin with the row groups staging already read (its scaling sample): no wait on S3
-            units.sort(key=lambda u: u[1] >= self.warm_rows)
+            units.sort(key=lambda u: _part_of(u[0])[0] not in self.warm)
         return units, np.cumsum([end - start for _, start, end in units])
 
     def _rows(self, epoch: int, unit: tuple[str, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,51 @@
+"""Which row groups of a streamed channel staging reads (its scaling sample, ``streaming.describe``): spread
+evenly through the channel's rows, not its first ones. The built-in models scale their features by the sample's
+moments, and the first epoch starts with its row groups (already in the groups' cache); a channel written in time
+order (a log partitioned by day, a table appended to) scaled its features by its earliest period's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def spread(counts: list[int], rows: int) -> list[int]:
+    """Indices into ``counts`` (each row group's rows, in the channel's order) of row groups spread evenly through
+    its rows, whose rows add up to at least ``rows``; every row group with rows where the channel has no more.
+    Each index is the row group holding one of as many evenly spaced rows as row groups are needed at the
+    channel's average size, more being added until they hold enough."""
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if len(ends) else 0
+    if total <= rows:
+        return [i for i, count in enumerate(counts) if count]
+    wanted = max(1, math.ceil(rows * len(counts) / total))
+    while True:  # (ends once every row is a position: every row group with rows is then picked)
+        positions = (np.arange(wanted) + 0.5) * total / wanted
+        picked = sorted(set(np.searchsorted(ends, positions, side="right").tolist()))
+        held = sum(counts[i] for i in picked)
+        if held >= rows:
+            return picked
+        wanted += max(1, math.ceil((rows - held) * len(counts) / total))
+
+
+def pick(layout: list[dict], rows: int) -> list[dict]:
+    """Mark the row groups of a streamed channel's ``layout`` (its objects' entries, ``row_groups`` their rows) that
+    its sample takes, about ``rows`` rows spread through it (``spread``), in each entry's ``sampled`` (their indices);
+    return the sample's own layout: an entry per row group, in the channel's order, where its rows lie in the
+    sample's table. Each ``start`` is set so that ``table_checks.first_in`` names a row as its object's own data
+    row: it may lie before the entry's rows, which the entries before it cover (they are read in order)."""
+    flat = [(entry, i, count) for entry in layout for i, count in enumerate(entry["row_groups"])]
+    sample_layout, at = [], 0
+    for j in spread([count for *_, count in flat], rows):
+        entry, i, count = flat[j]
+        entry.setdefault("sampled", []).append(i)
+        sample_layout.append({"id": entry["id"], "start": at - sum(entry["row_groups"][:i]), "end": at + count})
+        at += count
+    return sample_layout
+
+
+def sampled_units(layout: list[dict]) -> set[str]:
+    """The row groups (``"<object id>#rg<i>"``, the sampler's unit ids) a streamed channel's layout says staging
+    read (``sampled``); none for a layout staged before it said so."""
+    return {f"{entry['id']}#rg{i}" for entry in layout for i in entry.get("sampled", ())}
