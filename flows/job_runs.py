@@ -55,10 +55,8 @@ def log_lines(api, run_ids: list) -> list:
         log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=run_ids), timestamp=LogFilterTimestamp(after_=since))
         page = api.read_logs(log_filter=log_filter, limit=PAGE, offset=skip, sort=LogSort.TIMESTAMP_ASC)
         lines |= {line.id: line for line in page if line.id not in lines}
-        if len(page) < PAGE:
-            return sorted(
-                lines.values(), key=lambda line: line.timestamp
-            )  # (stable: the order read, within an instant)
+        if len(page) < PAGE:  # (sorted is stable: within an instant, the order read)
+            return sorted(lines.values(), key=lambda line: line.timestamp)
         latest = page[-1].timestamp
         since, skip = (since, skip + len(page)) if latest == since else (latest, 0)
 

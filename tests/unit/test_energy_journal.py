@@ -85,17 +85,20 @@ def test_a_run_killed_outright_mid_stage_leaves_what_it_spent_for_the_next_run(t
     assert devices == pytest.approx(record["energy"]["energy_kwh"])
 
 
+def attempt(folder, replica: int, launch: str | None, machine: str, kwh: float) -> None:
+    """A group attempt's energy file (``launch`` None: a group of a Trainyard that did not name it)."""
+    where = folder / "replicas" / str(replica) / "attempt-0"
+    where.mkdir(parents=True)
+    record = {"energy_kwh": kwh, "cpu_energy_kwh": kwh / 2, "gpu_energy_kwh": kwh / 2, "ram_energy_kwh": 0.0}
+    named = {"launch": launch} if launch else {}
+    (where / "energy.json").write_text(json.dumps(record | named | {"machine": machine}))
+
+
 def test_a_rerun_adds_what_a_run_killed_in_training_drew_on_other_machines_once(tmp_path):
     # its training stage never ended, so the groups on a GPU pool's nodes were never added: the job's ledger left
     # them out for good
     from trainyard import job_folder
     from trainyard.training import accounting
-
-    def attempt(folder, replica: int, launch: str, machine: str, kwh: float) -> None:
-        where = folder / "replicas" / str(replica) / "attempt-0"
-        where.mkdir(parents=True)
-        record = {"energy_kwh": kwh, "cpu_energy_kwh": kwh / 2, "gpu_energy_kwh": kwh / 2, "ram_energy_kwh": 0.0}
-        (where / "energy.json").write_text(json.dumps(record | {"launch": launch, "machine": machine}))
 
     ended = energy_journal.Journal(tmp_path, "ended")  # its training ended: its stage has its groups already
     ended.launched("launch-a", "pipeline-host")
@@ -123,3 +126,17 @@ def test_a_rerun_adds_what_a_run_killed_in_training_drew_on_other_machines_once(
         path.unlink()
     assert energy_journal.settle_killed(tmp_path, "later", pue=1.5) == 0
     assert energy_journal.earlier(tmp_path, "later")["energy"]["energy_kwh"] == pytest.approx(7.5)
+
+
+def test_an_energy_file_without_a_launch_is_the_launch_s_whose_folder_it_is_in(tmp_path):
+    # a pool's worker of an older Trainyard names no launch: its group counts for the run it trains for, not
+    # for another run's launch when it lies in a folder set aside (that run counted it)
+    from trainyard import job_folder
+    from trainyard.training import accounting
+
+    attempt(tmp_path, 0, None, "gpu-node-1", 4.0)
+    job_folder.set_aside_earlier_run(tmp_path)
+    attempt(tmp_path, 0, None, "gpu-node-1", 1.0)
+    attempt(tmp_path, 1, "launch-x", "gpu-node-2", 0.5)
+    assert accounting.energy_elsewhere(tmp_path, "pipeline-host", "launch-x")["energy_kwh"] == pytest.approx(1.5)
+    assert accounting.energy_elsewhere(tmp_path, "gpu-node-1", "launch-x")["energy_kwh"] == pytest.approx(0.5)

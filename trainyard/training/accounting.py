@@ -64,26 +64,29 @@ def energy_elsewhere(job_dir: Path, machine: str, launch: str | None = None) -> 
     set aside by a later run (``earlier-runs/<n>/replicas``, the last few). A group of an earlier launch that
     outlived its run (killed) may write its last figures into this run's ``replicas``: not this launch's."""
     pattern = "replicas/*/attempt-*/energy.json"
-    if launch is None:  # (none named: written before groups named theirs)
-        return _summed(job_dir.glob(pattern), lambda r: r.get("machine", machine) != machine)
-    paths = [*job_dir.glob(pattern), *job_dir.glob(f"{EARLIER}/*/{pattern}")]
-    return _summed(paths, lambda r: r.get("launch") == launch and r.get("machine", machine) != machine)
+    records = [_read(path) for path in job_dir.glob(pattern)]
+    if launch is not None:
+        # a file without a launch (a group of an older Trainyard: a pool's worker not yet upgraded) is this launch's
+        # where this launch's groups write, never in a folder set aside (an earlier run's, counted by that run)
+        records = [r for r in records if r.get("launch", launch) == launch]
+        records += [r for r in map(_read, job_dir.glob(f"{EARLIER}/*/{pattern}")) if r.get("launch") == launch]
+    # (none named: written before groups named theirs)
+    return _summed([r for r in records if r.get("machine", machine) != machine])
 
 
-def _summed(paths, counted) -> dict | None:
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _summed(records: list[dict]) -> dict | None:
     total = {"energy_kwh": 0.0, "cpu_energy_kwh": 0.0, "gpu_energy_kwh": 0.0, "ram_energy_kwh": 0.0}
-    modes, attempts = set(), 0
-    for path in paths:
-        record = json.loads(path.read_text())
-        if not counted(record):
-            continue
-        attempts += 1
-        modes.add(record.get("measurement_mode", "unknown"))
+    for record in records:
         for key in total:
             total[key] += record.get(key, 0.0)
-    if not attempts:
+    if not records:
         return None
-    return total | {"measurement_mode": ",".join(sorted(modes)), "attempts": attempts}
+    modes = ",".join(sorted({r.get("measurement_mode", "unknown") for r in records}))
+    return total | {"measurement_mode": modes, "attempts": len(records)}
 
 
 def sifting_totals(reports: list[dict], flops: dict) -> dict:
