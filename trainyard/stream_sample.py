@@ -5,28 +5,28 @@ order (a log partitioned by day, a table appended to) scaled its features by its
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
 def spread(counts: list[int], rows: int) -> list[int]:
     """Indices into ``counts`` (each row group's rows, in the channel's order) of row groups spread evenly through
     its rows, whose rows add up to at least ``rows``; every row group with rows where the channel has no more.
-    Each index is the row group holding one of as many evenly spaced rows as row groups are needed at the
-    channel's average size, more being added until they hold enough."""
+    Picked level by level: the row group holding the middle row, then those holding the rows at a quarter and
+    three quarters, then the eighths..., each level whole (so the picks stay spread), until they hold enough. By
+    rows, not row groups: a channel of a few large row groups among many small ones reads a large one or two."""
     ends = np.cumsum(counts)
     total = int(ends[-1]) if len(ends) else 0
     if total <= rows:
         return [i for i, count in enumerate(counts) if count]
-    wanted = max(1, math.ceil(rows * len(counts) / total))
-    while True:  # (ends once every row is a position: every row group with rows is then picked)
-        positions = (np.arange(wanted) + 0.5) * total / wanted
-        picked = sorted(set(np.searchsorted(ends, positions, side="right").tolist()))
-        held = sum(counts[i] for i in picked)
-        if held >= rows:
-            return picked
-        wanted += max(1, math.ceil((rows - held) * len(counts) / total))
+    picked: set[int] = set()
+    held, level = 0, 0
+    while held < rows:  # (ends: once 2**level passes the rows, every row group with rows has been picked)
+        positions = (2 * np.arange(1 << level) + 1) * total / (2 << level)
+        for i in set(np.searchsorted(ends, positions, side="right").tolist()) - picked:
+            picked.add(i)
+            held += counts[i]
+        level += 1
+    return sorted(picked)
 
 
 def pick(layout: list[dict], rows: int) -> list[dict]:

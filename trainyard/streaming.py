@@ -179,8 +179,8 @@ def describe(
             offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     sample_path = out_dir / "train.sample.npz"
-    every = -(-len(x) // SAMPLE_ROWS)  # (a row group may be larger than the sample: evenly through it)
-    np.savez(sample_path, x=x[::every], y=y[::every])
+    rows = np.unique(np.linspace(0, len(x) - 1, min(len(x), SAMPLE_ROWS)).round().astype(np.int64))  # evenly
+    np.savez(sample_path, x=x[rows], y=y[rows])
     meta = datasets.schema_dict(schema)
     warnings = table_checks.left_out_columns(table, channel, manifest.name, sample_layout)  # a writer's typing
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True, warnings=warnings)
@@ -189,7 +189,7 @@ def describe(
 def _sample_of(obj: StagedObject, entry: dict, filesystem) -> list[tuple[str, str, pa.Table]]:
     """The row groups of ``obj`` the scaling sample takes (``entry["sampled"]``): opened again, checked unchanged."""
     parquet, size, etag = _open(filesystem(obj.bucket), f"{obj.bucket}/{obj.key}", listed=True)
-    _check_unchanged(parquet, size, etag, {"id": obj.uri, "etag": obj.etag, "size": obj.size}, "listed")
+    _check_unchanged(parquet, size, etag, entry, "listed")  # (its row groups too: where the endpoint sends no ETag)
     return [(f"{obj.uri}#rg{i}", obj.etag, _read_row_group(parquet, i, obj.uri)) for i in entry["sampled"]]
 
 
