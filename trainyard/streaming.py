@@ -179,8 +179,8 @@ def describe(
             offset += part.num_rows
     out_dir.mkdir(parents=True, exist_ok=True)
     sample_path = out_dir / "train.sample.npz"
-    rows = np.unique(np.linspace(0, len(x) - 1, min(len(x), SAMPLE_ROWS)).round().astype(np.int64))  # evenly
-    np.savez(sample_path, x=x[rows], y=y[rows])
+    evenly = np.unique(np.linspace(0, len(x) - 1, min(len(x), SAMPLE_ROWS)).round().astype(np.int64))
+    np.savez(sample_path, x=x[evenly], y=y[evenly])
     meta = datasets.schema_dict(schema)
     warnings = table_checks.left_out_columns(table, channel, manifest.name, sample_layout)  # a writer's typing
     return datasets.StagedData(str(sample_path), None, meta, {"train": start}, layout, streamed=True, warnings=warnings)
