@@ -5,6 +5,8 @@ order (a log partitioned by day, a table appended to) scaled its features by its
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 
@@ -35,12 +37,18 @@ def pick(layout: list[dict], rows: int) -> list[dict]:
     return the sample's own layout: an entry per row group, in the channel's order, where its rows lie in the
     sample's table. Each ``start`` is set so that ``table_checks.first_in`` names a row as its object's own data
     row: it may lie before the entry's rows, which the entries before it cover (they are read in order)."""
-    flat = [(entry, i, count) for entry in layout for i, count in enumerate(entry["row_groups"])]
+    flat = [  # (entry, row group, its rows, the rows before it in its object)
+        (entry, i, count, before)
+        for entry in layout
+        for i, (count, before) in enumerate(
+            zip(entry["row_groups"], accumulate(entry["row_groups"], initial=0), strict=False)
+        )
+    ]
     sample_layout, at = [], 0
-    for j in spread([count for *_, count in flat], rows):
-        entry, i, count = flat[j]
+    for j in spread([count for _, _, count, _ in flat], rows):
+        entry, i, count, before = flat[j]
         entry.setdefault("sampled", []).append(i)
-        sample_layout.append({"id": entry["id"], "start": at - sum(entry["row_groups"][:i]), "end": at + count})
+        sample_layout.append({"id": entry["id"], "start": at - before, "end": at + count})
         at += count
     return sample_layout
 
