@@ -138,5 +138,8 @@ def test_an_energy_file_without_a_launch_is_the_launch_s_whose_folder_it_is_in(t
     job_folder.set_aside_earlier_run(tmp_path)
     attempt(tmp_path, 0, None, "gpu-node-1", 1.0)
     attempt(tmp_path, 1, "launch-x", "gpu-node-2", 0.5)
-    assert accounting.energy_elsewhere(tmp_path, "pipeline-host", "launch-x")["energy_kwh"] == pytest.approx(1.5)
-    assert accounting.energy_elsewhere(tmp_path, "gpu-node-1", "launch-x")["energy_kwh"] == pytest.approx(0.5)
+    attempt(tmp_path, 2, "launch-x", "gpu-node-3", 0.25)
+    unset = tmp_path / "replicas/2/attempt-0/energy.json"  # a group started without the launch id: written null
+    unset.write_text(json.dumps(json.loads(unset.read_text()) | {"launch": None}))
+    assert accounting.energy_elsewhere(tmp_path, "pipeline-host", "launch-x")["energy_kwh"] == pytest.approx(1.75)
+    assert accounting.energy_elsewhere(tmp_path, "gpu-node-1", "launch-x")["energy_kwh"] == pytest.approx(0.75)

@@ -66,9 +66,10 @@ def energy_elsewhere(job_dir: Path, machine: str, launch: str | None = None) -> 
     pattern = "replicas/*/attempt-*/energy.json"
     records = [_read(path) for path in job_dir.glob(pattern)]
     if launch is not None:
-        # a file without a launch (a group of an older Trainyard: a pool's worker not yet upgraded) is this launch's
+        # a file without a launch (a group of an older Trainyard, a pool's worker not yet upgraded; or started with
+        # no TRAINYARD_LAUNCH_ID, written null) is this launch's
         # where this launch's groups write, never in a folder set aside (an earlier run's, counted by that run)
-        records = [r for r in records if r.get("launch", launch) == launch]
+        records = [r for r in records if r.get("launch") in (None, launch)]
         records += [r for r in map(_read, job_dir.glob(f"{EARLIER}/*/{pattern}")) if r.get("launch") == launch]
     # (none named: written before groups named theirs)
     return _summed([r for r in records if r.get("machine", machine) != machine])
