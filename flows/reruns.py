@@ -123,10 +123,7 @@ def count_earlier_runs(job: TrainingJob, stages: dict, job_dir: Path, run: str, 
     """The energy of the job id's earlier runs (a failed one's, a killed one's: with what its groups on other
     machines drew, ``energy_journal.settle_killed``) as a stage of this run's, so that its summary, ledger line
     (which replaces theirs) and carbon budget count what every run spent."""
-    try:
-        energy_journal.settle_killed(job_dir, run, job.carbon.pue)
-    except OSError as exc:  # (the journals' folder unreadable) their meters' figures stand
-        logger.warning("could not add what a killed run's groups on other machines drew: %s", exc)
+    energy_journal.settle_killed(job_dir, run, job.carbon.pue)  # (a journal it cannot settle: logged, left)
     record = energy_journal.earlier(job_dir, run)
     if record is not None:
         stages[energy_journal.EARLIER_STAGE] = record

@@ -217,24 +217,30 @@ def measurement_mode(tracker) -> str:
     return ",".join(modes) or "unknown"
 
 
+def drawn_elsewhere(elsewhere: dict, pue: float, stage: dict) -> dict:
+    """What work on other machines drew (``accounting.energy_elsewhere``, at PUE 1) as a stage's figures: its
+    energy (and by device) times ``pue``, its emissions at ``stage``'s own grid intensity (the job's
+    ``country_iso_code`` and ``region``, as every stage's; none where ``stage`` measured nothing)."""
+    kwh = elsewhere["energy_kwh"] * pue
+    intensity = stage["emissions_kg"] / stage["energy_kwh"] if stage.get("energy_kwh") else 0.0
+    devices = {f"{device}_energy_kwh": elsewhere[f"{device}_energy_kwh"] * pue for device in ("cpu", "gpu", "ram")}
+    return {"energy_kwh": kwh, "emissions_kg": kwh * intensity, **devices}
+
+
 def add_elsewhere(stage: dict, elsewhere: dict, settings: Carbon) -> dict:
-    """A stage's energy record (``StageEnergy.to_dict``) with what its work drew on other machines added:
-    ``elsewhere`` (``accounting.energy_elsewhere``, at PUE 1) times the job's PUE, its emissions at the
-    stage's own grid intensity (the job's ``country_iso_code`` and ``region``, as every stage's)."""
+    """A stage's energy record (``StageEnergy.to_dict``) with what its work drew on other machines added
+    (``drawn_elsewhere``)."""
     added = dict(stage)
-    kwh = elsewhere["energy_kwh"] * settings.pue
-    intensity = stage["emissions_kg"] / stage["energy_kwh"] if stage["energy_kwh"] > 0 else 0.0
-    if not intensity:  # this machine's meter read nothing (it did not start): no intensity to borrow
+    drawn = drawn_elsewhere(elsewhere, settings.pue, stage)
+    if not (stage["energy_kwh"] > 0 and stage["emissions_kg"]):  # this machine's meter read nothing: no intensity
         logging.getLogger(__name__).warning(
             "carbon: %.4g kWh of groups on other machines added with no emissions: this machine's %s meter, "
             "whose grid intensity they take, measured nothing",
-            kwh,
+            drawn["energy_kwh"],
             stage["stage"],
         )
-    added["energy_kwh"] += kwh
-    added["emissions_kg"] += kwh * intensity
-    for device in ("cpu", "gpu", "ram"):
-        added[f"{device}_energy_kwh"] += elsewhere[f"{device}_energy_kwh"] * settings.pue
+    for key, value in drawn.items():
+        added[key] += value
     added["measurement_mode"] = f"{stage['measurement_mode']} (other machines' groups: {elsewhere['measurement_mode']})"
     return added
 

@@ -23,8 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from trainyard.carbon import StageEnergy
+from trainyard.carbon import StageEnergy, drawn_elsewhere
 from trainyard.home import write_json_atomic
+from trainyard.training.accounting import energy_elsewhere
 
 EARLIER_STAGE = "earlier runs"
 FIELDS = StageEnergy.ADDED
@@ -117,8 +118,8 @@ def earlier(job_dir: Path | str, run: str) -> dict | None:
 
 def settle_killed(job_dir: Path | str, run: str, pue: float) -> int:
     """Add to each other run's journal that was killed in training (its training stage still running) what its
-    groups on other machines drew (``accounting.energy_elsewhere`` of its launch, times ``pue``, its emissions at the
-    stage's own grid intensity so far, as ``carbon.add_elsewhere`` does for a stage that ends), once, as the
+    groups on other machines drew (``accounting.energy_elsewhere`` of its launch, ``carbon.drawn_elsewhere`` at
+    ``pue`` and the stage's grid intensity so far, as for a stage that ends), once, as the
     journal's ``elsewhere``; returns how many. Call it holding the job's ``RunLock`` (no run of the job is then
     writing a journal), before the killed run's folder is set aside: those groups' files are found among the last
     few set aside too, but not past them."""
@@ -139,17 +140,10 @@ def settle_killed(job_dir: Path | str, run: str, pue: float) -> int:
 
 
 def _settle(job_dir: Path, path: Path, journal: dict, running: dict, pue: float) -> bool:
-    from trainyard.training.accounting import energy_elsewhere
-
     drawn = energy_elsewhere(job_dir, journal["machine"], journal["launch"])
     if drawn is None:
         return False
-    kwh = drawn["energy_kwh"] * pue
-    intensity = running["emissions_kg"] / running["energy_kwh"] if running.get("energy_kwh") else 0.0
-    journal["elsewhere"] = {
-        "energy_kwh": kwh,
-        "emissions_kg": kwh * intensity,
-        **{f"{d}_energy_kwh": drawn[f"{d}_energy_kwh"] * pue for d in ("cpu", "gpu", "ram")},
+    journal["elsewhere"] = drawn_elsewhere(drawn, pue, running) | {
         "measurement_mode": f"other machines' groups: {drawn['measurement_mode']}",
         "attempts": drawn["attempts"],
     }

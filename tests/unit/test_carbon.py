@@ -317,11 +317,11 @@ def test_groups_on_other_machines_are_added_to_the_training_stage_and_this_machi
         record |= {"ram_energy_kwh": kwh * 0.1, "measurement_mode": mode, "machine": machine}
         (folder / "energy.json").write_text(json.dumps(record))
 
-    assert accounting.energy_elsewhere(tmp_path, machine_id()) is None  # no group has run
+    assert accounting.energy_elsewhere(tmp_path, machine_id(), "launch-1") is None  # no group has run
     attempt(0, machine_id(), 1.0, "cpu:load")  # inside this machine's machine-wide meter already
-    assert accounting.energy_elsewhere(tmp_path, machine_id()) is None
+    assert accounting.energy_elsewhere(tmp_path, machine_id(), "launch-1") is None
     attempt(1, "a-gpu-node", 0.5, "cpu:load,gpu:nvml")  # a GPU pool's node: outside it
-    elsewhere = accounting.energy_elsewhere(tmp_path, machine_id())
+    elsewhere = accounting.energy_elsewhere(tmp_path, machine_id(), "launch-1")
     assert elsewhere == {
         "energy_kwh": 0.5,
         "cpu_energy_kwh": 0.2,

@@ -52,25 +52,23 @@ def energy_by_replica(job_dir: Path) -> dict[str, float]:
     totals: dict[str, float] = {}
     for path in job_dir.glob("replicas/*/attempt-*/energy.json"):
         replica = path.parent.parent.name
-        totals[replica] = totals.get(replica, 0.0) + json.loads(path.read_text())["energy_kwh"]
+        totals[replica] = totals.get(replica, 0.0) + _read(path)["energy_kwh"]
     return dict(sorted(totals.items()))
 
 
-def energy_elsewhere(job_dir: Path, machine: str, launch: str | None = None) -> dict | None:
-    """What the group attempts that ran on another machine than ``machine`` measured (their process-mode
-    meters, at PUE 1): ``energy_kwh``, by device, how (``measurement_mode``) and how many attempts; None
-    when every group ran on ``machine``, whose stage meters (machine-wide) counted them already. ``launch``: that
-    launch's attempts alone (their files name it), wherever the job's folder keeps them: in its ``replicas``, or
-    set aside by a later run (``earlier-runs/<n>/replicas``, the last few). A group of an earlier launch that
+def energy_elsewhere(job_dir: Path, machine: str, launch: str) -> dict | None:
+    """What launch ``launch``'s group attempts that ran on another machine than ``machine`` measured (their
+    process-mode meters, at PUE 1): ``energy_kwh``, by device, how (``measurement_mode``) and how many attempts;
+    None when every group ran on ``machine``, whose stage meters (machine-wide) counted them already. The
+    attempts are found by the launch their files name, wherever the job's folder keeps them: in its ``replicas``,
+    or set aside by a later run (``earlier-runs/<n>/replicas``, the last few). A group of an earlier launch that
     outlived its run (killed) may write its last figures into this run's ``replicas``: not this launch's."""
     pattern = "replicas/*/attempt-*/energy.json"
-    records = [_read(path) for path in job_dir.glob(pattern)]
-    if launch is not None:
-        # a file without a launch (a group of an older Trainyard, a pool's worker not yet upgraded; or started with
-        # no TRAINYARD_LAUNCH_ID, written null) is this launch's
-        # where this launch's groups write, never in a folder set aside (an earlier run's, counted by that run)
-        records = [r for r in records if r.get("launch") in (None, launch)]
-        records += [r for r in map(_read, job_dir.glob(f"{EARLIER}/*/{pattern}")) if r.get("launch") == launch]
+    # a file without a launch (a group of an older Trainyard, a pool's worker not yet upgraded; or started with no
+    # TRAINYARD_LAUNCH_ID, written null) is this launch's where this launch's groups write, never in a folder set
+    # aside (an earlier run's, counted by that run)
+    records = [r for r in map(_read, job_dir.glob(pattern)) if r.get("launch") in (None, launch)]
+    records += [r for r in map(_read, job_dir.glob(f"{EARLIER}/*/{pattern}")) if r.get("launch") == launch]
     # (none named: written before groups named theirs)
     return _summed([r for r in records if r.get("machine", machine) != machine])
 

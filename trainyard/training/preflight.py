@@ -26,9 +26,9 @@ def check_rows(job: TrainingJob, rows: int, whose: str = "training rows", picked
     """Refuse, before any compute, what the channel's ``rows`` (staged, or those the prefilter kept: ``whose``)
     make of the job's settings: a sifting step that draws more candidates than there are rows, a warm-up as long
     as the run. ``picked``: the sifting rule is the one the labels picked (``sifting.check_fits``)."""
-    batch = job.hyperparameters.batch_size
-    sifting.check_fits(job.sifting, batch, rows, whose, picked)
     hp = job.hyperparameters
+    batch = hp.batch_size
+    sifting.check_fits(job.sifting, batch, rows, whose, picked)
     beta = job.sifting.settled()[0] if job.sifting.enabled else 0.0
     prune = job.sifting.settled()[1] if job.sifting.prunes else None
     # each epoch's draw, as the groups' sampler deals it (StepData): pruning's epochs deal batch_factor times more
